@@ -1,0 +1,151 @@
+"""Throughput of federated TD(0) FedLSA: fedsa_jax vs numpy vs drawing the random numbers.
+
+Measures agent-local-steps per second (seeds x rounds x agents x H observations
+processed) for FedLSA on a generative federated TD problem (Garnet MRPs,
+N=10 agents, S=20 states, d=10, H=10, 100 rounds, 1000 seeds by default), side
+by side in one run:
+
+  jax      fj.simulate (one jitted kernel; compile time reported separately)
+  numpy    the same algorithm in numpy, vectorised over seeds and agents, with the
+           same O(1) alias sampling and one block of uniforms per round
+  unif     only drawing the kernel's 2 uniforms per observation with JAX's PRNG,
+           (a) as one flat array and (b) in the kernel's key layout (one block per
+           seed and round from fold_in keys)
+
+Every timing is the best of ``--repeats`` runs after one warm-up call.
+
+    python benchmarks/throughput.py [--seeds 1000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fedsa_jax as fj
+
+
+def best_of(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def numpy_fedlsa_td(problem, step_size, H, T, n, rng, dtype):
+    """FedLSA TD(0), numpy, vectorised over seeds and agents (alias sampling, block draws)."""
+    N, S, d = problem.num_agents, problem.num_states, problem.dim
+    mu_p, mu_a = np.asarray(problem.mu_prob), np.asarray(problem.mu_alias)
+    P_p, P_a = np.asarray(problem.P_prob), np.asarray(problem.P_alias)
+    rew = np.asarray(problem.rewards).reshape(-1)
+    Phi = np.asarray(problem.features)
+    gamma = dtype(problem.gamma)
+    eta = dtype(step_size)
+    cS = (np.arange(N, dtype=np.int32) * S)[None, :, None]
+
+    def alias(prob, al, offset, u):
+        x = u * S
+        i = np.minimum(x.astype(np.int32), S - 1)
+        j = offset + i
+        return np.where(x - i < prob[j], i, al[j])
+
+    theta = np.zeros((n, d), dtype)
+    for _ in range(T):
+        u = rng.random((n, N, 2, H), dtype=dtype)
+        s = alias(mu_p, mu_a, cS, u[:, :, 0])
+        s2 = alias(P_p, P_a, (cS + s) * S, u[:, :, 1])
+        r = rew[cS + s]
+        th = np.broadcast_to(theta[:, None, :], (n, N, d)).copy()
+        for h in range(H):
+            phi = Phi[s[:, :, h]]
+            psi = phi - gamma * Phi[s2[:, :, h]]
+            dot = np.einsum("ijk,ijk->ij", psi, th)
+            th -= eta * (dot - r[:, :, h])[..., None] * phi
+        theta = th.mean(axis=1)
+    return theta
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=1000)
+    ap.add_argument("--agents", type=int, default=10)
+    ap.add_argument("--states", type=int, default=20)
+    ap.add_argument("--dim", type=int, default=10)
+    ap.add_argument("--local-steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--step-size", type=float, default=0.1)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    n, N, H, T = args.seeds, args.agents, args.local_steps, args.rounds
+    problem = fj.problems.garnet(jax.random.key(0), num_agents=N, num_states=args.states, dim=args.dim)
+    alg = fj.fedlsa(args.step_size, H)
+    steps = n * T * N * H
+    key = jax.random.key(1)
+
+    run = lambda: fj.simulate(key, problem, alg, T, n, record_every=T)  # noqa: E731
+    t0 = time.perf_counter()
+    run()
+    first = time.perf_counter() - t0
+    t_jax = best_of(run, args.repeats)
+
+    dtype = np.dtype(problem.dtype).type
+    rng = np.random.default_rng(0)
+    np_run = lambda: numpy_fedlsa_td(problem, args.step_size, H, T, n, rng, dtype)  # noqa: E731
+    np_run()
+    t_np = best_of(np_run, max(1, args.repeats // 2))
+
+    flat = jax.jit(lambda k: jnp.sum(jax.random.uniform(k, (2 * steps,), problem.dtype)))
+    flat(key).block_until_ready()
+    t_flat = best_of(lambda: flat(key).block_until_ready(), args.repeats)
+
+    @jax.jit
+    def keyed(k):
+        _, round_keys = fj.simulate_module.seed_keys(k, n)
+
+        def body(acc, t):
+            ks = jax.vmap(jax.random.fold_in, in_axes=(0, None))(round_keys, t)
+            u = jax.vmap(lambda kk: problem.randomness(kk, N, H))(ks)
+            return acc + jnp.sum(u), None
+
+        return jax.lax.scan(body, jnp.zeros((), problem.dtype), jnp.arange(T, dtype=jnp.uint32))[0]
+
+    keyed(key).block_until_ready()
+    t_keyed = best_of(lambda: keyed(key).block_until_ready(), args.repeats)
+
+    out = {
+        "config": {"seeds": n, "agents": N, "states": args.states, "dim": args.dim,
+                   "local_steps": H, "rounds": T, "dtype": str(np.dtype(problem.dtype))},
+        "machine": {"platform": jax.default_backend(), "cpu_count": os.cpu_count(),
+                    "processor": platform.processor() or platform.machine(), "jax": jax.__version__},
+        "agent_steps": steps,
+        "seconds": {"jax": t_jax, "jax_first_call_incl_compile": first, "numpy": t_np,
+                    "uniforms_flat": t_flat, "uniforms_keyed": t_keyed},
+        "agent_steps_per_s": {"jax": steps / t_jax, "numpy": steps / t_np},
+        "ratios": {"numpy_over_jax": t_np / t_jax, "jax_over_uniforms_flat": t_jax / t_flat,
+                   "jax_over_uniforms_keyed": t_jax / t_keyed},
+    }
+    print(f"federated TD(0) FedLSA: N={N} S={args.states} d={args.dim} H={H} T={T} seeds={n} "
+          f"({steps:.3g} agent-steps, {out['config']['dtype']}, {jax.default_backend()}, "
+          f"{os.cpu_count()} cores)")
+    print(f"  jax     {t_jax:8.3f} s   {steps / t_jax:10.3g} steps/s   (first call incl. compile {first:.2f} s)")
+    print(f"  numpy   {t_np:8.3f} s   {steps / t_np:10.3g} steps/s   numpy/jax = {t_np / t_jax:.2f}x")
+    print(f"  uniforms, flat   {t_flat:8.3f} s   jax/uniforms = {t_jax / t_flat:.2f}x")
+    print(f"  uniforms, keyed  {t_keyed:8.3f} s   jax/uniforms = {t_jax / t_keyed:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
+if __name__ == "__main__":
+    main()

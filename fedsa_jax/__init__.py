@@ -1,0 +1,24 @@
+"""fedsa_jax: Monte Carlo simulation of federated linear stochastic approximation in JAX.
+
+FedLSA, SCAFFLSA (and, through the channel, QFedTD) with agents, local steps and
+independent seeds vmapped and scanned into one jitted kernel.
+"""
+
+__version__ = "0.1.0"
+
+from fedsa_jax import problems, theory
+from fedsa_jax.algorithms import Algorithm, fedlsa, scafflsa
+from fedsa_jax.result import SimulationResult, load
+from fedsa_jax import simulate as simulate_module
+from fedsa_jax.simulate import simulate
+
+__all__ = [
+    "Algorithm",
+    "SimulationResult",
+    "fedlsa",
+    "load",
+    "problems",
+    "scafflsa",
+    "simulate",
+    "theory",
+]

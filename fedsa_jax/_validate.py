@@ -1,0 +1,121 @@
+"""Argument checks shared by every constructor.
+
+Every public constructor validates its arguments in plain Python/numpy, before
+anything is traced or compiled, and raises ``ValueError`` whose message names the
+parameter, the value it got and what is allowed.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def _show(value: Any) -> str:
+    arr = np.asarray(value) if not isinstance(value, (str, bytes)) else None
+    if arr is not None and arr.ndim > 0:
+        return f"array of shape {arr.shape}"
+    return repr(value)
+
+
+def fail(name: str, value: Any, allowed: str) -> None:
+    raise ValueError(f"{name}={_show(value)} is invalid: {allowed}")
+
+
+def integer(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
+        fail(name, value, f"expected an integer >= {minimum}")
+    if value < minimum:
+        fail(name, value, f"expected an integer >= {minimum}")
+    return int(value)
+
+
+def real(
+    name: str,
+    value: Any,
+    low: float = -np.inf,
+    high: float = np.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        fail(name, value, "expected a real number")
+    lo = "(" if low_open else "["
+    hi = ")" if high_open else "]"
+    allowed = f"expected a finite real number in {lo}{low}, {high}{hi}"
+    if not np.isfinite(x):
+        fail(name, value, allowed)
+    if (x < low) or (low_open and x == low) or (x > high) or (high_open and x == high):
+        fail(name, value, allowed)
+    return x
+
+
+def array(name: str, value: Any, ndim: int | tuple[int, ...], dtype=np.float64) -> np.ndarray:
+    """Convert to a finite numpy array with the given number of dimensions."""
+    try:
+        arr = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError):
+        fail(name, value, "expected a numeric array")
+    ndims = (ndim,) if isinstance(ndim, int) else ndim
+    if arr.ndim not in ndims:
+        fail(name, value, f"expected {' or '.join(str(n) for n in ndims)} dimensions, got {arr.ndim}")
+    if not np.all(np.isfinite(arr)):
+        fail(name, value, "entries must be finite (found NaN or Inf)")
+    return arr
+
+
+def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        fail(name, value, f"expected one of {', '.join(repr(a) for a in allowed)}")
+    return value
+
+
+def float_dtype(name: str, value: Any, default_from: Any = None) -> np.dtype:
+    """Resolve a floating dtype; float64 needs ``jax_enable_x64``."""
+    if value is None:
+        base = np.result_type(default_from) if default_from is not None else np.float64
+        if not np.issubdtype(base, np.floating):
+            base = np.float64
+        return np.dtype(jax.dtypes.canonicalize_dtype(base))
+    try:
+        dt = np.dtype(value)
+    except TypeError:
+        fail(name, value, "expected 'float32' or 'float64'")
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        fail(name, value, "expected 'float32' or 'float64'")
+    if dt == np.float64 and not jax.config.jax_enable_x64:
+        fail(name, value, "float64 needs jax.config.update('jax_enable_x64', True) first")
+    return dt
+
+
+def prng_key(name: str, key: Any) -> jax.Array:
+    """Return a typed threefry key; refuse rbg/unsafe_rbg and non-keys."""
+    if isinstance(key, (numbers.Integral, np.integer)) and not isinstance(key, bool):
+        return jax.random.key(int(key))
+    try:
+        impl = str(jax.random.key_impl(key))
+    except (TypeError, ValueError, AttributeError):
+        fail(name, key, "expected a JAX PRNG key (jax.random.key(seed)) or an int seed")
+    if impl != "threefry2x32":
+        fail(
+            name,
+            impl,
+            "only threefry2x32 keys are accepted: rbg/unsafe_rbg keys are not independent "
+            "under vmap; use jax.random.key(seed, impl='threefry2x32')",
+        )
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key, impl="threefry2x32")
+    if key.shape != ():
+        fail(name, f"key array of shape {key.shape}", "expected a single key (shape ())")
+    return key
+
+
+def rng_from_key(key: Any) -> np.random.Generator:
+    """A numpy generator seeded deterministically from a JAX key (for problem generators)."""
+    key = prng_key("key", key)
+    return np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())

@@ -1,0 +1,106 @@
+"""What every algorithm shares: the container and the local-update scan.
+
+An algorithm is an :class:`Algorithm`: a name, two module-level pure functions
+(``init_fn``, ``step_fn``) and a config dataclass whose continuous fields
+(step size, success probability) are pytree leaves, traced and vmappable, and
+whose structural fields (H, skip, ...) are static. Because the functions are
+module-level and the config is a pytree, two equal algorithms hit the same
+compiled kernel: building ``fj.fedlsa(0.1, 10)`` twice, or changing only the
+step size, never recompiles.
+
+``step(key, state, problem)`` advances **one seed** by one communication round;
+inside it the agents are vmapped; the driver vmaps over seeds and scans rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedsa_jax import _validate
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """An algorithm: ``init(key, problem, theta0) -> state`` and
+    ``step(key, state, problem) -> (state, info)`` for one seed."""
+
+    config: Any
+    name: str = dataclasses.field(metadata=dict(static=True))
+    init_fn: Callable = dataclasses.field(metadata=dict(static=True))
+    step_fn: Callable = dataclasses.field(metadata=dict(static=True))
+
+    def init(self, key: jax.Array, problem, theta0: jax.Array):
+        return self.init_fn(key, problem, theta0, self.config)
+
+    def step(self, key: jax.Array, state, problem):
+        return self.step_fn(key, state, problem, self.config)
+
+    def describe(self) -> dict[str, Any]:
+        out = {"algorithm": self.name}
+        for f in dataclasses.fields(self.config):
+            v = getattr(self.config, f.name)
+            out[f.name] = v if isinstance(v, (int, float, str)) else float(v)
+        return out
+
+
+class RoundInfo(NamedTuple):
+    """Per-round diagnostics (same structure for every algorithm)."""
+
+    client_drift: jax.Array  # mean_c |theta^c_{t,H} - theta_{t+1}|^2
+
+
+LOCAL_UNROLL = 8  # local steps unrolled per scan iteration (measured: ~1.4x on CPU)
+
+
+def validate_common(step_size: Any, num_local_steps: Any, skip: Any = 1) -> tuple[float, int, int]:
+    eta = _validate.real("step_size", step_size, 0.0, low_open=True)
+    H = _validate.integer("num_local_steps", num_local_steps)
+    k = _validate.integer("skip", skip)
+    return eta, H, k
+
+
+def init_samplers(key: jax.Array, problem) -> jax.Array:
+    """Each agent's observation-stream state (Markov chain state), shape ``(N,)``."""
+    keys = jax.random.split(key, problem.num_agents)
+    return jax.vmap(problem.init_sampler)(keys, problem.agent_params())
+
+
+def initial_theta(problem, theta0: jax.Array) -> jax.Array:
+    return jnp.asarray(theta0, problem.dtype)
+
+
+def local_updates(problem, params, obs, theta, step_size, control=None):
+    """H local steps of one agent: ``theta <- theta - eta (A_c(Z_h) theta - b_c(Z_h) - control)``.
+
+    ``obs`` has leading axis H (drawn in one block); ``control`` is SCAFFLSA's
+    ``xi_c`` (``None`` for FedLSA).
+    """
+
+    def body(th, o):
+        g = problem.direction(params, o, th)
+        if control is not None:
+            g = g - control
+        return th - step_size * g, None
+
+    theta, _ = jax.lax.scan(body, theta, obs, unroll=min(LOCAL_UNROLL, jax.tree.leaves(obs)[0].shape[0]))
+    return theta
+
+
+def run_agents(key, problem, samplers, theta, step_size, num_local_steps, skip, controls=None):
+    """All agents' local rounds from the common ``theta`` (vmapped over agents).
+
+    The random numbers of all agents' H observations are drawn in one block from
+    the round key. Returns ``(theta^c_{t,H} (N, d), new samplers (N,))``.
+    """
+
+    def agent(rand, params, sampler, control):
+        obs, sampler = problem.observe(params, sampler, rand, skip)
+        return local_updates(problem, params, obs, theta, step_size, control), sampler
+
+    rand = problem.randomness(key, problem.num_agents, num_local_steps, skip)
+    return jax.vmap(agent)(rand, problem.agent_params(), samplers, controls)

@@ -1,0 +1,171 @@
+"""Federated LSA with Gaussian multiplicative and additive noise.
+
+Agent ``c`` observes, at every local step, a fresh independent draw
+
+    A_c(Z) = A_bar[c] + noise_A[c] * G,    b_c(Z) = b_bar[c] + noise_b[c] * g,
+
+with ``G (d, d)`` and ``g (d,)`` i.i.d. standard normal.
+
+Sampling note: the algorithms only ever use ``A_c(Z) theta`` for the one
+``theta`` of the step at which Z is drawn, and ``G theta`` given ``theta`` is
+``N(0, |theta|^2 I)``. We therefore draw ``G theta`` as ``|theta| z`` with
+``z ~ N(0, I_d)``: the law of every trajectory is exactly the model's, at 2d
+normals per step instead of d^2 + d.
+
+References: Mangold et al., "SCAFFLSA: Taming Heterogeneity in Federated Linear
+Stochastic Approximation and TD Learning", NeurIPS 2024, arXiv:2402.04114 (A1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedsa_jax import _validate
+from fedsa_jax.problems._base import fixed_points
+
+
+class GaussianParams(NamedTuple):
+    A_bar: jax.Array  # (d, d)
+    b_bar: jax.Array  # (d,)
+    noise_A: jax.Array  # ()
+    noise_b: jax.Array  # ()
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class GaussianLSA:
+    """Gaussian federated LSA problem (see module docstring). Build it with
+    :func:`gaussian_lsa` or :func:`random_gaussian_lsa`."""
+
+    A_bar: jax.Array  # (N, d, d)
+    b_bar: jax.Array  # (N, d)
+    noise_A: jax.Array  # (N,)
+    noise_b: jax.Array  # (N,)
+    theta_star: jax.Array  # (d,)
+    local_theta_star: jax.Array  # (N, d)
+
+    @property
+    def num_agents(self) -> int:
+        return self.A_bar.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.A_bar.shape[-1]
+
+    @property
+    def dtype(self):
+        return self.A_bar.dtype
+
+    def agent_params(self) -> GaussianParams:
+        return GaussianParams(self.A_bar, self.b_bar, self.noise_A, self.noise_b)
+
+    def init_sampler(self, key: jax.Array, params: GaussianParams) -> jax.Array:
+        del key, params
+        return jnp.zeros((), jnp.int32)  # i.i.d. observations carry no state
+
+    def randomness(self, key: jax.Array, num_agents: int, num_obs: int, skip: int = 1) -> jax.Array:
+        """All agents' normals ``(z_A, z_b)`` for one round, drawn in one block."""
+        # i.i.d. observations: discarding skip-1 of every skip leaves the law unchanged.
+        del skip
+        return jax.random.normal(key, (num_agents, num_obs, 2, self.dim), self.dtype)
+
+    def observe(self, params: GaussianParams, sampler: jax.Array, z: jax.Array, skip: int = 1):
+        del params, skip
+        return z, sampler
+
+    def direction(self, params: GaussianParams, obs: jax.Array, theta: jax.Array) -> jax.Array:
+        """``A_c(Z) theta - b_c(Z)`` with ``G theta`` drawn as ``|theta| z_A``."""
+        z_A, z_b = obs[0], obs[1]
+        norm = jnp.sqrt(jnp.sum(theta * theta))
+        return (
+            params.A_bar @ theta
+            - params.b_bar
+            + params.noise_A * norm * z_A
+            - params.noise_b * z_b
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {"family": "gaussian_lsa", "num_agents": self.num_agents, "dim": self.dim}
+
+
+def _per_agent(name: str, value: Any, num_agents: int) -> np.ndarray:
+    arr = _validate.array(name, value, (0, 1))
+    if arr.ndim == 1 and arr.shape[0] != num_agents:
+        _validate.fail(name, value, f"expected a scalar or shape ({num_agents},) (one per agent)")
+    if np.any(arr < 0):
+        _validate.fail(name, value, "noise levels must be >= 0")
+    return np.broadcast_to(arr, (num_agents,)).copy()
+
+
+def gaussian_lsa(A_bar, b_bar, noise_A=0.0, noise_b=0.0, dtype=None) -> GaussianLSA:
+    """Gaussian federated LSA problem from explicit arrays.
+
+    Args:
+      A_bar: ``(N, d, d)`` mean matrices, one per agent.
+      b_bar: ``(N, d)`` mean vectors.
+      noise_A: std of each entry of ``A_c(Z) - A_bar[c]`` (scalar or ``(N,)``).
+      noise_b: std of each entry of ``b_c(Z) - b_bar[c]`` (scalar or ``(N,)``).
+      dtype: ``float32`` or ``float64`` (needs x64); default follows ``A_bar``.
+
+    Example:
+      >>> import numpy as np, fedsa_jax as fj
+      >>> p = fj.problems.gaussian_lsa(np.stack([np.eye(2)] * 3), np.ones((3, 2)), 0.1, 0.1)
+      >>> p.theta_star.shape
+      (2,)
+    """
+    dt = _validate.float_dtype("dtype", dtype, default_from=getattr(A_bar, "dtype", None))
+    A = _validate.array("A_bar", A_bar, 3)
+    b = _validate.array("b_bar", b_bar, 2)
+    N, d, d2 = A.shape
+    if N < 1 or d < 1 or d != d2:
+        _validate.fail("A_bar", A_bar, "expected shape (num_agents >= 1, d, d)")
+    if b.shape != (N, d):
+        _validate.fail("b_bar", b_bar, f"expected shape ({N}, {d}) to match A_bar {A.shape}")
+    sA = _per_agent("noise_A", noise_A, N)
+    sb = _per_agent("noise_b", noise_b, N)
+    theta_star, local = fixed_points(A, b)
+    cast = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
+    return GaussianLSA(cast(A), cast(b), cast(sA), cast(sb), cast(theta_star), cast(local))
+
+
+def random_gaussian_lsa(
+    key,
+    num_agents: int = 10,
+    dim: int = 5,
+    heterogeneity: float = 1.0,
+    noise_A: float = 0.1,
+    noise_b: float = 0.5,
+    eig_range: tuple[float, float] = (0.5, 1.5),
+    dtype=None,
+) -> GaussianLSA:
+    """Random heterogeneous Gaussian LSA problem.
+
+    ``A_bar[c] = A_0 + h E_c`` and ``b_bar[c] = b_0 + h e_c``, where ``A_0`` is
+    symmetric with eigenvalues spread over ``eig_range``, ``E_c`` is a random
+    symmetric matrix of spectral norm ``eig_range[0] / 2`` (so every ``A_bar[c]``
+    stays positive definite for ``h <= 1``), ``b_0, e_c ~ N(0, I)``.
+
+    Args:
+      key: JAX PRNG key (the problem is a deterministic function of it).
+      heterogeneity: ``h`` in ``[0, 1]``; 0 makes all agents identical.
+    """
+    N = _validate.integer("num_agents", num_agents)
+    d = _validate.integer("dim", dim)
+    h = _validate.real("heterogeneity", heterogeneity, 0.0, 1.0)
+    lo, hi = (_validate.real("eig_range", e, 0.0, np.inf, low_open=True) for e in eig_range)
+    if hi < lo:
+        _validate.fail("eig_range", eig_range, "expected (low, high) with 0 < low <= high")
+    rng = _validate.rng_from_key(key)
+    Q, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    A0 = Q @ np.diag(np.linspace(lo, hi, d)) @ Q.T
+    E = rng.standard_normal((N, d, d))
+    E = E + np.swapaxes(E, 1, 2)
+    E *= (lo / 2) / np.linalg.norm(E, ord=2, axis=(1, 2))[:, None, None]
+    A = A0[None] + h * E
+    b = rng.standard_normal(d)[None] + h * rng.standard_normal((N, d))
+    return gaussian_lsa(A, b, noise_A, noise_b, dtype=dtype)
