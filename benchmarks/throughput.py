@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedsa_jax as fj
+from fedsa_jax.simulate import seed_keys
 
 
 def best_of(fn, repeats):
@@ -110,7 +111,7 @@ def main(argv=None):
 
     @jax.jit
     def keyed(k):
-        _, round_keys = fj.simulate_module.seed_keys(k, n)
+        _, round_keys = seed_keys(k, n)
 
         def body(acc, t):
             ks = jax.vmap(jax.random.fold_in, in_axes=(0, None))(round_keys, t)

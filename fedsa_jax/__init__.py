@@ -9,7 +9,6 @@ __version__ = "0.1.0"
 from fedsa_jax import problems, theory
 from fedsa_jax.algorithms import Algorithm, fedlsa, scafflsa
 from fedsa_jax.result import SimulationResult, load
-from fedsa_jax import simulate as simulate_module
 from fedsa_jax.simulate import simulate
 
 __all__ = [

@@ -11,7 +11,9 @@ import numpy as np
 
 from fedsa_jax._io import atomic_write
 
-ARRAY_FIELDS = ("rounds", "mse_mean", "mse_sem", "theta_mean", "num_diverged", "final_theta", "theta_star")
+ARRAY_FIELDS = (
+    "rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta", "theta_star",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +25,7 @@ class SimulationResult:
       mse_mean: ``(R,)`` mean over non-diverged seeds of ``|theta_t - theta_star|^2``.
       mse_sem: ``(R,)`` its standard error over seeds.
       theta_mean: ``(R, d)`` mean over non-diverged seeds of ``theta_t``.
+      theta_sem: ``(R, d)`` its standard error, per coordinate.
       num_diverged: ``(R,)`` seeds whose iterate is non-finite or above the
         divergence threshold at that round (left out of the means).
       final_theta: ``(num_seeds, d)`` every seed's last iterate.
@@ -35,6 +38,7 @@ class SimulationResult:
     mse_mean: np.ndarray
     mse_sem: np.ndarray
     theta_mean: np.ndarray
+    theta_sem: np.ndarray
     num_diverged: np.ndarray
     final_theta: np.ndarray
     theta_star: np.ndarray

@@ -151,6 +151,7 @@ def simulate(
         mse_mean=np.asarray(recorded.mse_mean),
         mse_sem=np.asarray(recorded.mse_sem),
         theta_mean=np.asarray(recorded.theta_mean),
+        theta_sem=np.asarray(recorded.theta_sem),
         num_diverged=np.asarray(recorded.num_diverged),
         final_theta=np.asarray(final_theta),
         theta_star=theta_star.astype(dtype),

@@ -17,6 +17,7 @@ class SeedStats(NamedTuple):
     mse_mean: jax.Array  # () mean over finite seeds of |theta - theta_star|^2
     mse_sem: jax.Array  # () its standard error
     theta_mean: jax.Array  # (d,) mean over finite seeds of theta
+    theta_sem: jax.Array  # (d,) its standard error, per coordinate
     num_diverged: jax.Array  # () int32
 
 
@@ -31,4 +32,6 @@ def seed_statistics(theta: jax.Array, theta_star: jax.Array, threshold: jax.Arra
     var = jnp.sum(jnp.where(ok, (err - mean) ** 2, 0.0)) / (n_f - 1.0)
     sem = jnp.sqrt(var / n_f)
     theta_mean = jnp.sum(jnp.where(ok[:, None], theta, 0.0), axis=0) / n_f
-    return SeedStats(mean, sem, theta_mean, (theta.shape[0] - n).astype(jnp.int32))
+    theta_var = jnp.sum(jnp.where(ok[:, None], (theta - theta_mean) ** 2, 0.0), axis=0) / (n_f - 1.0)
+    theta_sem = jnp.sqrt(theta_var / n_f)
+    return SeedStats(mean, sem, theta_mean, theta_sem, (theta.shape[0] - n).astype(jnp.int32))

@@ -1,15 +1,14 @@
 """Federated SA algorithms: one file each, written for one agent and one seed."""
 
-from fedsa_jax.algorithms._base import Algorithm, RoundInfo
-from fedsa_jax.algorithms.fedlsa import FedLSAConfig, FedLSAState, fedlsa
-from fedsa_jax.algorithms.scafflsa import SCAFFLSAConfig, SCAFFLSAState, scafflsa
+from fedsa_jax.algorithms._base import Algorithm, LocalStepsConfig, RoundInfo
+from fedsa_jax.algorithms.fedlsa import FedLSAState, fedlsa
+from fedsa_jax.algorithms.scafflsa import SCAFFLSAState, scafflsa
 
 __all__ = [
     "Algorithm",
-    "FedLSAConfig",
+    "LocalStepsConfig",
     "FedLSAState",
     "RoundInfo",
-    "SCAFFLSAConfig",
     "SCAFFLSAState",
     "fedlsa",
     "scafflsa",

@@ -16,14 +16,13 @@ Under heterogeneity FedLSA converges (in mean) to a biased point:
 Markovian data: with ``skip = k`` each agent keeps one observation out of every k
 of its trajectory (about the mixing time), discarding the others.
 
-References: Mangold, Samsonov, Labbi, Levin, Lehéricy, Moulines, Naumov,
+References: Mangold, Samsonov, Labbi, Levin, Alami, Naumov, Moulines,
 "SCAFFLSA: Taming Heterogeneity in Federated Linear Stochastic Approximation and
 TD Learning", NeurIPS 2024, arXiv:2402.04114, Algorithm 1 and Sec. 3.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -31,20 +30,13 @@ import jax.numpy as jnp
 
 from fedsa_jax.algorithms._base import (
     Algorithm,
+    LocalStepsConfig,
     RoundInfo,
     init_samplers,
     initial_theta,
     run_agents,
-    validate_common,
+    local_steps_config,
 )
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class FedLSAConfig:
-    step_size: float  # eta (traced: sweeping it does not recompile)
-    num_local_steps: int = dataclasses.field(metadata=dict(static=True))  # H
-    skip: int = dataclasses.field(default=1, metadata=dict(static=True))
 
 
 class FedLSAState(NamedTuple):
@@ -52,12 +44,12 @@ class FedLSAState(NamedTuple):
     sampler: jax.Array  # (N,) each agent's observation-stream state
 
 
-def init(key: jax.Array, problem, theta0: jax.Array, config: FedLSAConfig) -> FedLSAState:
+def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> FedLSAState:
     del config
     return FedLSAState(initial_theta(problem, theta0), init_samplers(key, problem))
 
 
-def step(key: jax.Array, state: FedLSAState, problem, config: FedLSAConfig):
+def step(key: jax.Array, state: FedLSAState, problem, config: LocalStepsConfig):
     """One communication round for one seed."""
     eta = jnp.asarray(config.step_size, problem.dtype)
     local, sampler = run_agents(
@@ -81,5 +73,4 @@ def fedlsa(step_size: float, num_local_steps: int, skip: int = 1) -> Algorithm:
       >>> problem = fj.problems.garnet(jax.random.key(0), num_agents=4)
       >>> res = fj.simulate(jax.random.key(1), problem, fj.fedlsa(0.1, 10), 20, 64)
     """
-    eta, H, k = validate_common(step_size, num_local_steps, skip)
-    return Algorithm(FedLSAConfig(eta, H, k), "fedlsa", init, step)
+    return Algorithm(local_steps_config(step_size, num_local_steps, skip), "fedlsa", init, step)

@@ -17,7 +17,6 @@ Algorithm 2 and Sec. 5.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -25,20 +24,13 @@ import jax.numpy as jnp
 
 from fedsa_jax.algorithms._base import (
     Algorithm,
+    LocalStepsConfig,
     RoundInfo,
     init_samplers,
     initial_theta,
     run_agents,
-    validate_common,
+    local_steps_config,
 )
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class SCAFFLSAConfig:
-    step_size: float  # eta
-    num_local_steps: int = dataclasses.field(metadata=dict(static=True))  # H
-    skip: int = dataclasses.field(default=1, metadata=dict(static=True))
 
 
 class SCAFFLSAState(NamedTuple):
@@ -47,14 +39,14 @@ class SCAFFLSAState(NamedTuple):
     sampler: jax.Array  # (N,)
 
 
-def init(key: jax.Array, problem, theta0: jax.Array, config: SCAFFLSAConfig) -> SCAFFLSAState:
+def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> SCAFFLSAState:
     del config
     theta = initial_theta(problem, theta0)
     xi = jnp.zeros((problem.num_agents, problem.dim), problem.dtype)
     return SCAFFLSAState(theta, xi, init_samplers(key, problem))
 
 
-def step(key: jax.Array, state: SCAFFLSAState, problem, config: SCAFFLSAConfig):
+def step(key: jax.Array, state: SCAFFLSAState, problem, config: LocalStepsConfig):
     """One communication round for one seed."""
     eta = jnp.asarray(config.step_size, problem.dtype)
     H = config.num_local_steps
@@ -75,5 +67,4 @@ def scafflsa(step_size: float, num_local_steps: int, skip: int = 1) -> Algorithm
       num_local_steps: ``H >= 1``.
       skip: keep one observation out of ``skip`` (Markovian sampling), ``>= 1``.
     """
-    eta, H, k = validate_common(step_size, num_local_steps, skip)
-    return Algorithm(SCAFFLSAConfig(eta, H, k), "scafflsa", init, step)
+    return Algorithm(local_steps_config(step_size, num_local_steps, skip), "scafflsa", init, step)

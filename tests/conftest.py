@@ -1,0 +1,31 @@
+"""Test configuration: float64 everywhere, warnings are errors (pyproject), small sizes."""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import fedsa_jax as fj  # noqa: E402
+
+# Monte Carlo tolerance: |estimate - exact| <= Z_TOL standard errors. With a few
+# dozen (correlated) comparisons per test the chance of a false failure is < 1e-4.
+Z_TOL = 4.5
+
+
+@pytest.fixture(scope="session")
+def tiny_td():
+    """A 3-agent, 4-state heterogeneous TD problem with d=2 (generative)."""
+    rng = np.random.default_rng(0)
+    P = rng.uniform(size=(3, 4, 4)) + 0.1
+    P /= P.sum(-1, keepdims=True)
+    r = rng.uniform(-1, 1, size=(3, 4))
+    Phi = rng.uniform(size=(4, 2))
+    return P, r, Phi
+
+
+@pytest.fixture(scope="session")
+def het_gaussian():
+    return fj.problems.random_gaussian_lsa(jax.random.key(3), num_agents=3, dim=3, heterogeneity=1.0,
+                                           noise_A=0.2, noise_b=0.5)

@@ -1,0 +1,106 @@
+"""Plain numpy loops (seed by seed, agent by agent, step by step) used as references.
+
+They consume the same random numbers as the JAX kernel (taken from the same key
+derivation), so trajectories must agree to float64 rounding.
+"""
+
+import jax
+import numpy as np
+
+from fedsa_jax.simulate import seed_keys
+
+
+def round_randomness(problem, key, seed, t, H, skip=1):
+    _, round_keys = seed_keys(key, seed + 1)
+    k = jax.random.fold_in(round_keys[seed], np.uint32(t))
+    return np.asarray(problem.randomness(k, problem.num_agents, H, skip))
+
+
+def init_randomness(key, seed, N):
+    init_keys, _ = seed_keys(key, seed + 1)
+    keys = jax.random.split(init_keys[seed], N)
+    return [float(jax.random.uniform(k, (), np.float64)) for k in keys]
+
+
+def alias(prob, al, u):
+    S = len(prob)
+    i = min(int(u * S), S - 1)
+    return i if u * S - i < prob[i] else int(al[i])
+
+
+def federated_loop(problem, algorithm, T, theta0, agent_round):
+    """FedLSA / SCAFFLSA rounds; ``agent_round(t)`` returns ``g(c, h, theta)``, the
+    direction ``A_c(Z) theta - b_c(Z)`` of agent c's h-th local step in round t."""
+    N, d = problem.num_agents, problem.dim
+    cfg = algorithm.config
+    eta, H = cfg.step_size, cfg.num_local_steps
+    theta = np.zeros(d) if theta0 is None else np.array(theta0, float)
+    xi = np.zeros((N, d))
+    out = [theta.copy()]
+    for t in range(T):
+        g = agent_round(t)
+        local = np.zeros((N, d))
+        for c in range(N):
+            th = theta.copy()
+            for h in range(H):
+                step = g(c, h, th)
+                if algorithm.name == "scafflsa":
+                    step = step - xi[c]
+                th = th - eta * step
+            local[c] = th
+        theta = local.mean(0)
+        if algorithm.name == "scafflsa":
+            xi = xi + (theta - local) / (eta * H)
+        out.append(theta.copy())
+    return np.array(out)
+
+
+def td_loop(problem, algorithm, key, seed, T, theta0=None):
+    """Federated TD problem: every seed's theta_0..theta_T, sampling by alias tables."""
+    N, S = problem.num_agents, problem.num_states
+    H, skip = algorithm.config.num_local_steps, algorithm.config.skip
+    Phi = np.asarray(problem.features)
+    gamma = float(problem.gamma)
+    R = np.asarray(problem.rewards)
+    mu_p = np.asarray(problem.mu_prob).reshape(N, S)
+    mu_a = np.asarray(problem.mu_alias).reshape(N, S)
+    P_p = np.asarray(problem.P_prob).reshape(N, S, S)
+    P_a = np.asarray(problem.P_alias).reshape(N, S, S)
+    chain = [alias(mu_p[c], mu_a[c], u) for c, u in enumerate(init_randomness(key, seed, N))]
+
+    def agent_round(t):
+        u = round_randomness(problem, key, seed, t, H, skip)
+
+        def g(c, h, th):
+            if problem.sampling == "generative":
+                s = alias(mu_p[c], mu_a[c], u[c, 0, h])
+                s2 = alias(P_p[c, s], P_a[c, s], u[c, 1, h])
+            else:
+                path = [chain[c]]
+                for j in range(skip):
+                    path.append(alias(P_p[c, path[-1]], P_a[c, path[-1]], u[c, h * skip + j]))
+                s, s2, chain[c] = path[0], path[1], path[-1]
+            td = R[c, s] + gamma * Phi[s2] @ th - Phi[s] @ th
+            return -td * Phi[s]  # A(Z) theta - b(Z)
+
+        return g
+
+    return federated_loop(problem, algorithm, T, theta0, agent_round)
+
+
+def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
+    """Gaussian LSA problem with the kernel's normals."""
+    H = algorithm.config.num_local_steps
+    A = np.asarray(problem.A_bar)
+    b = np.asarray(problem.b_bar)
+    sA = np.asarray(problem.noise_A)
+    sb = np.asarray(problem.noise_b)
+
+    def agent_round(t):
+        z = round_randomness(problem, key, seed, t, H)  # (N, H, 2, d)
+        # G theta with G ~ N(0,1)^{d x d} has the law of |theta| z_A.
+        return lambda c, h, th: (
+            A[c] @ th - b[c] + sA[c] * np.linalg.norm(th) * z[c, h, 0] - sb[c] * z[c, h, 1]
+        )
+
+    return federated_loop(problem, algorithm, T, theta0, agent_round)
