@@ -11,6 +11,11 @@ split(k_i)``; round ``t`` draws all agents' random numbers in one block from
 ``fold_in(k_rounds, t)``. Seed
 i's trajectory therefore depends only on ``(key, i)``, and two algorithms run
 with the same key see the same observations (common random numbers).
+
+Round t+1's block is drawn during round t and carried in the scan. As a loop
+carry it is materialised once; drawn inside the round, XLA:CPU fuses (recomputes)
+the elementwise threefry hash into each of the ~20 gathers that consume it
+(measured: kernel CPU time 1.5 s -> 0.6 s). Memory: one extra block per seed.
 """
 
 from __future__ import annotations
@@ -57,26 +62,33 @@ def _kernel(key, problem, algorithm: Algorithm, theta0, threshold, *, num_rounds
     def stats(states) -> SeedStats:
         return seed_statistics(states.theta, problem.theta_star, threshold)
 
-    def one_round(states, t):
+    def draw(t):  # round t's random numbers for all seeds
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(round_keys, t)
-        states, _ = jax.vmap(algorithm.step, in_axes=(0, 0, None))(keys, states, problem)
-        return states, None
+        return jax.vmap(algorithm.randomness, in_axes=(0, None))(keys, problem)
 
-    def rounds(states, first, length):
-        return jax.lax.scan(one_round, states, first + jnp.arange(length, dtype=jnp.uint32))[0]
+    def one_round(carry, _):
+        states, rand, t = carry  # rand: round t's block, drawn during round t-1
+        rand_next = draw(t + 1)
+        states, _ = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(rand, states, problem)
+        return (states, rand_next, t + 1), None
 
-    def block(states, first):
-        states = rounds(states, first, record_every)
-        return states, stats(states)
+    def rounds(carry, length):
+        # The round counter is carried (no xs array), so no buffer grows with the rounds.
+        return jax.lax.scan(one_round, carry, None, length=length)[0]
+
+    def block(carry, _):
+        carry = rounds(carry, record_every)
+        return carry, stats(carry[0])
 
     num_blocks, rest = divmod(num_rounds, record_every)
-    firsts = jnp.arange(num_blocks, dtype=jnp.uint32) * record_every
     states_0 = states
-    states, recorded = jax.lax.scan(block, states, firsts)
+    t0 = jnp.uint32(0)
+    carry, recorded = jax.lax.scan(block, (states, draw(t0), t0), None, length=num_blocks)
     parts = [jax.tree.map(lambda x: x[None], stats(states_0)), recorded]
     if rest:
-        states = rounds(states, jnp.uint32(num_blocks * record_every), rest)
-        parts.append(jax.tree.map(lambda x: x[None], stats(states)))
+        carry = rounds(carry, rest)
+        parts.append(jax.tree.map(lambda x: x[None], stats(carry[0])))
+    states = carry[0]
     recorded = jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
     return recorded, states.theta
 

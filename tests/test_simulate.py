@@ -92,3 +92,20 @@ def test_save_load_round_trip(garnet, tmp_path):
     assert cfg["device_count"] >= 1 and cfg["num_seeds"] == 4
     assert res.table()[1] == {"round": 2, "mse_mean": float(res.mse_mean[1]),
                               "mse_sem": float(res.mse_sem[1]), "num_diverged": 0}
+
+
+def test_memory_does_not_grow_with_rounds(garnet):
+    """The compiled kernel's buffers are the same for 10x more rounds (statistics at fixed R)."""
+    import jax.numpy as jnp
+
+    alg = fj.fedlsa(0.5, 4)
+
+    def sizes(T):
+        compiled = sim_mod._kernel.lower(
+            jax.random.key(0), garnet, alg, jnp.zeros(2), jnp.asarray(1e10),
+            num_rounds=T, num_seeds=64, record_every=T // 10,
+        ).compile()
+        mem = compiled.memory_analysis()
+        return mem.temp_size_in_bytes, mem.output_size_in_bytes
+
+    assert sizes(1000) == sizes(100)

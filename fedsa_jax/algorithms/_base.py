@@ -9,7 +9,10 @@ compiled kernel: building ``fj.fedlsa(0.1, 10)`` twice, or changing only the
 step size, never recompiles.
 
 ``step(key, state, problem)`` advances **one seed** by one communication round;
-inside it the agents are vmapped; the driver vmaps over seeds and scans rounds.
+it is ``step_from(randomness(key, problem), state, problem)``: the round's random
+numbers (all agents, one block) are drawn first; the driver draws them one round
+ahead (see :mod:`fedsa_jax.simulate`) and calls ``step_from``. Inside a step the
+agents are vmapped; the driver vmaps over seeds and scans rounds.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from fedsa_jax import _validate
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     """An algorithm: ``init(key, problem, theta0) -> state`` and
-    ``step(key, state, problem) -> (state, info)`` for one seed."""
+    ``step(key, state, problem) -> (state, info)`` for one seed
+    (``= step_from(randomness(key, problem), state, problem)``)."""
 
     config: Any
     name: str = dataclasses.field(metadata=dict(static=True))
@@ -37,8 +41,15 @@ class Algorithm:
     def init(self, key: jax.Array, problem, theta0: jax.Array):
         return self.init_fn(key, problem, theta0, self.config)
 
+    def randomness(self, key: jax.Array, problem):
+        """One round's random numbers for all agents, drawn in one block from ``key``."""
+        return problem.randomness(key, problem.num_agents, self.config.num_local_steps, self.config.skip)
+
+    def step_from(self, rand, state, problem):
+        return self.step_fn(rand, state, problem, self.config)
+
     def step(self, key: jax.Array, state, problem):
-        return self.step_fn(key, state, problem, self.config)
+        return self.step_from(self.randomness(key, problem), state, problem)
 
     def describe(self) -> dict[str, Any]:
         out = {"algorithm": self.name}
@@ -102,16 +113,15 @@ def local_updates(problem, params, obs, theta, step_size, control=None):
     return theta
 
 
-def run_agents(key, problem, samplers, theta, step_size, num_local_steps, skip, controls=None):
+def run_agents(rand, problem, samplers, theta, step_size, skip, controls=None):
     """All agents' local rounds from the common ``theta`` (vmapped over agents).
 
-    The random numbers of all agents' H observations are drawn in one block from
-    the round key. Returns ``(theta^c_{t,H} (N, d), new samplers (N,))``.
+    ``rand``: the random numbers of all agents' H observations, one block
+    (:meth:`Algorithm.randomness`). Returns ``(theta^c_{t,H} (N, d), new samplers (N,))``.
     """
 
     def agent(rand, params, sampler, control):
         obs, sampler = problem.observe(params, sampler, rand, skip)
         return local_updates(problem, params, obs, theta, step_size, control), sampler
 
-    rand = problem.randomness(key, problem.num_agents, num_local_steps, skip)
     return jax.vmap(agent)(rand, problem.agent_params(), samplers, controls)

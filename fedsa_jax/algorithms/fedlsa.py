@@ -49,12 +49,10 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
     return FedLSAState(initial_theta(problem, theta0), init_samplers(key, problem))
 
 
-def step(key: jax.Array, state: FedLSAState, problem, config: LocalStepsConfig):
-    """One communication round for one seed."""
+def step(rand: jax.Array, state: FedLSAState, problem, config: LocalStepsConfig):
+    """One communication round for one seed, from its random numbers ``rand``."""
     eta = jnp.asarray(config.step_size, problem.dtype)
-    local, sampler = run_agents(
-        key, problem, state.sampler, state.theta, eta, config.num_local_steps, config.skip
-    )
+    local, sampler = run_agents(rand, problem, state.sampler, state.theta, eta, config.skip)
     theta = local.mean(axis=0)
     info = RoundInfo(jnp.mean(jnp.sum((local - theta) ** 2, axis=-1)))
     return FedLSAState(theta, sampler), info

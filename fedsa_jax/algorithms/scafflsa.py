@@ -46,13 +46,11 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
     return SCAFFLSAState(theta, xi, init_samplers(key, problem))
 
 
-def step(key: jax.Array, state: SCAFFLSAState, problem, config: LocalStepsConfig):
-    """One communication round for one seed."""
+def step(rand: jax.Array, state: SCAFFLSAState, problem, config: LocalStepsConfig):
+    """One communication round for one seed, from its random numbers ``rand``."""
     eta = jnp.asarray(config.step_size, problem.dtype)
     H = config.num_local_steps
-    local, sampler = run_agents(
-        key, problem, state.sampler, state.theta, eta, H, config.skip, controls=state.xi
-    )
+    local, sampler = run_agents(rand, problem, state.sampler, state.theta, eta, config.skip, controls=state.xi)
     theta = local.mean(axis=0)
     xi = state.xi + (theta - local) / (eta * H)
     info = RoundInfo(jnp.mean(jnp.sum((local - theta) ** 2, axis=-1)))

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import _validate
+from fedsa_jax import _prng, _validate
 from fedsa_jax.problems._base import (
     alias_draw,
     alias_tables,
@@ -98,8 +98,8 @@ class FederatedTD:
         """All agents' uniforms for one round, drawn in one block."""
         if self.sampling == "generative":
             # i.i.d. observations: discarding skip-1 of every skip leaves the law unchanged.
-            return jax.random.uniform(key, (num_agents, 2, num_obs), self.dtype)
-        return jax.random.uniform(key, (num_agents, num_obs * skip), self.dtype)
+            return _prng.uniform(key, (num_agents, 2, num_obs), self.dtype)
+        return _prng.uniform(key, (num_agents, num_obs * skip), self.dtype)
 
     def observe(self, c: jax.Array, sampler: jax.Array, u: jax.Array, skip: int = 1):
         """Agent c's observations ``(s, s')`` from its uniforms (alias sampling)."""

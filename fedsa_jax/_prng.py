@@ -1,0 +1,63 @@
+"""Threefry uniforms that XLA:CPU can fuse, bit-identical to ``jax.random.uniform``.
+
+On CPU, JAX lowers the threefry hash as a rolled 5-iteration ``while`` loop over
+materialised arrays (one pass over memory per iteration, nothing fuses across
+it). :func:`uniform` evaluates the same Threefry-2x32 hash (20 rounds, same key
+schedule, same counters as ``jax_threefry_partitionable=True``) as plain
+elementwise ops, which XLA compiles to one fused loop with the float conversion:
+~4.5x faster for 2e7 uniforms on 2 cores. The values are exactly those of
+``jax.random.uniform(key, shape, dtype)``; with ``jax_threefry_partitionable``
+off, another key implementation or another dtype it calls ``jax.random.uniform``.
+
+Caveat: XLA fuses (i.e. recomputes) an elementwise producer into every consumer,
+so the result should be materialised before it feeds several gathers;
+:func:`fedsa_jax.simulate` does so by carrying the next round's block in the scan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(k1, k2, x1, x2):
+    """Threefry-2x32 of the counter words ``(x1, x2)`` under the key ``(k1, k2)`` (uint32, broadcast)."""
+    ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
+    x1 = x1 + ks[0]
+    x2 = x2 + ks[1]
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x1 = x1 + x2
+            x2 = ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r))) ^ x1
+        x1 = x1 + ks[(i + 1) % 3]
+        x2 = x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
+    return x1, x2
+
+
+def uniform(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+    """``jax.random.uniform(key, shape, dtype)`` (in ``[0, 1)``), bit for bit."""
+    dtype = jnp.dtype(dtype)
+    shape = tuple(shape)
+    size = math.prod(shape)
+    if (
+        not jax.config.jax_threefry_partitionable
+        or "threefry2x32" not in str(jax.random.key_impl(key))
+        or dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+        or size >= 2**32
+    ):
+        return jax.random.uniform(key, shape, dtype)
+    kd = jax.random.key_data(key)
+    counters = lax.iota(np.uint32, size).reshape(shape)  # high word 0: jax's iota_2x32_shape
+    b1, b2 = threefry2x32(kd[0], kd[1], jnp.zeros(shape, np.uint32), counters)
+    if dtype == jnp.float32:
+        bits = ((b1 ^ b2) >> np.uint32(32 - 23)) | np.array(1.0, np.float32).view(np.uint32)
+        return lax.bitcast_convert_type(bits, jnp.float32) - np.float32(1.0)
+    bits = (b1.astype(np.uint64) << np.uint64(32)) | b2.astype(np.uint64)
+    bits = (bits >> np.uint64(64 - 52)) | np.array(1.0, np.float64).view(np.uint64)
+    return lax.bitcast_convert_type(bits, jnp.float64) - np.float64(1.0)
