@@ -46,6 +46,8 @@ BAD = [
     ("transitions", lambda: td(transitions=np.array([[[0.5, 0.6], [0.2, 0.8]]]))),
     ("transitions", lambda: td(transitions=np.array([[[1.5, -0.5], [0.2, 0.8]]]))),
     ("transitions", lambda: td(transitions=np.eye(2)[None])),  # two recurrent classes
+    ("transitions", lambda: td(transitions=np.ones((0, 2, 2)))),  # no agent
+    ("A_bar", lambda: gaussian(A_bar=np.ones((0, 2, 2)), b_bar=np.ones((0, 2)))),
     ("rewards", lambda: td(rewards=np.ones((1, 3)))),
     ("features", lambda: td(features=np.ones((3, 1)))),
     ("features", lambda: td(features=np.ones((2, 2)))),  # rank deficient

@@ -168,7 +168,7 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
     if P.ndim == 2:
         P = P[None]
     N, S, S2 = P.shape
-    if S != S2 or S < 1:
+    if N < 1 or S != S2 or S < 1:
         _validate.fail("transitions", transitions, "expected shape (num_agents, S, S)")
     if np.any(P < 0) or not np.allclose(P.sum(-1), 1.0, atol=1e-6):
         _validate.fail("transitions", transitions, "rows must be nonnegative and sum to 1 (row-stochastic)")
