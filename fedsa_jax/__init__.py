@@ -6,17 +6,19 @@ independent seeds vmapped and scanned into one jitted kernel.
 
 __version__ = "0.1.0"
 
-from fedsa_jax import problems, theory
-from fedsa_jax.algorithms import Algorithm, fedlsa, scafflsa
+from fedsa_jax import channel, problems, theory
+from fedsa_jax.algorithms import Algorithm, fedlsa, qfedtd, scafflsa
 from fedsa_jax.result import SimulationResult, load
 from fedsa_jax.simulate import simulate
 
 __all__ = [
     "Algorithm",
     "SimulationResult",
+    "channel",
     "fedlsa",
     "load",
     "problems",
+    "qfedtd",
     "scafflsa",
     "simulate",
     "theory",

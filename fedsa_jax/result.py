@@ -13,6 +13,7 @@ from fedsa_jax._io import atomic_write
 
 ARRAY_FIELDS = (
     "rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta", "theta_star",
+    "bits_sent", "bits_delivered",
 )
 
 
@@ -30,6 +31,10 @@ class SimulationResult:
         divergence threshold at that round (left out of the means).
       final_theta: ``(num_seeds, d)`` every seed's last iterate.
       theta_star: ``(d,)`` the problem's solution.
+      bits_sent: ``(R,)`` uplink bits sent by all agents up to each recorded round
+        (every agent sends one message of ``config["bits_per_message"]`` per round).
+      bits_delivered: ``(R,)`` uplink bits delivered up to each recorded round,
+        mean over seeds (erasures make it random).
       config: problem, algorithm, run options, package/JAX versions, PRNG
         settings and device count.
     """
@@ -42,6 +47,8 @@ class SimulationResult:
     num_diverged: np.ndarray
     final_theta: np.ndarray
     theta_star: np.ndarray
+    bits_sent: np.ndarray
+    bits_delivered: np.ndarray
     config: dict[str, Any]
 
     @property

@@ -31,7 +31,7 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.algorithms._base import Algorithm
 from fedsa_jax.result import SimulationResult
-from fedsa_jax.stats import SeedStats, seed_statistics
+from fedsa_jax.stats import seed_statistics
 
 _num_traces = 0  # incremented each time the kernel is traced (tests check no retrace)
 
@@ -59,18 +59,22 @@ def _kernel(key, problem, algorithm: Algorithm, theta0, threshold, *, num_rounds
     init_keys, round_keys = seed_keys(key, num_seeds)
     states = jax.vmap(algorithm.init, in_axes=(0, None, None))(init_keys, problem, theta0)
 
-    def stats(states) -> SeedStats:
-        return seed_statistics(states.theta, problem.theta_star, threshold)
+    def stats(carry):
+        states, delivered = carry[0], carry[1]
+        # messages delivered so far, mean over seeds (float64 accumulation on the host side)
+        return seed_statistics(states.theta, problem.theta_star, threshold), jnp.mean(
+            delivered.astype(problem.dtype)
+        )
 
     def draw(t):  # round t's random numbers for all seeds
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(round_keys, t)
         return jax.vmap(algorithm.randomness, in_axes=(0, None))(keys, problem)
 
     def one_round(carry, _):
-        states, rand, t = carry  # rand: round t's block, drawn during round t-1
+        states, delivered, rand, t = carry  # rand: round t's block, drawn during round t-1
         rand_next = draw(t + 1)
-        states, _ = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(rand, states, problem)
-        return (states, rand_next, t + 1), None
+        states, info = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(rand, states, problem)
+        return (states, delivered + info.num_delivered, rand_next, t + 1), None
 
     def rounds(carry, length):
         # The round counter is carried (no xs array), so no buffer grows with the rounds.
@@ -78,19 +82,19 @@ def _kernel(key, problem, algorithm: Algorithm, theta0, threshold, *, num_rounds
 
     def block(carry, _):
         carry = rounds(carry, record_every)
-        return carry, stats(carry[0])
+        return carry, stats(carry)
 
     num_blocks, rest = divmod(num_rounds, record_every)
-    states_0 = states
     t0 = jnp.uint32(0)
-    carry, recorded = jax.lax.scan(block, (states, draw(t0), t0), None, length=num_blocks)
-    parts = [jax.tree.map(lambda x: x[None], stats(states_0)), recorded]
+    carry = (states, jnp.zeros((num_seeds,), jnp.int32), draw(t0), t0)
+    parts = [jax.tree.map(lambda x: x[None], stats(carry))]
+    carry, recorded = jax.lax.scan(block, carry, None, length=num_blocks)
+    parts.append(recorded)
     if rest:
         carry = rounds(carry, rest)
-        parts.append(jax.tree.map(lambda x: x[None], stats(carry[0])))
-    states = carry[0]
+        parts.append(jax.tree.map(lambda x: x[None], stats(carry)))
     recorded = jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
-    return recorded, states.theta
+    return recorded, carry[0].theta
 
 
 def _check_problem(problem) -> None:
@@ -153,13 +157,18 @@ def simulate(
     dtype = problem.dtype
     threshold = jnp.asarray(min(factor * scale, float(jnp.finfo(dtype).max)), dtype)
 
-    recorded, final_theta = _kernel(
+    algorithm.config.channel.quantizer.check_dim(d)
+    (recorded, delivered), final_theta = _kernel(
         key, problem, algorithm, jnp.asarray(theta0_np, dtype), threshold,
         num_rounds=T, num_seeds=n, record_every=r,
     )
     recorded = jax.device_get(recorded)
+    rounds = recorded_rounds(T, r)
+    bits = algorithm.bits_per_message(d)
     result = SimulationResult(
-        rounds=recorded_rounds(T, r),
+        rounds=rounds,
+        bits_sent=rounds.astype(np.float64) * problem.num_agents * bits,
+        bits_delivered=np.asarray(delivered, np.float64) * bits,
         mse_mean=np.asarray(recorded.mse_mean),
         mse_sem=np.asarray(recorded.mse_sem),
         theta_mean=np.asarray(recorded.theta_mean),
@@ -202,6 +211,7 @@ def run_config(key, problem, algorithm, T, n, r, theta0, factor) -> dict[str, An
             "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
         },
         "versions": {"fedsa_jax": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__},
+        "bits_per_message": algorithm.bits_per_message(problem.dim),
         "device_count": jax.device_count(),
         "platform": jax.default_backend(),
     }

@@ -13,7 +13,8 @@ from fedsa_jax.simulate import seed_keys
 def round_randomness(problem, key, seed, t, H, skip=1):
     _, round_keys = seed_keys(key, seed + 1)
     k = jax.random.fold_in(round_keys[seed], np.uint32(t))
-    return np.asarray(problem.randomness(k, problem.num_agents, H, skip))
+    k_obs, _ = jax.random.split(k)  # the other half keys the channel
+    return np.asarray(problem.randomness(k_obs, problem.num_agents, H, skip))
 
 
 def init_randomness(key, seed, N):

@@ -83,11 +83,18 @@ def test_save_load_round_trip(garnet, tmp_path):
     res.save(path)
     assert os.listdir(path.parent) == ["r.npz"]  # no temporary file left behind
     back = fj.load(path)
-    for field in ("rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta"):
+    for field in ("rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta",
+                  "bits_sent", "bits_delivered"):
         np.testing.assert_array_equal(getattr(back, field), getattr(res, field))
     assert back.config == json.loads(json.dumps(res.config))
     cfg = back.config
-    assert cfg["algorithm"] == {"algorithm": "scafflsa", "step_size": 0.5, "num_local_steps": 2, "skip": 1}
+    assert cfg["algorithm"] == {
+        "algorithm": "scafflsa", "step_size": 0.5, "num_local_steps": 2, "skip": 1,
+        "channel": {"aggregation": "divide_by_n", "quantizer": {"kind": "identity"}, "success_prob": 1.0},
+    }
+    assert cfg["bits_per_message"] == 32 * 2
+    np.testing.assert_array_equal(back.bits_sent, res.rounds * 3 * 64)
+    np.testing.assert_array_equal(back.bits_delivered, back.bits_sent)  # exact channel: all delivered
     assert cfg["prng"]["impl"] == "threefry2x32" and cfg["versions"]["fedsa_jax"] == fj.__version__
     assert cfg["device_count"] >= 1 and cfg["num_seeds"] == 4
     assert res.table()[1] == {"round": 2, "mse_mean": float(res.mse_mean[1]),

@@ -10,9 +10,10 @@ step size, never recompiles.
 
 ``step(key, state, problem)`` advances **one seed** by one communication round;
 it is ``step_from(randomness(key, problem), state, problem)``: the round's random
-numbers (all agents, one block) are drawn first; the driver draws them one round
-ahead (see :mod:`fedsa_jax.simulate`) and calls ``step_from``. Inside a step the
-agents are vmapped; the driver vmaps over seeds and scans rounds.
+numbers (all agents' observations in one block, and a key for the channel) are
+drawn first; the driver draws them one round ahead (see :mod:`fedsa_jax.simulate`)
+and calls ``step_from``. Inside a step the agents are vmapped; the driver vmaps
+over seeds and scans rounds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsa_jax import _validate
+from fedsa_jax.channel import Channel, Delivery, channel, transmit
 
 
 @jax.tree_util.register_dataclass
@@ -41,9 +43,12 @@ class Algorithm:
     def init(self, key: jax.Array, problem, theta0: jax.Array):
         return self.init_fn(key, problem, theta0, self.config)
 
-    def randomness(self, key: jax.Array, problem):
-        """One round's random numbers for all agents, drawn in one block from ``key``."""
-        return problem.randomness(key, problem.num_agents, self.config.num_local_steps, self.config.skip)
+    def randomness(self, key: jax.Array, problem) -> RoundRandomness:
+        """One round's random numbers: all agents' observations in one block, and a
+        key for the channel (two independent streams split from ``key``)."""
+        k_obs, k_channel = jax.random.split(key)
+        obs = problem.randomness(k_obs, problem.num_agents, self.config.num_local_steps, self.config.skip)
+        return RoundRandomness(obs, k_channel)
 
     def step_from(self, rand, state, problem):
         return self.step_fn(rand, state, problem, self.config)
@@ -51,20 +56,32 @@ class Algorithm:
     def step(self, key: jax.Array, state, problem):
         return self.step_from(self.randomness(key, problem), state, problem)
 
+    def bits_per_message(self, dim: int) -> int:
+        return self.config.channel.quantizer.bits(dim)
+
     def describe(self) -> dict[str, Any]:
-        out = {"algorithm": self.name}
-        for f in dataclasses.fields(self.config):
-            v = getattr(self.config, f.name)
-            out[f.name] = v if isinstance(v, (int, float, str)) else float(v)
-        return out
+        cfg = self.config
+        return {
+            "algorithm": self.name,
+            "step_size": float(cfg.step_size),
+            "num_local_steps": cfg.num_local_steps,
+            "skip": cfg.skip,
+            "channel": cfg.channel.describe(),
+        }
+
+
+class RoundRandomness(NamedTuple):
+    obs: Any  # the problem's block for all agents (see problem.randomness)
+    channel: jax.Array  # key for quantizers and erasures
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LocalStepsConfig:
-    """Hyperparameters of FedLSA and SCAFFLSA."""
+    """Hyperparameters of FedLSA, SCAFFLSA and QFedTD (``H = 1``)."""
 
     step_size: float  # eta (a traced leaf: changing or vmapping it does not recompile)
+    channel: Channel  # uplink; its success probability is a traced leaf too
     num_local_steps: int = dataclasses.field(metadata=dict(static=True))  # H
     skip: int = dataclasses.field(default=1, metadata=dict(static=True))  # keep 1 obs out of skip
 
@@ -72,18 +89,43 @@ class LocalStepsConfig:
 class RoundInfo(NamedTuple):
     """Per-round diagnostics (same structure for every algorithm)."""
 
-    client_drift: jax.Array  # mean_c |theta^c_{t,H} - theta_{t+1}|^2
+    client_drift: jax.Array  # mean_c |theta^c_{t,H} - theta_{t+1}|^2 (0 for QFedTD)
+    num_delivered: jax.Array  # () int32, uplink messages delivered this round
 
 
 LOCAL_UNROLL = 8  # local steps unrolled per scan iteration (measured: ~1.4x on CPU)
 
 
-def local_steps_config(step_size: Any, num_local_steps: Any, skip: Any = 1) -> LocalStepsConfig:
+def local_steps_config(
+    step_size: Any, num_local_steps: Any, skip: Any = 1, quantizer=None, success_prob: Any = 1.0,
+    aggregation: str = "divide_by_n",
+) -> LocalStepsConfig:
     """Validated :class:`LocalStepsConfig`."""
     eta = _validate.real("step_size", step_size, 0.0, low_open=True)
     H = _validate.integer("num_local_steps", num_local_steps)
     k = _validate.integer("skip", skip)
-    return LocalStepsConfig(eta, H, k)
+    return LocalStepsConfig(eta, channel(quantizer, success_prob, aggregation), H, k)
+
+
+def server_update(key: jax.Array, theta: jax.Array, local: jax.Array, ch: Channel) -> tuple[jax.Array, Delivery]:
+    """Aggregate the agents' model differences ``m_c = theta^c - theta`` over the uplink.
+
+    Exact channel: ``theta + mean_c m_c = mean_c theta^c`` (computed as the mean).
+    Otherwise ``theta + sum_c w_c q(m_c)`` with the channel's weights (``1/N`` or
+    ``1/|R|`` on delivered messages, 0 on lost ones).
+    """
+    N = local.shape[0]
+    if ch.trivial:
+        delivered = jnp.ones((N,), bool)
+        weights = jnp.full((N,), 1.0 / N, local.dtype)
+        return local.mean(axis=0), Delivery(local - theta, delivered, weights)
+    delivery = transmit(key, local - theta, ch)
+    return theta + jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0), delivery
+
+
+def round_info(local: jax.Array, theta: jax.Array, delivery: Delivery) -> RoundInfo:
+    drift = jnp.mean(jnp.sum((local - theta) ** 2, axis=-1))
+    return RoundInfo(drift, jnp.sum(delivery.delivered).astype(jnp.int32))
 
 
 def init_samplers(key: jax.Array, problem) -> jax.Array:

@@ -16,6 +16,15 @@ Under heterogeneity FedLSA converges (in mean) to a biased point:
 Markovian data: with ``skip = k`` each agent keeps one observation out of every k
 of its trajectory (about the mixing time), discarding the others.
 
+Channel (beyond the paper): each agent uploads its model difference
+``m_c = theta^c_{t,H} - theta_t`` through a quantizer q, and the message is
+delivered with probability p. The server sets
+``theta_{t+1} = theta_t + (1/N) sum_{c delivered} q(m_c)`` (``"divide_by_n"``: a
+lost message is a zero update, which shrinks the step by p on average) or
+``theta_t + (1/|R|) sum_{c in R} q(m_c)`` (``"divide_by_received"``; no update
+if nothing arrives). Agents hold no state between rounds, so a lost message
+costs nothing beyond that round.
+
 References: Mangold, Samsonov, Labbi, Levin, Alami, Naumov, Moulines,
 "SCAFFLSA: Taming Heterogeneity in Federated Linear Stochastic Approximation and
 TD Learning", NeurIPS 2024, arXiv:2402.04114, Algorithm 1 and Sec. 3.
@@ -31,11 +40,13 @@ import jax.numpy as jnp
 from fedsa_jax.algorithms._base import (
     Algorithm,
     LocalStepsConfig,
-    RoundInfo,
+    RoundRandomness,
     init_samplers,
     initial_theta,
-    run_agents,
     local_steps_config,
+    round_info,
+    run_agents,
+    server_update,
 )
 
 
@@ -49,26 +60,36 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
     return FedLSAState(initial_theta(problem, theta0), init_samplers(key, problem))
 
 
-def step(rand: jax.Array, state: FedLSAState, problem, config: LocalStepsConfig):
+def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsConfig):
     """One communication round for one seed, from its random numbers ``rand``."""
     eta = jnp.asarray(config.step_size, problem.dtype)
-    local, sampler = run_agents(rand, problem, state.sampler, state.theta, eta, config.skip)
-    theta = local.mean(axis=0)
-    info = RoundInfo(jnp.mean(jnp.sum((local - theta) ** 2, axis=-1)))
-    return FedLSAState(theta, sampler), info
+    local, sampler = run_agents(rand.obs, problem, state.sampler, state.theta, eta, config.skip)
+    theta, delivery = server_update(rand.channel, state.theta, local, config.channel)
+    return FedLSAState(theta, sampler), round_info(local, theta, delivery)
 
 
-def fedlsa(step_size: float, num_local_steps: int, skip: int = 1) -> Algorithm:
+def fedlsa(
+    step_size: float,
+    num_local_steps: int,
+    skip: int = 1,
+    quantizer=None,
+    success_prob: float = 1.0,
+    aggregation: str = "divide_by_n",
+) -> Algorithm:
     """FedLSA with step size ``eta``, ``H`` local steps per round.
 
     Args:
       step_size: ``eta > 0``.
       num_local_steps: ``H >= 1``.
       skip: keep one observation out of ``skip`` (Markovian sampling), ``>= 1``.
+      quantizer: uplink quantizer from :mod:`fedsa_jax.channel` (default: exact).
+      success_prob: probability in ``(0, 1]`` that an uplink message is delivered.
+      aggregation: ``"divide_by_n"`` or ``"divide_by_received"``.
 
     Example:
       >>> import jax, fedsa_jax as fj
       >>> problem = fj.problems.garnet(jax.random.key(0), num_agents=4)
       >>> res = fj.simulate(jax.random.key(1), problem, fj.fedlsa(0.1, 10), 20, 64)
     """
-    return Algorithm(local_steps_config(step_size, num_local_steps, skip), "fedlsa", init, step)
+    config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation)
+    return Algorithm(config, "fedlsa", init, step)

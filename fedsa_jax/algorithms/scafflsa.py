@@ -10,6 +10,20 @@ The update keeps ``sum_c xi_c = 0``; the ideal control variates are
 ``xi_c* = A_bar[c] theta_star - b_bar[c]``, and ``theta_star`` is the fixed point
 of the mean dynamics: SCAFFLSA has no heterogeneity bias.
 
+Channel (beyond the paper): agent c uploads ``m_c = theta^c_{t,H} - theta_t``
+through a quantizer q; the message is delivered with probability p, and the
+server broadcasts ``theta_{t+1}`` together with which messages arrived (R).
+The server step is ``theta_t + sum_c w_c q(m_c)`` with ``w_c = 1/N``
+(``"divide_by_n"``) or ``1/|R|`` (``"divide_by_received"``) on delivered
+messages. Control variates move only for delivered agents, against the mean of
+the delivered messages ``mbar_R = (1/|R|) sum_{j in R} q(m_j)``:
+
+    xi_c <- xi_c + (mbar_R - q(m_c)) / (eta H)   for c in R;   xi_c unchanged otherwise.
+
+So a lost message leaves that agent's control variate as it was (its local work
+of the round is discarded), and ``sum_c xi_c`` stays exactly 0 for either rule.
+With an exact channel this is the update above (``mbar_R = theta_{t+1} - theta_t``).
+
 References: Mangold et al., "SCAFFLSA: Taming Heterogeneity in Federated Linear
 Stochastic Approximation and TD Learning", NeurIPS 2024, arXiv:2402.04114,
 Algorithm 2 and Sec. 5.
@@ -25,11 +39,13 @@ import jax.numpy as jnp
 from fedsa_jax.algorithms._base import (
     Algorithm,
     LocalStepsConfig,
-    RoundInfo,
+    RoundRandomness,
     init_samplers,
     initial_theta,
-    run_agents,
     local_steps_config,
+    round_info,
+    run_agents,
+    server_update,
 )
 
 
@@ -46,23 +62,41 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
     return SCAFFLSAState(theta, xi, init_samplers(key, problem))
 
 
-def step(rand: jax.Array, state: SCAFFLSAState, problem, config: LocalStepsConfig):
+def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStepsConfig):
     """One communication round for one seed, from its random numbers ``rand``."""
     eta = jnp.asarray(config.step_size, problem.dtype)
     H = config.num_local_steps
-    local, sampler = run_agents(rand, problem, state.sampler, state.theta, eta, config.skip, controls=state.xi)
-    theta = local.mean(axis=0)
-    xi = state.xi + (theta - local) / (eta * H)
-    info = RoundInfo(jnp.mean(jnp.sum((local - theta) ** 2, axis=-1)))
-    return SCAFFLSAState(theta, xi, sampler), info
+    local, sampler = run_agents(
+        rand.obs, problem, state.sampler, state.theta, eta, config.skip, controls=state.xi
+    )
+    theta, delivery = server_update(rand.channel, state.theta, local, config.channel)
+    if config.channel.trivial:
+        xi = state.xi + (theta - local) / (eta * H)
+    else:
+        delivered = delivery.delivered[:, None]
+        count = jnp.maximum(jnp.sum(delivery.delivered), 1).astype(problem.dtype)
+        mean_delivered = jnp.sum(delivery.messages, axis=0) / count  # lost messages are 0
+        xi = state.xi + jnp.where(delivered, (mean_delivered - delivery.messages) / (eta * H), 0.0)
+    return SCAFFLSAState(theta, xi, sampler), round_info(local, theta, delivery)
 
 
-def scafflsa(step_size: float, num_local_steps: int, skip: int = 1) -> Algorithm:
+def scafflsa(
+    step_size: float,
+    num_local_steps: int,
+    skip: int = 1,
+    quantizer=None,
+    success_prob: float = 1.0,
+    aggregation: str = "divide_by_n",
+) -> Algorithm:
     """SCAFFLSA with step size ``eta`` and ``H`` local steps per round.
 
     Args:
       step_size: ``eta > 0``.
       num_local_steps: ``H >= 1``.
       skip: keep one observation out of ``skip`` (Markovian sampling), ``>= 1``.
+      quantizer: uplink quantizer from :mod:`fedsa_jax.channel` (default: exact).
+      success_prob: probability in ``(0, 1]`` that an uplink message is delivered.
+      aggregation: ``"divide_by_n"`` or ``"divide_by_received"``.
     """
-    return Algorithm(local_steps_config(step_size, num_local_steps, skip), "scafflsa", init, step)
+    config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation)
+    return Algorithm(config, "scafflsa", init, step)

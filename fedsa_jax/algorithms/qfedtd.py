@@ -1,0 +1,90 @@
+"""QFedTD: federated TD(0) with quantized uplinks over Bernoulli erasure channels.
+
+One local step per round. At round k every agent i draws one observation
+``Z_{i,k}`` (one step of its own Markov chain, or an i.i.d. draw), computes the
+TD direction ``g_{i,k} = b_i(Z) - A_i(Z) theta_k`` and uploads ``Q(g_{i,k})``;
+the message arrives with probability p (``b_{i,k} ~ Bernoulli(p)``, independent):
+
+    theta_{k+1} = theta_k + (alpha / N) sum_i b_{i,k} Q(g_{i,k}).
+
+The sum is divided by N, not by the number received (``aggregation=
+"divide_by_n"``, the paper's rule; ``"divide_by_received"`` is offered too).
+Under generative sampling the mean follows exactly
+``E[theta_{k+1}] = (I - alpha p mean_i A_bar[i]) E[theta_k] + alpha p mean_i b_bar[i]``
+(:func:`fedsa_jax.theory.exact_mean`). With ``p = 1`` and the identity quantizer
+this is FedTD, i.e. FedLSA with ``H = 1``.
+
+References: Dal Fabbro, Mitra, Pappas, "Federated TD Learning over Finite-Rate
+Erasure Channels: Linear Speedup under Markovian Sampling", IEEE Control Systems
+Letters, 2023, eq. (2).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedsa_jax.algorithms._base import (
+    Algorithm,
+    LocalStepsConfig,
+    RoundRandomness,
+    init_samplers,
+    initial_theta,
+    local_steps_config,
+    round_info,
+)
+from fedsa_jax.channel import Delivery, transmit
+
+
+class QFedTDState(NamedTuple):
+    theta: jax.Array  # (d,) server iterate theta_k
+    sampler: jax.Array  # (N,) each agent's chain state
+
+
+def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> QFedTDState:
+    del config
+    return QFedTDState(initial_theta(problem, theta0), init_samplers(key, problem))
+
+
+def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsConfig):
+    """One round (one TD step per agent) for one seed."""
+    alpha = jnp.asarray(config.step_size, problem.dtype)
+
+    def direction(rand_c, params, sampler):
+        obs, sampler = problem.observe(params, sampler, rand_c, 1)
+        first = jax.tree.map(lambda x: x[0], obs)
+        return -problem.direction(params, first, state.theta), sampler  # g = b(Z) - A(Z) theta
+
+    g, sampler = jax.vmap(direction)(rand.obs, problem.agent_params(), state.sampler)
+    ch = config.channel
+    if ch.trivial:
+        N = g.shape[0]
+        delivery = Delivery(g, jnp.ones((N,), bool), jnp.full((N,), 1.0 / N, g.dtype))
+        theta = state.theta + alpha * g.mean(axis=0)
+    else:
+        delivery = transmit(rand.channel, g, ch)
+        theta = state.theta + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
+    info = round_info(state.theta[None], state.theta, delivery)  # no local drift: one step
+    return QFedTDState(theta, sampler), info
+
+
+def qfedtd(step_size: float, quantizer=None, success_prob: float = 1.0,
+           aggregation: str = "divide_by_n") -> Algorithm:
+    """QFedTD with server step ``alpha``, quantizer Q and success probability p.
+
+    Args:
+      step_size: ``alpha > 0``.
+      quantizer: from :mod:`fedsa_jax.channel` (default: none, i.e. FedTD).
+      success_prob: ``p`` in ``(0, 1]``.
+      aggregation: ``"divide_by_n"`` (the paper's) or ``"divide_by_received"``.
+
+    Example:
+      >>> import jax, fedsa_jax as fj
+      >>> problem = fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=40)
+      >>> alg = fj.qfedtd(0.6, fj.channel.stochastic_uniform(bits=4), success_prob=0.6)
+      >>> res = fj.simulate(jax.random.key(1), problem, alg, num_rounds=200, num_seeds=256)
+    """
+    config = local_steps_config(step_size, 1, 1, quantizer, success_prob, aggregation)
+    return Algorithm(config, "qfedtd", init, step)

@@ -1,0 +1,25 @@
+"""Finite-rate, lossy uplink: unbiased random quantizers and Bernoulli erasures."""
+
+from fedsa_jax.channel.erasures import AGGREGATIONS, Channel, Delivery, channel, transmit
+from fedsa_jax.channel.quantizers import (
+    Quantizer,
+    identity,
+    natural,
+    qsgd,
+    rand_k,
+    stochastic_uniform,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "Channel",
+    "Delivery",
+    "Quantizer",
+    "channel",
+    "identity",
+    "natural",
+    "qsgd",
+    "rand_k",
+    "stochastic_uniform",
+    "transmit",
+]

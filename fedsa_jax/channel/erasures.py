@@ -1,0 +1,84 @@
+"""The lossy uplink: quantize each agent's message, deliver it with probability p.
+
+Each round every agent sends one message; message c is delivered with probability
+``success_prob``, independently across agents and rounds (Bernoulli erasures,
+Dal Fabbro et al. 2023, Sec. 2). The server aggregates the delivered messages by
+one of two explicit rules:
+
+* ``"divide_by_n"``: ``(1/N) sum_{c delivered} q(m_c)`` — a lost message counts
+  as a zero update (QFedTD, eq. (2));
+* ``"divide_by_received"``: ``(1/|R|) sum_{c in R} q(m_c)``, and no update when
+  nothing arrives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedsa_jax import _validate
+from fedsa_jax.channel.quantizers import Quantizer, identity
+
+AGGREGATIONS = ("divide_by_n", "divide_by_received")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Channel:
+    """Uplink channel: a quantizer, a success probability (a traced leaf, so
+    sweeping it does not recompile) and an aggregation rule."""
+
+    success_prob: float
+    quantizer: Quantizer = dataclasses.field(default_factory=identity, metadata=dict(static=True))
+    aggregation: str = dataclasses.field(default="divide_by_n", metadata=dict(static=True))
+    erasures: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    @property
+    def trivial(self) -> bool:
+        """Identity quantizer and no erasures: messages arrive exactly."""
+        return self.quantizer.kind == "identity" and not self.erasures
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "success_prob": float(self.success_prob),
+            "quantizer": self.quantizer.describe(),
+            "aggregation": self.aggregation,
+        }
+
+
+def channel(quantizer: Quantizer | None = None, success_prob: float = 1.0,
+            aggregation: str = "divide_by_n") -> Channel:
+    """Validated :class:`Channel` (``quantizer=None`` is the identity)."""
+    q = identity() if quantizer is None else quantizer
+    if not isinstance(q, Quantizer):
+        _validate.fail("quantizer", q, "expected a quantizer from fedsa_jax.channel (or None)")
+    p = _validate.real("success_prob", success_prob, 0.0, 1.0, low_open=True)
+    agg = _validate.choice("aggregation", aggregation, AGGREGATIONS)
+    return Channel(p, q, agg, erasures=p < 1.0)
+
+
+class Delivery(NamedTuple):
+    messages: jax.Array  # (N, d) quantized messages, zero where lost
+    delivered: jax.Array  # (N,) bool
+    weights: jax.Array  # (N,) aggregation weights: 1/N or 1/|R| on delivered, 0 elsewhere
+
+
+def transmit(key: jax.Array, messages: jax.Array, ch: Channel) -> Delivery:
+    """Send every agent's message ``(N, d)`` through the channel."""
+    N = messages.shape[0]
+    k_q, k_e = jax.random.split(key)
+    quantized = jax.vmap(ch.quantizer)(jax.random.split(k_q, N), messages)
+    if ch.erasures:
+        p = jnp.asarray(ch.success_prob, messages.dtype)
+        delivered = jax.random.uniform(k_e, (N,), messages.dtype) < p
+    else:
+        delivered = jnp.ones((N,), bool)
+    count = jnp.sum(delivered)
+    if ch.aggregation == "divide_by_n":
+        weights = delivered / jnp.asarray(N, messages.dtype)
+    else:
+        weights = delivered / jnp.maximum(count, 1).astype(messages.dtype)
+    return Delivery(jnp.where(delivered[:, None], quantized, 0.0), delivered, weights.astype(messages.dtype))
