@@ -18,6 +18,13 @@ agents and steps, so the second moment ``S = E[Y Y^T]`` follows
 ``S <- L S L^T + E[w w^T]`` exactly, and ``E|theta_t - theta_star|^2`` is read
 off S. Computed in float64 numpy.
 
+Uplink channels (unbiased quantizer Q, erasures with probability 1 - p) keep the
+mean dynamics linear: the quantizer noise has mean zero and the erasures are
+independent of everything else, so in :func:`exact_mean` the server step uses
+the expected aggregation weights ``E[w_c]`` (``p / N`` for ``"divide_by_n"``,
+``(1 - (1 - p)^N) / N`` for ``"divide_by_received"``) and SCAFFLSA's control
+variate step the expected products ``E[1{c in R} 1{j in R} / |R|]``.
+
 References: Mangold et al., SCAFFLSA, NeurIPS 2024, arXiv:2402.04114, Sec. 3
 (FedLSA bias) and Sec. 5 (SCAFFLSA).
 """
@@ -65,11 +72,33 @@ def fedlsa_bias(problem, step_size: float, num_local_steps: int) -> np.ndarray:
     return np.linalg.solve(M, v)
 
 
+def _binomial_inverse_mean(n: int, p: float, shift: int) -> float:
+    """``E[1 / (shift + X)]`` for ``X ~ Binomial(n, p)``, ``shift >= 1``."""
+    from math import comb
+
+    return sum(comb(n, k) * p**k * (1 - p) ** (n - k) / (shift + k) for k in range(n + 1))
+
+
+def _expected_weights(channel, N: int) -> tuple[float, float, float]:
+    """``E[w_c]``, ``E[1{c in R} / |R|]`` and ``E[1{c, j in R} / |R|]`` (j != c)."""
+    if not channel.quantizer.unbiased:
+        _validate.fail("quantizer", channel.quantizer.describe(), "exact recursions need an unbiased quantizer")
+    p = float(channel.success_prob)
+    same = p * _binomial_inverse_mean(N - 1, p, 1)
+    other = p * p * _binomial_inverse_mean(N - 2, p, 2) if N > 1 else 0.0
+    server = p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N
+    return server, same, other
+
+
 def _round_maps(problem, algorithm):
-    """Broadcast, local-step and aggregation matrices on Y, and index helpers."""
+    """Broadcast, local-step and aggregation matrices on Y, and index helpers.
+
+    The aggregation matrix uses expected channel weights: exact for the mean,
+    and for second moments only with an exact channel (checked by the callers).
+    """
     name = algorithm.name
-    if name not in ("fedlsa", "scafflsa"):
-        _validate.fail("algorithm", name, "exact recursions cover 'fedlsa' and 'scafflsa'")
+    if name not in ("fedlsa", "scafflsa", "qfedtd"):
+        _validate.fail("algorithm", name, "exact recursions cover 'fedlsa', 'scafflsa' and 'qfedtd'")
     cfg = algorithm.config
     eta, H = float(cfg.step_size), int(cfg.num_local_steps)
     A, b, _ = _arrays(problem)
@@ -84,6 +113,7 @@ def _round_maps(problem, algorithm):
     xi = [slice(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(N)]
     loc = [slice(1 + d + (N + c) * d, 1 + d + (N + c + 1) * d) for c in range(N)]
     I = np.eye(d)
+    w_server, w_same, w_other = _expected_weights(cfg.channel, N)
 
     L_b = np.eye(D)
     for c in range(N):
@@ -91,20 +121,24 @@ def _round_maps(problem, algorithm):
         L_b[loc[c], th] = I
     L_s = np.eye(D)
     for c in range(N):
+        # QFedTD's message is the TD direction, i.e. its local iterate is theta + eta g: same map.
         L_s[loc[c], loc[c]] = I - eta * A[c]
         L_s[loc[c], 0] = eta * b[c]
         if name == "scafflsa":
             L_s[loc[c], xi[c]] = eta * I
+    # Aggregation on the messages m_c = theta^c - theta: theta <- theta + sum_c E[w_c] m_c.
     L_a = np.eye(D)
-    L_a[th, th] = 0.0
+    L_a[th, th] = (1.0 - N * w_server) * I
     for c in range(N):
-        L_a[th, loc[c]] = I / N
+        L_a[th, loc[c]] = w_server * I
     if name == "scafflsa":
-        # xi_c <- xi_c + (mean_j theta^j - theta^c) / (eta H), in terms of pre-aggregation Y.
+        # xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / (eta H)
+        p = float(cfg.channel.success_prob)
         for c in range(N):
             for j in range(N):
-                L_a[xi[c], loc[j]] += I / (N * eta * H)
-            L_a[xi[c], loc[c]] -= I / (eta * H)
+                coef = (w_same - p if j == c else w_other) / (eta * H)
+                L_a[xi[c], loc[j]] += coef * I
+                L_a[xi[c], th] -= coef * I
     return L_b, L_s, L_a, H, eta, th, loc
 
 
@@ -122,7 +156,12 @@ def _require_iid(problem):
 
 
 def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
-    """``E[theta_t]`` for ``t = 0..num_rounds`` (shape ``(T+1, d)``), exact for i.i.d. observations."""
+    """``E[theta_t]`` for ``t = 0..num_rounds`` (shape ``(T+1, d)``), exact for i.i.d.
+    observations, for FedLSA, SCAFFLSA and QFedTD, with any unbiased channel.
+
+    For QFedTD: ``E[theta_{k+1}] = (I - alpha p_eff mean A_bar) E[theta_k] + alpha p_eff mean b_bar``
+    with ``p_eff = p`` (``"divide_by_n"``) or ``1 - (1 - p)^N`` (``"divide_by_received"``).
+    """
     _require_iid(problem)
     T = _validate.integer("num_rounds", num_rounds, 0)
     L_b, L_s, L_a, H, _, th, _ = _round_maps(problem, algorithm)
@@ -142,6 +181,8 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     """
     if not hasattr(problem, "noise_A"):
         _validate.fail("problem", type(problem).__name__, "exact_mse covers Gaussian LSA problems")
+    if not algorithm.config.channel.trivial:
+        _validate.fail("algorithm", algorithm.describe()["channel"], "exact_mse needs an exact channel")
     T = _validate.integer("num_rounds", num_rounds, 0)
     L_b, L_s, L_a, H, eta, th, loc = _round_maps(problem, algorithm)
     sA = np.asarray(problem.noise_A, np.float64)
