@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 PROBLEMS = ("garnet", "gaussian", "qfedtd-mdp")
-ALGORITHMS = ("fedlsa", "scafflsa")
+ALGORITHMS = ("fedlsa", "scafflsa", "qfedtd")
+QUANTIZERS = ("none", "stochastic-uniform", "qsgd", "rand-k", "natural")
 
 
 def _positive_int(text: str) -> int:
@@ -68,12 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--noise-b", type=float, default=0.5, help="gaussian: std of b(Z) entries")
     g.add_argument("--problem-seed", type=int, default=0, help="PRNG seed of the random problem")
     a = run.add_argument_group("algorithms")
-    a.add_argument("--algorithms", type=_algorithms, default=list(ALGORITHMS),
-                   help="comma-separated: fedlsa,scafflsa")
+    a.add_argument("--algorithms", type=_algorithms, default=["fedlsa", "scafflsa"],
+                   help="comma-separated from fedlsa,scafflsa,qfedtd (qfedtd: one local step per round)")
     a.add_argument("--step-size", "--eta", type=float, default=0.05, help="step size eta")
     a.add_argument("--local-steps", "-H", type=_positive_int, default=1000, help="local steps H per round")
     a.add_argument("--skip", type=_positive_int, default=1,
                    help="keep one observation out of SKIP (Markovian sampling)")
+    c = run.add_argument_group("uplink channel (every algorithm)")
+    c.add_argument("--quantizer", choices=QUANTIZERS, default="none",
+                   help="quantizer of the uplink message (FedLSA/SCAFFLSA: the model difference; QFedTD: "
+                   "the TD direction)")
+    c.add_argument("--bits", type=_positive_int, default=4, help="stochastic-uniform: bits per coordinate")
+    c.add_argument("--range", default="maxabs",
+                   help="stochastic-uniform: 'maxabs' (unbiased) or a fixed R > 0 (clipped, biased)")
+    c.add_argument("--levels", type=_positive_int, default=4, help="qsgd: number of levels s")
+    c.add_argument("--k", type=_positive_int, default=1, help="rand-k: coordinates kept")
+    c.add_argument("--success-prob", "-p", type=float, default=1.0,
+                   help="probability that an uplink message is delivered (Bernoulli erasures)")
+    c.add_argument("--aggregation", choices=("divide_by_n", "divide_by_received"), default="divide_by_n",
+                   help="server rule: sum of delivered messages over N, or over the number received")
     s = run.add_argument_group("simulation")
     s.add_argument("--rounds", "-T", type=_positive_int, default=60, help="communication rounds T")
     s.add_argument("--seeds", type=_positive_int, default=256, help="independent runs")
@@ -81,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--record-every", type=_positive_int, default=1, help="record statistics every K rounds")
     s.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="floating point type")
     s.add_argument("--out", type=Path, default=Path("fedsa_run"), help="output directory")
+    s.add_argument("--x-axis", choices=("rounds", "bits"), default="rounds",
+                   help="figure's x axis: communication rounds, or uplink bits delivered")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
     return parser
 
@@ -109,6 +125,31 @@ def _make_problem(args, key):
     )
 
 
+def _make_quantizer(args):
+    import fedsa_jax as fj
+
+    if args.quantizer == "none":
+        return None
+    if args.quantizer == "stochastic-uniform":
+        rng = args.range if args.range == "maxabs" else float(args.range)
+        return fj.channel.stochastic_uniform(args.bits, range=rng)
+    if args.quantizer == "qsgd":
+        return fj.channel.qsgd(args.levels)
+    if args.quantizer == "rand-k":
+        return fj.channel.rand_k(args.k)
+    return fj.channel.natural()
+
+
+def _make_algorithm(name: str, args):
+    import fedsa_jax as fj
+
+    channel = dict(quantizer=_make_quantizer(args), success_prob=args.success_prob,
+                   aggregation=args.aggregation)
+    if name == "qfedtd":
+        return fj.qfedtd(args.step_size, **channel)
+    return getattr(fj, name)(args.step_size, args.local_steps, skip=args.skip, **channel)
+
+
 def cmd_run(args) -> int:
     import jax
 
@@ -121,10 +162,12 @@ def cmd_run(args) -> int:
 
     try:
         problem = _make_problem(args, jax.random.key(args.problem_seed))
-        algs = [getattr(fj, name)(args.step_size, args.local_steps, skip=args.skip) for name in args.algorithms]
+        algs = [_make_algorithm(name, args) for name in args.algorithms]
     except ValueError as err:
         print(f"fedsa-jax: error: {err}", file=sys.stderr)
         return 2
+    if args.quantizer != "none" or args.success_prob != 1.0:
+        print(f"uplink channel: {json.dumps(algs[0].config.channel.describe())}")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     print(f"problem: {json.dumps(problem.describe())}")
@@ -141,12 +184,14 @@ def cmd_run(args) -> int:
         path = out / f"result_{alg.name}.npz"
         res.save(path)
         results[alg.name] = res
-        steps = args.seeds * args.rounds * problem.num_agents * args.local_steps
+        steps = args.seeds * args.rounds * problem.num_agents * alg.config.num_local_steps
         summary["runs"][alg.name] = {
             "file": path.name,
             "final_mse": float(res.mse_mean[-1]),
             "final_mse_sem": float(res.mse_sem[-1]),
             "num_diverged": int(res.num_diverged[-1]),
+            "bits_sent": float(res.bits_sent[-1]),
+            "bits_delivered": float(res.bits_delivered[-1]),
             "seconds": seconds,
             "agent_steps_per_s": steps / seconds,
             "config": res.config["algorithm"],
@@ -164,9 +209,16 @@ def cmd_run(args) -> int:
     if not args.no_plot:
         from fedsa_jax.plotting import plot_mse
 
-        title = (f"{args.problem}, N={problem.num_agents}, d={problem.dim}, "
-                 rf"$\eta$={args.step_size:g}, H={args.local_steps}")
-        fig = plot_mse(results, reference_lines=lines, title=title)
+        title = f"{args.problem}, N={problem.num_agents}, d={problem.dim}, " + rf"$\eta$={args.step_size:g}"
+        if any(alg.name != "qfedtd" for alg in algs):
+            title += f", H={args.local_steps}"
+        if args.quantizer != "none":
+            title += f", {args.quantizer}"
+            title += f" {args.bits} bits" if args.quantizer == "stochastic-uniform" else ""
+        if args.success_prob != 1.0:
+            title += f", p={args.success_prob:g}"
+        x = "rounds" if args.x_axis == "rounds" else "bits_delivered"
+        fig = plot_mse(results, reference_lines=lines, title=title, x=x)
 
         atomic_write(out / "mse.png", lambda f: fig.savefig(f, format="png"))
         print(f"figure -> {out / 'mse.png'}")

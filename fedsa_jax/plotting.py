@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+X_AXES = ("rounds", "bits_sent", "bits_delivered")
+
 import matplotlib
 
 matplotlib.use("Agg", force=False)
@@ -21,6 +23,7 @@ def plot_mse(
     reference_lines: Mapping[str, float] | None = None,
     logy: bool = True,
     title: str | None = None,
+    x: str = "rounds",
 ):
     """MSE ``E|theta_t - theta_star|^2`` vs communication rounds, one curve per result.
 
@@ -30,10 +33,14 @@ def plot_mse(
       reference_lines: label -> level, drawn as dashed horizontal lines (e.g.
         FedLSA's predicted squared bias).
       logy: log-scale MSE axis.
+      x: ``"rounds"``, ``"bits_sent"`` or ``"bits_delivered"`` (cumulative uplink bits,
+        all agents; log scale).
 
     Returns:
       The matplotlib figure.
     """
+    if x not in X_AXES:
+        raise ValueError(f"x={x!r} is invalid: expected one of {', '.join(repr(a) for a in X_AXES)}")
     if ax is None:
         fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=130)
     else:
@@ -43,13 +50,18 @@ def plot_mse(
         lo = np.maximum(res.mse_mean - BAND_Z * res.mse_sem, np.finfo(float).tiny)
         hi = res.mse_mean + BAND_Z * res.mse_sem
         n_ok = res.num_seeds - int(res.num_diverged[-1])
-        ax.plot(res.rounds, res.mse_mean, color=color, lw=1.6, label=f"{label} ({n_ok} seeds)")
-        ax.fill_between(res.rounds, lo, hi, color=color, alpha=0.25, lw=0)
+        xs = np.asarray(getattr(res, x), dtype=float)
+        ax.plot(xs, res.mse_mean, color=color, lw=1.6, label=f"{label} ({n_ok} seeds)")
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.25, lw=0)
     for j, (label, level) in enumerate((reference_lines or {}).items()):
         ax.axhline(level, color=f"C{len(results) + j}", ls="--", lw=1.2, label=label)
     if logy:
         ax.set_yscale("log")
-    ax.set_xlabel("communication round $t$")
+    if x == "rounds":
+        ax.set_xlabel("communication round $t$")
+    else:
+        ax.set_xscale("log")
+        ax.set_xlabel(f"uplink bits {'delivered' if x == 'bits_delivered' else 'sent'} (all agents)")
     ax.set_ylabel(r"$\mathbb{E}\,\|\theta_t - \theta_\star\|^2$")
     if title:
         ax.set_title(title, fontsize=10)

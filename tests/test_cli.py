@@ -53,3 +53,23 @@ def test_bad_options_give_clear_errors(tmp_path, capsys):
     rc = cli.main(["run", "--step-size", "-1", "--out", str(tmp_path)])
     assert rc == 2
     assert "step_size=-1.0 is invalid" in capsys.readouterr().err
+
+
+def test_channel_options_and_qfedtd(tmp_path):
+    rc = cli.main(["run", "--problem", "qfedtd-mdp", "--agents", "3", "--algorithms", "qfedtd,fedlsa",
+                   "--local-steps", "2", "--step-size", "0.5", "--quantizer", "stochastic-uniform", "--bits", "3",
+                   "--success-prob", "0.5", "--rounds", "5", "--seeds", "16", "--x-axis", "bits",
+                   "--out", str(tmp_path)])
+    assert rc == 0
+    q = fj.load(tmp_path / "result_qfedtd.npz")
+    ch = q.config["algorithm"]["channel"]
+    assert ch["success_prob"] == 0.5 and ch["quantizer"] == {"kind": "stochastic_uniform", "bits_per_coordinate": 3}
+    assert q.config["algorithm"]["num_local_steps"] == 1
+    assert q.config["bits_per_message"] == 32 + 10 * 3
+    assert 0 < q.bits_delivered[-1] < q.bits_sent[-1]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["runs"]["fedlsa"]["bits_sent"] == 5 * 3 * (32 + 30)
+    for quant in ("qsgd", "rand-k", "natural"):
+        assert cli.main(["run", "--problem", "gaussian", "--agents", "2", "--algorithms", "scafflsa",
+                         "--local-steps", "2", "--rounds", "3", "--seeds", "4", "--quantizer", quant,
+                         "--no-plot", "--out", str(tmp_path / quant)]) == 0
