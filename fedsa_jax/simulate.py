@@ -1,18 +1,27 @@
-"""The Monte Carlo driver: one jitted kernel for all seeds, rounds, agents and local steps.
+"""The Monte Carlo driver: one compiled kernel for all seeds, rounds, agents and local steps.
 
-Layout of the kernel (innermost first): local steps are a ``lax.scan`` inside each
-agent; agents are vmapped inside ``algorithm.step``; seeds are vmapped here;
-rounds are a ``lax.scan`` (blocks of ``record_every`` rounds, statistics over
-seeds after each block). Only per-seed states ``O(seeds x agents x d)`` and the
-recorded statistics are kept: memory does not grow with ``num_rounds``.
+Layout (innermost first): local steps are a ``lax.scan`` inside each agent;
+agents are vmapped inside ``algorithm.step``; seeds are vmapped here and their
+axis is sharded over every device (``jax.sharding.Mesh`` + ``NamedSharding``,
+one mesh axis ``"seeds"``; multi-host after ``jax.distributed.initialize``);
+rounds are a ``lax.while_loop`` whose bounds are traced values, so one compiled
+program serves every number of rounds and every chunk.
+
+Execution: the host runs the rounds in chunks of that kernel (a progress bar
+per chunk, an atomic checkpoint after each one when ``checkpoint_dir`` is
+given) and the seeds in batches when they do not fit in memory. At each
+recorded round a batch is reduced to mergeable moments (:mod:`fedsa_jax.stats`)
+that the host combines, so neither chunking, batching nor the number of devices
+changes any seed's trajectory. Memory: per-seed states ``O(seeds x agents x d)``
+plus one round of random numbers, independent of ``num_rounds``.
 
 Randomness: seed ``i`` uses ``k_i = fold_in(key, i)``; ``(k_init, k_rounds) =
 split(k_i)``; round ``t`` draws all agents' random numbers in one block from
-``fold_in(k_rounds, t)``. Seed
-i's trajectory therefore depends only on ``(key, i)``, and two algorithms run
-with the same key see the same observations (common random numbers).
+``fold_in(k_rounds, t)``. Seed i's trajectory therefore depends only on
+``(key, i)``, and two algorithms run with the same key see the same observations
+(common random numbers).
 
-Round t+1's block is drawn during round t and carried in the scan. As a loop
+Round t+1's block is drawn during round t and carried in the loop. As a loop
 carry it is materialised once; drawn inside the round, XLA:CPU fuses (recomputes)
 the elementwise threefry hash into each of the ~20 gathers that consume it
 (measured: kernel CPU time 1.5 s -> 0.6 s). Memory: one extra block per seed.
@@ -21,19 +30,34 @@ the elementwise threefry hash into each of the ~20 gathers that consume it
 from __future__ import annotations
 
 import functools
+import math
 import warnings
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from fedsa_jax import _validate
+from fedsa_jax import _checkpoint, _validate
 from fedsa_jax.algorithms._base import Algorithm
 from fedsa_jax.result import SimulationResult
-from fedsa_jax.stats import seed_statistics
+from fedsa_jax.stats import Moments, finalize, merge, seed_moments
 
-_num_traces = 0  # incremented each time the kernel is traced (tests check no retrace)
+_num_traces = 0  # incremented each time a kernel is traced (tests check no retrace)
+
+STEPS_PER_CHUNK = 5e7  # default chunk: about this many agent-local steps (seconds on a CPU)
+MAX_BLOCKS_PER_CHUNK = 256  # recorded rounds per chunk at most (the kernel's statistics buffer)
+MEMORY_BUDGET = 2 * 2**30  # default bytes for one seed batch's states, per device
+
+
+class Carry(NamedTuple):
+    states: Any  # the algorithm's per-seed states, leading axis = seeds
+    delivered: jax.Array  # (B,) int32, uplink messages delivered so far
+    rand: Any  # the next round's random numbers, drawn one round ahead
+    t: jax.Array  # () uint32, rounds done
 
 
 def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
@@ -44,63 +68,125 @@ def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
     return np.asarray(rounds, dtype=np.int64)
 
 
-def seed_keys(key: jax.Array, num_seeds: int) -> tuple[jax.Array, jax.Array]:
-    """``(init_keys, round_keys)``, each ``(num_seeds,)``: seed i's keys from ``(key, i)`` only."""
-    per_seed = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(key, i)))(
-        jnp.arange(num_seeds, dtype=jnp.uint32)
-    )
+def per_seed_keys(key: jax.Array, seed_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(init_keys, round_keys)`` of the given seeds: seed i's keys from ``(key, i)`` only."""
+    per_seed = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(key, i)))(seed_ids)
     return per_seed[:, 0], per_seed[:, 1]
 
 
-@functools.partial(jax.jit, static_argnames=("num_rounds", "num_seeds", "record_every"))
-def _kernel(key, problem, algorithm: Algorithm, theta0, threshold, *, num_rounds, num_seeds, record_every):
+def seed_keys(key: jax.Array, num_seeds: int) -> tuple[jax.Array, jax.Array]:
+    """``(init_keys, round_keys)`` of seeds ``0..num_seeds-1``."""
+    return per_seed_keys(key, jnp.arange(num_seeds, dtype=jnp.uint32))
+
+
+def _draw(algorithm, problem, round_keys, t):
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(round_keys, t)
+    return jax.vmap(algorithm.randomness, in_axes=(0, None))(keys, problem)
+
+
+def _moments(carry: Carry, problem, threshold, valid) -> Moments:
+    return seed_moments(carry.states.theta, problem.theta_star, threshold, valid, carry.delivered)
+
+
+def _initial_carry(key_data, seed_ids, problem, algorithm, theta0) -> Carry:
+    key = jax.random.wrap_key_data(key_data, impl="threefry2x32")
+    init_keys, round_keys = per_seed_keys(key, seed_ids)
+    states = jax.vmap(algorithm.init, in_axes=(0, None, None))(init_keys, problem, theta0)
+    t0 = jnp.uint32(0)
+    return Carry(states, jnp.zeros(seed_ids.shape, jnp.int32), _draw(algorithm, problem, round_keys, t0), t0)
+
+
+@jax.jit
+def _start(key_data, seed_ids, valid, problem, algorithm, theta0, threshold):
     global _num_traces
     _num_traces += 1
-    init_keys, round_keys = seed_keys(key, num_seeds)
-    states = jax.vmap(algorithm.init, in_axes=(0, None, None))(init_keys, problem, theta0)
+    carry = _initial_carry(key_data, seed_ids, problem, algorithm, theta0)
+    return carry, _moments(carry, problem, threshold, valid)
 
-    def stats(carry):
-        states, delivered = carry[0], carry[1]
-        # messages delivered so far, mean over seeds (float64 accumulation on the host side)
-        return seed_statistics(states.theta, problem.theta_star, threshold), jnp.mean(
-            delivered.astype(problem.dtype)
-        )
 
-    def draw(t):  # round t's random numbers for all seeds
-        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(round_keys, t)
-        return jax.vmap(algorithm.randomness, in_axes=(0, None))(keys, problem)
+@functools.partial(jax.jit, static_argnames=("record_every", "max_blocks"))
+def _advance(key_data, seed_ids, valid, carry, problem, algorithm, threshold, end_round, *,
+             record_every, max_blocks):
+    """Run rounds ``carry.t .. end_round``, recording moments after every multiple of
+    ``record_every`` and at ``end_round``. Returns the carry, a ``(max_blocks, ...)``
+    buffer of moments and how many entries are filled."""
+    global _num_traces
+    _num_traces += 1
+    key = jax.random.wrap_key_data(key_data, impl="threefry2x32")
+    _, round_keys = per_seed_keys(key, seed_ids)
 
-    def one_round(carry, _):
-        states, delivered, rand, t = carry  # rand: round t's block, drawn during round t-1
-        rand_next = draw(t + 1)
-        states, info = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(rand, states, problem)
-        return (states, delivered + info.num_delivered, rand_next, t + 1), None
+    def one_round(c: Carry) -> Carry:
+        rand_next = _draw(algorithm, problem, round_keys, c.t + 1)
+        states, info = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(c.rand, c.states, problem)
+        return Carry(states, c.delivered + info.num_delivered, rand_next, c.t + 1)
 
-    def rounds(carry, length):
-        # The round counter is carried (no xs array), so no buffer grows with the rounds.
-        return jax.lax.scan(one_round, carry, None, length=length)[0]
+    def block(loop):
+        c, i, buf = loop
+        stop = jnp.minimum((c.t // record_every + 1) * record_every, end_round)
+        c = jax.lax.while_loop(lambda c: c.t < stop, one_round, c)
+        stats = _moments(c, problem, threshold, valid)
+        buf = jax.tree.map(lambda b, s: b.at[i].set(s), buf, stats)
+        return c, i + 1, buf
 
-    def block(carry, _):
-        carry = rounds(carry, record_every)
-        return carry, stats(carry)
-
-    num_blocks, rest = divmod(num_rounds, record_every)
-    t0 = jnp.uint32(0)
-    carry = (states, jnp.zeros((num_seeds,), jnp.int32), draw(t0), t0)
-    parts = [jax.tree.map(lambda x: x[None], stats(carry))]
-    carry, recorded = jax.lax.scan(block, carry, None, length=num_blocks)
-    parts.append(recorded)
-    if rest:
-        carry = rounds(carry, rest)
-        parts.append(jax.tree.map(lambda x: x[None], stats(carry)))
-    recorded = jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
-    return recorded, carry[0].theta
+    like = jax.eval_shape(lambda c: _moments(c, problem, threshold, valid), carry)
+    buf = jax.tree.map(lambda s: jnp.zeros((max_blocks,) + s.shape, s.dtype), like)
+    carry, filled, buf = jax.lax.while_loop(lambda l: l[0].t < end_round, block, (carry, jnp.int32(0), buf))
+    return carry, buf, filled
 
 
 def _check_problem(problem) -> None:
     for attr in ("agent_params", "randomness", "observe", "direction", "init_sampler", "theta_star"):
         if not hasattr(problem, attr):
             _validate.fail("problem", type(problem).__name__, "expected a problem from fedsa_jax.problems")
+
+
+class _Plan(NamedTuple):
+    batch: int  # seeds per batch (before padding)
+    padded: int  # per batch, a multiple of the device count
+    num_batches: int
+    chunk_rounds: int  # a multiple of record_every
+    max_blocks: int
+
+
+def _plan(problem, algorithm, theta0, n, r, num_devices, seed_batch_size, chunk_rounds) -> _Plan:
+    if seed_batch_size is None:
+        shapes = jax.eval_shape(
+            _initial_carry, jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((1,), jnp.uint32),
+            problem, algorithm, theta0,
+        )
+        per_seed = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
+        # carry in, carry out and the round's temporaries: about 4 copies
+        batch = max(1, int(MEMORY_BUDGET * num_devices // (4 * per_seed)))
+    else:
+        batch = seed_batch_size
+    batch = min(batch, n)
+    padded = -(-batch // num_devices) * num_devices
+    num_batches = -(-n // batch)
+    if chunk_rounds is None:
+        # Not capped by T, so that the number of rounds never changes the compiled program.
+        per_round = padded * problem.num_agents * algorithm.config.num_local_steps * algorithm.config.skip
+        blocks = min(MAX_BLOCKS_PER_CHUNK, max(1, int(STEPS_PER_CHUNK // max(per_round * r, 1))))
+    else:
+        blocks = -(-chunk_rounds // r)  # round up to whole recorded blocks
+    return _Plan(batch, padded, num_batches, blocks * r, blocks)
+
+
+def _seed_mesh():
+    devices = np.asarray(jax.devices())
+    mesh = jax.sharding.Mesh(devices, ("seeds",))
+    return NamedSharding(mesh, P("seeds")), NamedSharding(mesh, P()), devices.size
+
+
+def _global_array(values: np.ndarray, sharding) -> jax.Array:
+    return jax.make_array_from_callback(values.shape, sharding, lambda idx: values[idx])
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if jax.process_count() > 1 and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
 
 
 def simulate(
@@ -112,13 +198,18 @@ def simulate(
     theta0=None,
     record_every: int = 1,
     divergence_threshold: float = 1e10,
+    *,
+    seed_batch_size: int | None = None,
+    chunk_rounds: int | None = None,
+    checkpoint_dir=None,
+    progress: bool | None = None,
 ) -> SimulationResult:
     """Run ``num_seeds`` independent copies of ``algorithm`` on ``problem``.
 
     Args:
       key: JAX threefry PRNG key (or an int seed). ``rbg`` keys are refused.
       problem: a problem from :mod:`fedsa_jax.problems`.
-      algorithm: e.g. ``fj.fedlsa(0.1, 10)`` or ``fj.scafflsa(0.1, 10)``.
+      algorithm: e.g. ``fj.fedlsa(0.1, 10)``, ``fj.scafflsa(0.1, 10)``, ``fj.qfedtd(0.6, q, 0.6)``.
       num_rounds: communication rounds T >= 1.
       num_seeds: independent runs >= 1.
       theta0: ``(d,)`` initial iterate (default 0).
@@ -127,24 +218,40 @@ def simulate(
       divergence_threshold: a seed counts as diverged at a recorded round if its
         iterate is non-finite or ``|theta - theta_star|^2`` exceeds this times
         ``1 + |theta_star|^2 + |theta0 - theta_star|^2``.
+      seed_batch_size: seeds run together (default: as many as fit in
+        ``MEMORY_BUDGET`` bytes per device); more seeds run in batches, one after
+        the other, with identical results.
+      chunk_rounds: rounds per call of the compiled kernel (default: about
+        ``STEPS_PER_CHUNK`` agent-steps); the progress bar and checkpoints advance
+        per chunk. Results do not depend on it.
+      checkpoint_dir: if given, an atomic checkpoint is written there after each
+        chunk, and a call with the same arguments resumes from it (bit-identical
+        to an uninterrupted run). A checkpoint of another configuration is refused.
+      progress: show a progress bar (default: only on a terminal).
 
     Returns:
       :class:`~fedsa_jax.result.SimulationResult`.
 
     The kernel is compiled once per (problem structure, algorithm structure,
-    num_rounds, num_seeds, record_every, dtype); continuous hyperparameters such
-    as the step size are traced, so changing them does not recompile.
+    batch size, record_every, chunk size, dtype): the number of rounds and
+    continuous hyperparameters such as the step size are traced values.
     """
     key = _validate.prng_key("key", key)
     _check_problem(problem)
     if not isinstance(algorithm, Algorithm):
-        _validate.fail("algorithm", type(algorithm).__name__, "expected fj.fedlsa(...) or fj.scafflsa(...)")
+        _validate.fail("algorithm", type(algorithm).__name__, "expected fj.fedlsa, fj.scafflsa or fj.qfedtd")
     T = _validate.integer("num_rounds", num_rounds)
     n = _validate.integer("num_seeds", num_seeds)
     r = _validate.integer("record_every", record_every)
     if r > T:
         _validate.fail("record_every", record_every, f"expected an integer in [1, num_rounds={T}]")
     factor = _validate.real("divergence_threshold", divergence_threshold, 0.0, low_open=True)
+    if seed_batch_size is not None:
+        _validate.integer("seed_batch_size", seed_batch_size)
+    if chunk_rounds is not None:
+        _validate.integer("chunk_rounds", chunk_rounds)
+    if progress not in (None, True, False):
+        _validate.fail("progress", progress, "expected True, False or None (on a terminal only)")
     d = problem.dim
     if theta0 is None:
         theta0_np = np.zeros(d)
@@ -152,31 +259,97 @@ def simulate(
         theta0_np = _validate.array("theta0", theta0, 1)
         if theta0_np.shape != (d,):
             _validate.fail("theta0", theta0, f"expected shape ({d},) to match the problem's dimension")
+    algorithm.config.channel.quantizer.check_dim(d)
+    if checkpoint_dir is not None and jax.process_count() > 1:
+        _validate.fail("checkpoint_dir", checkpoint_dir, "checkpoints are written by single-process runs only")
     theta_star = np.asarray(problem.theta_star, np.float64)
     scale = 1.0 + theta_star @ theta_star + np.sum((theta0_np - theta_star) ** 2)
     dtype = problem.dtype
-    threshold = jnp.asarray(min(factor * scale, float(jnp.finfo(dtype).max)), dtype)
 
-    algorithm.config.channel.quantizer.check_dim(d)
-    (recorded, delivered), final_theta = _kernel(
-        key, problem, algorithm, jnp.asarray(theta0_np, dtype), threshold,
-        num_rounds=T, num_seeds=n, record_every=r,
+    seeds_sharding, replicated, num_devices = _seed_mesh()
+    put = functools.partial(jax.device_put, device=replicated)
+    key_data = put(np.asarray(jax.random.key_data(key)))
+    problem_r = put(jax.tree.map(np.asarray, problem))
+    algorithm_r = put(jax.tree.map(np.asarray, algorithm))
+    theta0_r = put(theta0_np.astype(dtype))
+    threshold = put(np.asarray(min(factor * scale, float(jnp.finfo(dtype).max)), dtype))
+    plan = _plan(problem, algorithm, jnp.asarray(theta0_np, dtype), n, r, num_devices,
+                 seed_batch_size, chunk_rounds)
+
+    ckpt_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+    finger = _checkpoint.fingerprint(
+        problem, algorithm, jax.random.key_data(key), theta0_np,
+        num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,
+        padded=plan.padded, devices=num_devices, dtype=str(np.dtype(dtype)),
     )
-    recorded = jax.device_get(recorded)
+    saved = _checkpoint.load(ckpt_dir) if ckpt_dir is not None else None
+    if saved is not None and str(saved["fingerprint"]) != finger:
+        _validate.fail(
+            "checkpoint_dir", str(ckpt_dir),
+            "it holds a checkpoint of a different configuration (problem, algorithm, key, rounds, seeds, "
+            "record_every, theta0, batch size or device count); use another directory or delete it",
+        )
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=T * plan.num_batches, unit="round", desc=algorithm.name, dynamic_ncols=True,
+               disable=None if progress is None else not progress)  # None: off unless a terminal
+    done_moments: list[Moments] = []
+    finals: list[np.ndarray] = []
+    first_batch = 0
+    if saved is not None:
+        first_batch = int(saved["batch"])
+        for b in range(first_batch):
+            done_moments.append(Moments(*(saved[f"done{b}_{f}"] for f in Moments._fields)))
+            finals.append(saved[f"final{b}"])
+    for b in range(first_batch, plan.num_batches):
+        ids = np.arange(b * plan.batch, b * plan.batch + plan.padded, dtype=np.uint32)
+        seed_ids = _global_array(ids, seeds_sharding)
+        valid = _global_array((ids < min(n, (b + 1) * plan.batch)), seeds_sharding)
+        carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithm_r, theta0_r, threshold)
+        recorded = [jax.tree.map(lambda x: np.asarray(x)[None], m0)]
+        if saved is not None and b == first_batch and "carry0" in saved:
+            carry = _checkpoint.arrays_to_tree("carry", saved, carry)
+            recorded = [Moments(*(saved[f"cur_{f}"] for f in Moments._fields))]
+        t = int(carry.t)
+        bar.update(b * T + t - bar.n)
+        while t < T:
+            end = min(t + plan.chunk_rounds, T)
+            carry, buf, filled = _advance(
+                key_data, seed_ids, valid, carry, problem_r, algorithm_r, threshold, jnp.uint32(end),
+                record_every=r, max_blocks=plan.max_blocks,
+            )
+            k = int(filled)
+            recorded.append(jax.tree.map(lambda x: np.asarray(x)[:k], buf))
+            bar.update(end - t)
+            t = end
+            if ckpt_dir is not None:
+                current = Moments(*(np.concatenate([getattr(m, f) for m in recorded]) for f in Moments._fields))
+                _save(ckpt_dir, finger, b, done_moments, finals, current, carry if t < T else None)
+        batch_moments = Moments(*(np.concatenate([getattr(m, f) for m in recorded]) for f in Moments._fields))
+        done_moments.append(batch_moments)
+        theta = _to_host(carry.states.theta)
+        finals.append(theta[: min(n, (b + 1) * plan.batch) - b * plan.batch])
+        if ckpt_dir is not None:
+            _save(ckpt_dir, finger, b + 1, done_moments, finals, None, None)
+    bar.close()
+
+    merged = finalize(merge(done_moments))
     rounds = recorded_rounds(T, r)
     bits = algorithm.bits_per_message(d)
+    delivered = sum(np.asarray(m.delivered_sum, np.float64) for m in done_moments) / n
     result = SimulationResult(
         rounds=rounds,
-        bits_sent=rounds.astype(np.float64) * problem.num_agents * bits,
-        bits_delivered=np.asarray(delivered, np.float64) * bits,
-        mse_mean=np.asarray(recorded.mse_mean),
-        mse_sem=np.asarray(recorded.mse_sem),
-        theta_mean=np.asarray(recorded.theta_mean),
-        theta_sem=np.asarray(recorded.theta_sem),
-        num_diverged=np.asarray(recorded.num_diverged),
-        final_theta=np.asarray(final_theta),
+        mse_mean=merged["mse_mean"],
+        mse_sem=merged["mse_sem"],
+        theta_mean=merged["theta_mean"],
+        theta_sem=merged["theta_sem"],
+        num_diverged=merged["num_diverged"],
+        final_theta=np.concatenate(finals).astype(dtype),
         theta_star=theta_star.astype(dtype),
-        config=run_config(key, problem, algorithm, T, n, r, theta0_np, factor),
+        bits_sent=rounds.astype(np.float64) * problem.num_agents * bits,
+        bits_delivered=delivered * bits,
+        config=run_config(key, problem, algorithm, T, n, r, theta0_np, factor, plan, num_devices),
     )
     worst = int(result.num_diverged.max())
     if worst:
@@ -191,7 +364,18 @@ def simulate(
     return result
 
 
-def run_config(key, problem, algorithm, T, n, r, theta0, factor) -> dict[str, Any]:
+def _save(directory, finger, batch, done, finals, current, carry) -> None:
+    arrays: dict[str, np.ndarray] = {"fingerprint": np.array(finger), "batch": np.array(batch)}
+    for b, (m, th) in enumerate(zip(done, finals)):
+        arrays.update({f"done{b}_{f}": np.asarray(getattr(m, f)) for f in Moments._fields})
+        arrays[f"final{b}"] = th
+    if carry is not None:
+        arrays.update({f"cur_{f}": np.asarray(getattr(current, f)) for f in Moments._fields})
+        arrays.update(_checkpoint.tree_to_arrays("carry", carry))
+    _checkpoint.save(directory, arrays)
+
+
+def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devices) -> dict[str, Any]:
     import jaxlib
 
     from fedsa_jax import __version__
@@ -205,13 +389,16 @@ def run_config(key, problem, algorithm, T, n, r, theta0, factor) -> dict[str, An
         "theta0": [float(x) for x in theta0],
         "divergence_threshold": factor,
         "dtype": str(np.dtype(problem.dtype)),
+        "bits_per_message": algorithm.bits_per_message(problem.dim),
+        "execution": {"seed_batch_size": plan.batch, "num_batches": plan.num_batches,
+                      "chunk_rounds": plan.chunk_rounds, "padded_batch": plan.padded},
         "prng": {
             "impl": str(jax.random.key_impl(key)),
             "key_data": np.asarray(jax.random.key_data(key)).tolist(),
             "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
         },
         "versions": {"fedsa_jax": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__},
-        "bits_per_message": algorithm.bits_per_message(problem.dim),
-        "device_count": jax.device_count(),
+        "device_count": num_devices,
+        "process_count": jax.process_count(),
         "platform": jax.default_backend(),
     }

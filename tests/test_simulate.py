@@ -59,9 +59,12 @@ def test_no_retrace(garnet):
     same_shape = fj.problems.garnet(jax.random.key(1), num_agents=3, num_states=6, dim=2)
     fj.simulate(key, same_shape, fj.fedlsa(0.1, 2), 4, 3, theta0=np.ones(2))
     assert sim_mod._num_traces == before
-    # a structural change does compile again
+    # and neither do more rounds, another record_every split of them, or smaller chunks
+    fj.simulate(key, garnet, fj.fedlsa(0.5, 2), 40, 3)
+    assert sim_mod._num_traces == before
+    # a structural change does compile again (the start and the advance kernels)
     fj.simulate(key, garnet, fj.fedlsa(0.5, 3), 4, 3)
-    assert sim_mod._num_traces == before + 1
+    assert sim_mod._num_traces == before + 2
 
 
 def test_diverged_seeds_are_counted_and_excluded():
@@ -102,17 +105,32 @@ def test_save_load_round_trip(garnet, tmp_path):
 
 
 def test_memory_does_not_grow_with_rounds(garnet):
-    """The compiled kernel's buffers are the same for 10x more rounds (statistics at fixed R)."""
-    import jax.numpy as jnp
-
+    """Ten times the rounds run the very same compiled kernels (hence the same device buffers)."""
     alg = fj.fedlsa(0.5, 4)
+    fj.simulate(jax.random.key(0), garnet, alg, 100, 64, record_every=10, chunk_rounds=50)
+    before = sim_mod._num_traces
+    res = fj.simulate(jax.random.key(0), garnet, alg, 1000, 64, record_every=10, chunk_rounds=50)
+    assert sim_mod._num_traces == before
+    assert res.rounds.shape == (101,)
 
-    def sizes(T):
-        compiled = sim_mod._kernel.lower(
-            jax.random.key(0), garnet, alg, jnp.zeros(2), jnp.asarray(1e10),
-            num_rounds=T, num_seeds=64, record_every=T // 10,
-        ).compile()
-        mem = compiled.memory_analysis()
-        return mem.temp_size_in_bytes, mem.output_size_in_bytes
 
-    assert sizes(1000) == sizes(100)
+PEAK_RSS = """
+import resource, sys, jax
+import fedsa_jax as fj
+p = fj.problems.garnet(jax.random.key(0), num_agents=10, num_states=20, dim=10)
+T = int(sys.argv[1])
+fj.simulate(jax.random.key(1), p, fj.fedlsa(0.1, 10), T, 2000, record_every=T // 10)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_peak_host_memory_flat_in_rounds():
+    import subprocess
+    import sys
+
+    def peak(T):
+        out = subprocess.run([sys.executable, "-c", PEAK_RSS, str(T)], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1]) * 1024  # ru_maxrss is in KiB on Linux
+
+    small, large = peak(20), peak(200)
+    assert large <= 1.1 * small + 20 * 2**20, (small, large)
