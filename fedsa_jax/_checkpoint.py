@@ -25,12 +25,14 @@ FILENAME = "checkpoint.npz"
 
 
 def fingerprint(*trees: Any, **settings: Any) -> str:
-    """SHA-256 of the pytrees' structure and leaf bytes and of the settings."""
+    """SHA-256 of the pytrees' leaves (dtype, shape, bytes) and of the settings.
+
+    Structure goes in through ``settings`` (e.g. ``describe()`` dictionaries):
+    a treedef's text holds function addresses, which differ between processes.
+    """
     h = hashlib.sha256()
     for tree in trees:
-        leaves, treedef = jax.tree.flatten(tree)
-        h.update(str(treedef).encode())
-        for leaf in leaves:
+        for leaf in jax.tree.leaves(tree):
             if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
                 leaf = jax.random.key_data(leaf)
             arr = np.asarray(leaf)

@@ -279,6 +279,7 @@ def simulate(
     ckpt_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     finger = _checkpoint.fingerprint(
         problem, algorithm, jax.random.key_data(key), theta0_np,
+        problem_structure=problem.describe(), algorithm_structure=algorithm.describe(),
         num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,
         padded=plan.padded, devices=num_devices, dtype=str(np.dtype(dtype)),
     )
