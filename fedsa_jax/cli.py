@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--record-every", type=_positive_int, default=1, help="record statistics every K rounds")
     s.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="floating point type")
     s.add_argument("--out", type=Path, default=Path("fedsa_run"), help="output directory")
+    s.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="write an atomic checkpoint here after each chunk; rerunning the same command resumes "
+                   "(one subfolder per algorithm)")
+    s.add_argument("--chunk-rounds", type=_positive_int, default=None,
+                   help="rounds per kernel call (progress and checkpoint granularity; default: automatic)")
+    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar (default: on a terminal only)")
     s.add_argument("--x-axis", choices=("rounds", "bits"), default="rounds",
                    help="figure's x axis: communication rounds, or uplink bits delivered")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
@@ -175,8 +182,12 @@ def cmd_run(args) -> int:
     for alg in algs:
         t0 = time.perf_counter()
         try:
-            res = fj.simulate(jax.random.key(args.seed), problem, alg, args.rounds, args.seeds,
-                              record_every=min(args.record_every, args.rounds))
+            res = fj.simulate(
+                jax.random.key(args.seed), problem, alg, args.rounds, args.seeds,
+                record_every=min(args.record_every, args.rounds), chunk_rounds=args.chunk_rounds,
+                checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / alg.name,
+                progress=args.progress,
+            )
         except ValueError as err:
             print(f"fedsa-jax: error: {err}", file=sys.stderr)
             return 2

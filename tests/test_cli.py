@@ -73,3 +73,16 @@ def test_channel_options_and_qfedtd(tmp_path):
         assert cli.main(["run", "--problem", "gaussian", "--agents", "2", "--algorithms", "scafflsa",
                          "--local-steps", "2", "--rounds", "3", "--seeds", "4", "--quantizer", quant,
                          "--no-plot", "--out", str(tmp_path / quant)]) == 0
+
+
+def test_checkpoint_dir_resumes(tmp_path):
+    args = ["run", "--agents", "3", "--local-steps", "2", "--rounds", "8", "--seeds", "6", "--states", "10",
+            "--chunk-rounds", "2", "--no-plot", "--no-progress", "--checkpoint-dir", str(tmp_path / "ck")]
+    assert cli.main(args + ["--out", str(tmp_path / "a")]) == 0
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["fedlsa", "scafflsa"]
+    assert cli.main(args + ["--out", str(tmp_path / "b")]) == 0  # resumes from the finished checkpoints
+    a, b = fj.load(tmp_path / "a" / "result_scafflsa.npz"), fj.load(tmp_path / "b" / "result_scafflsa.npz")
+    np.testing.assert_array_equal(a.final_theta, b.final_theta)
+    rc = cli.main(args[:-2] + ["--step-size", "0.2", "--checkpoint-dir", str(tmp_path / "ck"),
+                               "--out", str(tmp_path / "c")])
+    assert rc == 2  # another configuration: refused with a clear error
