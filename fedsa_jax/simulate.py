@@ -96,22 +96,16 @@ def _initial_carry(key_data, seed_ids, problem, algorithm, theta0) -> Carry:
     return Carry(states, jnp.zeros(seed_ids.shape, jnp.int32), _draw(algorithm, problem, round_keys, t0), t0)
 
 
-@jax.jit
-def _start(key_data, seed_ids, valid, problem, algorithm, theta0, threshold):
-    global _num_traces
-    _num_traces += 1
+def _start_one(key_data, seed_ids, valid, problem, algorithm, theta0, threshold):
     carry = _initial_carry(key_data, seed_ids, problem, algorithm, theta0)
     return carry, _moments(carry, problem, threshold, valid)
 
 
-@functools.partial(jax.jit, static_argnames=("record_every", "max_blocks"))
-def _advance(key_data, seed_ids, valid, carry, problem, algorithm, threshold, end_round, *,
-             record_every, max_blocks):
+def _advance_one(key_data, seed_ids, valid, carry, problem, algorithm, threshold, end_round, record_every,
+                 max_blocks):
     """Run rounds ``carry.t .. end_round``, recording moments after every multiple of
     ``record_every`` and at ``end_round``. Returns the carry, a ``(max_blocks, ...)``
     buffer of moments and how many entries are filled."""
-    global _num_traces
-    _num_traces += 1
     key = jax.random.wrap_key_data(key_data, impl="threefry2x32")
     _, round_keys = per_seed_keys(key, seed_ids)
 
@@ -134,6 +128,32 @@ def _advance(key_data, seed_ids, valid, carry, problem, algorithm, threshold, en
     return carry, buf, filled
 
 
+# Both kernels take algorithms stacked along a leading "config" axis (size 1 for
+# simulate; the continuous hyperparameters of a sweep group otherwise) and vmap
+# over it: a sweep over step sizes or success probabilities is one compile.
+
+
+@jax.jit
+def _start(key_data, seed_ids, valid, problem, algorithms, theta0, threshold):
+    global _num_traces
+    _num_traces += 1
+    one = functools.partial(_start_one, key_data, seed_ids, valid, problem)
+    return jax.vmap(one, in_axes=(0, None, None))(algorithms, theta0, threshold)
+
+
+@functools.partial(jax.jit, static_argnames=("record_every", "max_blocks"))
+def _advance(key_data, seed_ids, valid, carry, problem, algorithms, threshold, end_round, *,
+             record_every, max_blocks):
+    global _num_traces
+    _num_traces += 1
+
+    def one(c, a):
+        return _advance_one(key_data, seed_ids, valid, c, problem, a, threshold, end_round, record_every,
+                            max_blocks)
+
+    return jax.vmap(one)(carry, algorithms)
+
+
 def _check_problem(problem) -> None:
     for attr in ("agent_params", "randomness", "observe", "direction", "init_sampler", "theta_star"):
         if not hasattr(problem, attr):
@@ -148,7 +168,8 @@ class _Plan(NamedTuple):
     max_blocks: int
 
 
-def _plan(problem, algorithm, theta0, n, r, num_devices, seed_batch_size, chunk_rounds) -> _Plan:
+def _plan(problem, algorithm, theta0, n, r, num_configs, seed_batch_size, chunk_rounds, num_devices) -> _Plan:
+    """Seed batches and chunks for ``num_configs`` algorithms run side by side."""
     if seed_batch_size is None:
         shapes = jax.eval_shape(
             _initial_carry, jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((1,), jnp.uint32),
@@ -156,7 +177,7 @@ def _plan(problem, algorithm, theta0, n, r, num_devices, seed_batch_size, chunk_
         )
         per_seed = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
         # carry in, carry out and the round's temporaries: about 4 copies
-        batch = max(1, int(MEMORY_BUDGET * num_devices // (4 * per_seed)))
+        batch = max(1, int(MEMORY_BUDGET * num_devices // (4 * per_seed * num_configs)))
     else:
         batch = seed_batch_size
     batch = min(batch, n)
@@ -165,6 +186,7 @@ def _plan(problem, algorithm, theta0, n, r, num_devices, seed_batch_size, chunk_
     if chunk_rounds is None:
         # Not capped by T, so that the number of rounds never changes the compiled program.
         per_round = padded * problem.num_agents * algorithm.config.num_local_steps * algorithm.config.skip
+        per_round *= num_configs
         blocks = min(MAX_BLOCKS_PER_CHUNK, max(1, int(STEPS_PER_CHUNK // max(per_round * r, 1))))
     else:
         blocks = -(-chunk_rounds // r)  # round up to whole recorded blocks
@@ -262,24 +284,34 @@ def simulate(
     algorithm.config.channel.quantizer.check_dim(d)
     if checkpoint_dir is not None and jax.process_count() > 1:
         _validate.fail("checkpoint_dir", checkpoint_dir, "checkpoints are written by single-process runs only")
+    return _execute(key, problem, [algorithm], T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds,
+                    checkpoint_dir, progress)[0]
+
+
+def _execute(key, problem, algorithms, T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds,
+             checkpoint_dir, progress) -> list[SimulationResult]:
+    """Run algorithms of one structure (stacked along a config axis) on validated inputs."""
+    K = len(algorithms)
+    stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *algorithms)
     theta_star = np.asarray(problem.theta_star, np.float64)
     scale = 1.0 + theta_star @ theta_star + np.sum((theta0_np - theta_star) ** 2)
     dtype = problem.dtype
+    d = problem.dim
 
     seeds_sharding, replicated, num_devices = _seed_mesh()
     put = functools.partial(jax.device_put, device=replicated)
     key_data = put(np.asarray(jax.random.key_data(key)))
     problem_r = put(jax.tree.map(np.asarray, problem))
-    algorithm_r = put(jax.tree.map(np.asarray, algorithm))
+    algorithms_r = put(stacked)
     theta0_r = put(theta0_np.astype(dtype))
     threshold = put(np.asarray(min(factor * scale, float(jnp.finfo(dtype).max)), dtype))
-    plan = _plan(problem, algorithm, jnp.asarray(theta0_np, dtype), n, r, num_devices,
-                 seed_batch_size, chunk_rounds)
+    plan = _plan(problem, algorithms[0], jnp.asarray(theta0_np, dtype), n, r, K, seed_batch_size, chunk_rounds,
+                 num_devices)
 
     ckpt_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     finger = _checkpoint.fingerprint(
-        problem, algorithm, jax.random.key_data(key), theta0_np,
-        problem_structure=problem.describe(), algorithm_structure=algorithm.describe(),
+        problem, stacked, jax.random.key_data(key), theta0_np,
+        problem_structure=problem.describe(), algorithm_structure=[a.describe() for a in algorithms],
         num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,
         padded=plan.padded, devices=num_devices, dtype=str(np.dtype(dtype)),
     )
@@ -293,76 +325,83 @@ def simulate(
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=T * plan.num_batches, unit="round", desc=algorithm.name, dynamic_ncols=True,
+    label = algorithms[0].name + (f" x{K}" if K > 1 else "")
+    bar = tqdm(total=T * plan.num_batches, unit="round", desc=label, dynamic_ncols=True,
                disable=None if progress is None else not progress)  # None: off unless a terminal
-    done_moments: list[Moments] = []
-    finals: list[np.ndarray] = []
+    done_moments: list[Moments] = []  # per batch, arrays (K, R, ...)
+    finals: list[np.ndarray] = []  # per batch, (K, seeds in batch, d)
     first_batch = 0
     if saved is not None:
         first_batch = int(saved["batch"])
         for b in range(first_batch):
             done_moments.append(Moments(*(saved[f"done{b}_{f}"] for f in Moments._fields)))
             finals.append(saved[f"final{b}"])
+
+    def concat(parts):
+        return Moments(*(np.concatenate([getattr(m, f) for m in parts], axis=1) for f in Moments._fields))
+
     for b in range(first_batch, plan.num_batches):
         ids = np.arange(b * plan.batch, b * plan.batch + plan.padded, dtype=np.uint32)
         seed_ids = _global_array(ids, seeds_sharding)
         valid = _global_array((ids < min(n, (b + 1) * plan.batch)), seeds_sharding)
-        carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithm_r, theta0_r, threshold)
-        recorded = [jax.tree.map(lambda x: np.asarray(x)[None], m0)]
+        carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithms_r, theta0_r, threshold)
+        recorded = [jax.tree.map(lambda x: np.asarray(x)[:, None], m0)]
         if saved is not None and b == first_batch and "carry0" in saved:
             carry = _checkpoint.arrays_to_tree("carry", saved, carry)
             recorded = [Moments(*(saved[f"cur_{f}"] for f in Moments._fields))]
-        t = int(carry.t)
+        t = int(carry.t[0])
         bar.update(b * T + t - bar.n)
         while t < T:
             end = min(t + plan.chunk_rounds, T)
             carry, buf, filled = _advance(
-                key_data, seed_ids, valid, carry, problem_r, algorithm_r, threshold, jnp.uint32(end),
+                key_data, seed_ids, valid, carry, problem_r, algorithms_r, threshold, jnp.uint32(end),
                 record_every=r, max_blocks=plan.max_blocks,
             )
-            k = int(filled)
-            recorded.append(jax.tree.map(lambda x: np.asarray(x)[:k], buf))
+            k = int(np.asarray(filled)[0])
+            recorded.append(jax.tree.map(lambda x: np.asarray(x)[:, :k], buf))
             bar.update(end - t)
             t = end
             if ckpt_dir is not None:
-                current = Moments(*(np.concatenate([getattr(m, f) for m in recorded]) for f in Moments._fields))
-                _save(ckpt_dir, finger, b, done_moments, finals, current, carry if t < T else None)
-        batch_moments = Moments(*(np.concatenate([getattr(m, f) for m in recorded]) for f in Moments._fields))
-        done_moments.append(batch_moments)
+                _save(ckpt_dir, finger, b, done_moments, finals, concat(recorded), carry if t < T else None)
+        done_moments.append(concat(recorded))
         theta = _to_host(carry.states.theta)
-        finals.append(theta[: min(n, (b + 1) * plan.batch) - b * plan.batch])
+        finals.append(theta[:, : min(n, (b + 1) * plan.batch) - b * plan.batch])
         if ckpt_dir is not None:
             _save(ckpt_dir, finger, b + 1, done_moments, finals, None, None)
     bar.close()
 
-    merged = finalize(merge(done_moments))
     rounds = recorded_rounds(T, r)
-    bits = algorithm.bits_per_message(d)
-    delivered = sum(np.asarray(m.delivered_sum, np.float64) for m in done_moments) / n
-    result = SimulationResult(
-        rounds=rounds,
-        mse_mean=merged["mse_mean"],
-        mse_sem=merged["mse_sem"],
-        theta_mean=merged["theta_mean"],
-        theta_sem=merged["theta_sem"],
-        num_diverged=merged["num_diverged"],
-        final_theta=np.concatenate(finals).astype(dtype),
-        theta_star=theta_star.astype(dtype),
-        bits_sent=rounds.astype(np.float64) * problem.num_agents * bits,
-        bits_delivered=delivered * bits,
-        config=run_config(key, problem, algorithm, T, n, r, theta0_np, factor, plan, num_devices),
-    )
-    worst = int(result.num_diverged.max())
-    if worst:
-        warnings.warn(
-            f"{algorithm.name}: up to {worst} of {n} seeds diverged (first at round "
-            f"{int(result.rounds[np.argmax(result.num_diverged > 0)])}); they are counted in "
-            "result.num_diverged and left out of mse_mean, mse_sem and theta_mean. "
-            "A smaller step_size usually fixes this.",
-            RuntimeWarning,
-            stacklevel=2,
+    results = []
+    for i, algorithm in enumerate(algorithms):
+        mine = [Moments(*(getattr(m, f)[i] for f in Moments._fields)) for m in done_moments]
+        merged = finalize(merge(mine))
+        bits = algorithm.bits_per_message(d)
+        delivered = sum(np.asarray(m.delivered_sum, np.float64) for m in mine) / n
+        result = SimulationResult(
+            rounds=rounds,
+            mse_mean=merged["mse_mean"],
+            mse_sem=merged["mse_sem"],
+            theta_mean=merged["theta_mean"],
+            theta_sem=merged["theta_sem"],
+            num_diverged=merged["num_diverged"],
+            final_theta=np.concatenate([f[i] for f in finals]).astype(dtype),
+            theta_star=theta_star.astype(dtype),
+            bits_sent=rounds.astype(np.float64) * problem.num_agents * bits,
+            bits_delivered=delivered * bits,
+            config=run_config(key, problem, algorithm, T, n, r, theta0_np, factor, plan, num_devices),
         )
-    return result
+        worst = int(result.num_diverged.max())
+        if worst:
+            warnings.warn(
+                f"{algorithm.name} ({algorithm.describe()}): up to {worst} of {n} seeds diverged (first at round "
+                f"{int(result.rounds[np.argmax(result.num_diverged > 0)])}); they are counted in "
+                "result.num_diverged and left out of mse_mean, mse_sem and theta_mean. "
+                "A smaller step_size usually fixes this.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        results.append(result)
+    return results
 
 
 def _save(directory, finger, batch, done, finals, current, carry) -> None:
