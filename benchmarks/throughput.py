@@ -114,6 +114,7 @@ def main(argv=None):
     ap.add_argument("--step-size", type=float, default=0.1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--no-numpy", action="store_true", help="skip the numpy baselines (e.g. at 1e5 seeds on a GPU)")
     args = ap.parse_args(argv)
     n, N, H, T = args.seeds, args.agents, args.local_steps, args.rounds
     problem = fj.problems.garnet(jax.random.key(0), num_agents=N, num_states=args.states, dim=args.dim)
@@ -129,12 +130,14 @@ def main(argv=None):
 
     dtype = np.dtype(problem.dtype).type
     rng = np.random.default_rng(0)
-    np_run = lambda: numpy_fedlsa_td(problem, args.step_size, H, T, n, rng, dtype)  # noqa: E731
-    np_run()
-    t_np = best_of(np_run, max(1, args.repeats // 2))
-    plain_run = lambda: numpy_fedlsa_td_plain(problem, args.step_size, H, T, n, rng, dtype)  # noqa: E731
-    plain_run()
-    t_plain = best_of(plain_run, max(1, args.repeats // 2))
+    t_np = t_plain = float("nan")
+    if not args.no_numpy:
+        np_run = lambda: numpy_fedlsa_td(problem, args.step_size, H, T, n, rng, dtype)  # noqa: E731
+        np_run()
+        t_np = best_of(np_run, max(1, args.repeats // 2))
+        plain_run = lambda: numpy_fedlsa_td_plain(problem, args.step_size, H, T, n, rng, dtype)  # noqa: E731
+        plain_run()
+        t_plain = best_of(plain_run, max(1, args.repeats // 2))
 
     flat = jax.jit(lambda k: jnp.sum(jax.random.uniform(k, (2 * steps,), problem.dtype)))
     flat(key).block_until_ready()

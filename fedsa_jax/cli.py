@@ -2,6 +2,28 @@
 
     fedsa-jax run                      # heterogeneous Garnet, FedLSA vs SCAFFLSA
     fedsa-jax run --problem gaussian --algorithms fedlsa --step-size 0.1 --local-steps 10
+    fedsa-jax sweep CONFIG.toml        # a grid of configurations, resumable
+
+A sweep file has a ``[run]`` table (seeds, seed, rounds or total_local_steps,
+record_every or records, dtype, out) and a ``[grid]`` table whose keys are the
+``run`` options' names with underscores (problem, agents, heterogeneity, states,
+dim, sampling, noise_A, noise_b, problem_seed, algorithm, step_size,
+local_steps, skip, quantizer, bits, range, levels, k, success_prob,
+aggregation); a list makes that option an axis of the grid::
+
+    [run]
+    seeds = 10
+    total_local_steps = 500000     # rounds = total_local_steps / local_steps
+    records = 100
+    out = "grid_out"
+
+    [grid]
+    problem = "garnet"
+    agents = [10, 100]
+    heterogeneity = ["homogeneous", "heterogeneous"]
+    algorithm = ["fedlsa", "scafflsa"]
+    step_size = [0.01, 0.1]
+    local_steps = [1, 10, 100]
 """
 
 from __future__ import annotations
@@ -105,6 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--x-axis", choices=("rounds", "bits"), default="rounds",
                    help="figure's x axis: communication rounds, or uplink bits delivered")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
+    sw = sub.add_parser(
+        "sweep",
+        help="run a grid of configurations from a TOML file; finished ones are skipped on rerun",
+        description="Run every configuration of a TOML grid (see the module docstring: [run] and [grid] "
+        "tables). Step sizes and success probabilities of otherwise identical configurations run side "
+        "by side in one compiled kernel. Each finished configuration is saved to OUT/<name>.npz at once; "
+        "OUT/sweep.json indexes them; rerunning skips what is done.",
+    )
+    sw.add_argument("config", type=Path, help="the sweep's TOML file")
+    sw.add_argument("--out", type=Path, default=None, help="output directory (overrides [run] out)")
+    sw.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bars (default: on a terminal only)")
     return parser
 
 
@@ -237,11 +271,110 @@ def cmd_run(args) -> int:
     return 0
 
 
+RUN_KEYS = {"seeds": 64, "seed": 1, "rounds": None, "total_local_steps": None, "record_every": None,
+            "records": None, "dtype": "float32", "out": "fedsa_sweep"}
+
+
+def _sweep_spec(path: Path):
+    """Parse and check a sweep file: (run options, grid axes)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        import tomli as tomllib
+    try:
+        spec = tomllib.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"config={str(path)!r} is invalid: {err}") from None
+    unknown = set(spec) - {"run", "grid"}
+    if unknown or "grid" not in spec:
+        raise ValueError(f"config={str(path)!r} is invalid: expected tables [run] and [grid], "
+                         f"got {sorted(spec)}")
+    run = {**RUN_KEYS, **spec.get("run", {})}
+    bad = set(run) - set(RUN_KEYS)
+    if bad:
+        raise ValueError(f"run.{sorted(bad)[0]} is invalid: expected one of {', '.join(sorted(RUN_KEYS))}")
+    if (run["rounds"] is None) == (run["total_local_steps"] is None):
+        raise ValueError("run.rounds is invalid: give exactly one of rounds and total_local_steps")
+    defaults = vars(build_parser().parse_args(["run"]))
+    allowed = set(defaults) - {"command", "algorithms", "rounds", "seeds", "seed", "record_every", "dtype", "out",
+                               "no_plot", "x_axis", "checkpoint_dir", "chunk_rounds", "progress"}
+    allowed |= {"algorithm"}
+    grid = spec["grid"]
+    bad = set(grid) - allowed
+    if bad:
+        raise ValueError(f"grid.{sorted(bad)[0]} is invalid: expected one of {', '.join(sorted(allowed))}")
+    return run, grid, defaults
+
+
+def cmd_sweep(args) -> int:
+    import functools
+    from types import SimpleNamespace
+
+    try:
+        run, grid_axes, defaults = _sweep_spec(args.config)
+    except ValueError as err:
+        print(f"fedsa-jax: error: {err}", file=sys.stderr)
+        return 2
+    import jax
+
+    if run["dtype"] == "float64":
+        jax.config.update("jax_enable_x64", True)
+    import fedsa_jax as fj
+
+    configs = fj.grid(**grid_axes)
+
+    def options(config):
+        merged = {**defaults, "dtype": run["dtype"], **config}
+        merged["algorithm"] = config.get("algorithm", "fedlsa")
+        return SimpleNamespace(**merged)
+
+    @functools.lru_cache(maxsize=64)
+    def problem_for(items):
+        o = SimpleNamespace(**dict(items))
+        return _make_problem(o, jax.random.key(o.problem_seed))
+
+    problem_keys = ("problem", "agents", "heterogeneity", "states", "dim", "sampling", "noise_A", "noise_b",
+                    "problem_seed", "dtype")
+
+    def build(config):
+        o = options(config)
+        return problem_for(tuple((k, getattr(o, k)) for k in problem_keys)), _make_algorithm(o.algorithm, o)
+
+    def rounds(config):
+        if run["rounds"] is not None:
+            return int(run["rounds"])
+        o = options(config)
+        H = 1 if o.algorithm == "qfedtd" else o.local_steps
+        return max(1, int(run["total_local_steps"]) // H)
+
+    def record_every(config):
+        if run["record_every"] is not None:
+            return min(int(run["record_every"]), rounds(config))
+        return max(1, rounds(config) // int(run["records"] or rounds(config)))
+
+    out = args.out or Path(run["out"])
+    t0 = time.perf_counter()
+    try:
+        entries = fj.sweep(jax.random.key(int(run["seed"])), configs, build, rounds, int(run["seeds"]),
+                           out_dir=out, record_every=record_every, progress=args.progress)
+    except ValueError as err:
+        print(f"fedsa-jax: error: {err}", file=sys.stderr)
+        return 2
+    for e in entries:
+        state = "loaded" if e.seconds == 0 else f"{e.seconds:.1f} s"
+        print(f"{fj.sweep_module.config_name(e.config)}: final MSE {e.result.mse_mean[-1]:.4g} "
+              f"+- {e.result.mse_sem[-1]:.2g} ({state})")
+    print(f"{len(entries)} configurations in {time.perf_counter() - t0:.1f} s -> {out / 'sweep.json'}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
         return cmd_run(args)
+    if args.command == "sweep":
+        return cmd_sweep(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

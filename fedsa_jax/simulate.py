@@ -258,6 +258,30 @@ def simulate(
     batch size, record_every, chunk size, dtype): the number of rounds and
     continuous hyperparameters such as the step size are traced values.
     """
+    run = validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0, record_every, divergence_threshold,
+                       seed_batch_size, chunk_rounds, checkpoint_dir, progress)
+    return _execute(run, problem, [algorithm])[0]
+
+
+class Run(NamedTuple):
+    """Validated run options shared by :func:`simulate` and :func:`fedsa_jax.sweep`."""
+
+    key: jax.Array
+    num_rounds: int
+    num_seeds: int
+    record_every: int
+    theta0: np.ndarray
+    divergence_threshold: float
+    seed_batch_size: int | None
+    chunk_rounds: int | None
+    checkpoint_dir: Any
+    progress: bool | None
+
+
+def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, record_every=1,
+                 divergence_threshold=1e10, seed_batch_size=None, chunk_rounds=None, checkpoint_dir=None,
+                 progress=None) -> Run:
+    """Check every argument of a run before anything is compiled."""
     key = _validate.prng_key("key", key)
     _check_problem(problem)
     if not isinstance(algorithm, Algorithm):
@@ -284,13 +308,13 @@ def simulate(
     algorithm.config.channel.quantizer.check_dim(d)
     if checkpoint_dir is not None and jax.process_count() > 1:
         _validate.fail("checkpoint_dir", checkpoint_dir, "checkpoints are written by single-process runs only")
-    return _execute(key, problem, [algorithm], T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds,
-                    checkpoint_dir, progress)[0]
+    return Run(key, T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds, checkpoint_dir, progress)
 
 
-def _execute(key, problem, algorithms, T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds,
-             checkpoint_dir, progress) -> list[SimulationResult]:
+def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
     """Run algorithms of one structure (stacked along a config axis) on validated inputs."""
+    key, T, n, r, theta0_np, factor = run[:6]
+    seed_batch_size, chunk_rounds, checkpoint_dir, progress = run[6:]
     K = len(algorithms)
     stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *algorithms)
     theta_star = np.asarray(problem.theta_star, np.float64)

@@ -86,3 +86,50 @@ def test_checkpoint_dir_resumes(tmp_path):
     rc = cli.main(args[:-2] + ["--step-size", "0.2", "--checkpoint-dir", str(tmp_path / "ck"),
                                "--out", str(tmp_path / "c")])
     assert rc == 2  # another configuration: refused with a clear error
+
+
+SWEEP_TOML = """
+[run]
+seeds = 6
+total_local_steps = 8
+records = 2
+
+[grid]
+problem = "garnet"
+states = 10
+agents = 3
+algorithm = ["fedlsa", "scafflsa"]
+step_size = [0.1, 0.2]
+local_steps = [2, 4]
+"""
+
+
+def test_sweep_command(tmp_path, capsys):
+    cfg = tmp_path / "grid.toml"
+    cfg.write_text(SWEEP_TOML)
+    out = tmp_path / "out"
+    assert cli.main(["sweep", str(cfg), "--out", str(out), "--no-progress"]) == 0
+    index = json.loads((out / "sweep.json").read_text())
+    assert len(index) == 8
+    row = next(r for r in index if r["config"] == {"problem": "garnet", "states": 10, "agents": 3,
+                                                   "algorithm": "scafflsa", "step_size": 0.2, "local_steps": 4})
+    res = fj.load(out / row["file"])
+    assert res.rounds[-1] == 8 // 4 and res.config["algorithm"]["num_local_steps"] == 4
+    capsys.readouterr()
+    assert cli.main(["sweep", str(cfg), "--out", str(out), "--no-progress"]) == 0
+    assert capsys.readouterr().out.count("(loaded)") == 8
+
+
+@pytest.mark.parametrize("text,param", [
+    ("[grid]\nagents = 3\n", "run.rounds"),
+    ("[run]\nrounds = 3\n[grid]\nwarp = 9\n", "grid.warp"),
+    ("[run]\nrounds = 3\nspeed = 1\n[grid]\nagents = 3\n", "run.speed"),
+    ("[run]\nrounds = 3\n[grid]\nstep_size = -1.0\n", "step_size"),
+    ("not toml [", "config"),
+])
+def test_bad_sweep_files(tmp_path, capsys, text, param):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(text)
+    assert cli.main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{param}=" in err or f"{param} is invalid" in err, err

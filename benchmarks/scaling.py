@@ -1,0 +1,84 @@
+"""Throughput of fedsa_jax as the problem grows: seeds, agents, dimension, states.
+
+Federated TD(0) FedLSA on Garnet MRPs (generative sampling), H=10 local steps,
+float32, from the base point N=10, S=20, d=10, 1000 seeds; one factor varies at
+a time. Reported: agent-local-steps per second of ``fj.simulate`` (best of
+``--repeats`` after a warm-up call that compiles), and the cost per step
+relative to the base point. With alias sampling the cost of a step must not
+grow with the number of states S.
+
+    python benchmarks/scaling.py [--json out.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+
+import fedsa_jax as fj
+
+BASE = dict(seeds=1000, agents=10, dim=10, states=20)
+AXES = {
+    "seeds": [1, 10, 100, 1000, 10_000, 100_000],
+    "agents": [1, 10, 100, 1000],
+    "dim": [2, 10, 50, 200],
+    "states": [20, 200, 2000],
+}
+
+
+def measure(seeds, agents, dim, states, H=10, target_steps=2e7, repeats=3):
+    problem = fj.problems.garnet(jax.random.key(0), num_agents=agents, num_states=states, dim=dim,
+                                 branching=min(2, states))
+    rounds = max(2, int(target_steps // (seeds * agents * H)))
+    alg = fj.fedlsa(0.1, H)
+    run = lambda: fj.simulate(jax.random.key(1), problem, alg, rounds, seeds, record_every=rounds,  # noqa: E731
+                              progress=False)
+    t0 = time.perf_counter()
+    run()
+    first = time.perf_counter() - t0
+    best = min(_timed(run) for _ in range(repeats))
+    steps = seeds * agents * H * rounds
+    return {"rounds": rounds, "agent_steps": steps, "seconds": best, "first_call_s": first,
+            "steps_per_s": steps / best}
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (for a smoke run)")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    axes = {k: (v[:3] if args.quick else v) for k, v in AXES.items()}
+    target = 2e6 if args.quick else 2e7
+    base = measure(**BASE, target_steps=target, repeats=args.repeats)
+    out = {"base": {**BASE, **base}, "axes": {}, "platform": jax.default_backend(),
+           "devices": jax.device_count()}
+    print(f"base {BASE}: {base['steps_per_s']:.3g} agent-steps/s")
+    for axis, values in axes.items():
+        rows = []
+        for v in values:
+            point = {**BASE, axis: v}
+            m = measure(**point, target_steps=target, repeats=args.repeats)
+            m["cost_per_step_vs_base"] = base["steps_per_s"] / m["steps_per_s"]
+            rows.append({axis: v, **m})
+            print(f"  {axis:7s}={v:>7}: {m['steps_per_s']:10.3g} agent-steps/s  "
+                  f"(cost/step x{m['cost_per_step_vs_base']:.2f}, {m['seconds']:.3f} s, "
+                  f"compile+run {m['first_call_s']:.1f} s)")
+        out["axes"][axis] = rows
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Sweeps over problems, algorithms and hyperparameter grids, resumable.
+
+Configurations are plain dictionaries (:func:`grid` builds their Cartesian
+product); ``build(config) -> (problem, algorithm)`` turns one into objects.
+Configurations whose problem is the same and whose algorithms share their
+structure (name, H, skip, quantizer, aggregation, whether erasures are on) and
+whose rounds agree differ only in continuous hyperparameters (step size,
+success probability): they run side by side, vmapped along a config axis of one
+compiled kernel. Structural options (H, N, bits, ...) make separate groups, run
+one after the other.
+
+With ``out_dir`` every finished configuration is written at once, atomically,
+to ``out_dir/<name>.npz`` (its config stored in ``result.config["sweep"]``), and
+``out_dir/sweep.json`` indexes them; rerunning the same sweep loads finished
+configurations instead of running them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+
+from fedsa_jax import _checkpoint, _validate
+from fedsa_jax._io import atomic_write
+from fedsa_jax.result import SimulationResult, load
+from fedsa_jax.simulate import _execute, validate_run
+
+
+def grid(**axes: Any) -> list[dict[str, Any]]:
+    """Cartesian product of the list-valued axes; other values are held fixed.
+
+    >>> grid(step_size=[0.01, 0.1], num_local_steps=[1, 10], algorithm="fedlsa")[1]
+    {'step_size': 0.01, 'num_local_steps': 10, 'algorithm': 'fedlsa'}
+    """
+    names = list(axes)
+    values = [v if isinstance(v, (list, tuple)) else [v] for v in axes.values()]
+    for name, v in zip(names, values):
+        if len(v) == 0:
+            _validate.fail(name, v, "expected a value or a non-empty list of values")
+    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+
+
+def config_name(config: Mapping[str, Any]) -> str:
+    """A readable, file-safe, unique name: ``key=value`` pairs (sorted), hashed if long."""
+    text = ",".join(f"{k}={config[k]}" for k in sorted(config))
+    safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
+    if len(safe) > 150:
+        safe = safe[:120] + "," + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return safe
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepEntry:
+    config: dict[str, Any]
+    result: SimulationResult
+    path: Path | None
+    seconds: float  # 0 when loaded from a finished file
+
+
+def _per_config(value, config):
+    return value(config) if callable(value) else value
+
+
+def sweep(
+    key,
+    configs: Sequence[Mapping[str, Any]],
+    build: Callable[[Mapping[str, Any]], tuple[Any, Any]],
+    num_rounds: int | Callable[[Mapping[str, Any]], int],
+    num_seeds: int,
+    out_dir=None,
+    record_every: int | Callable[[Mapping[str, Any]], int] = 1,
+    theta0=None,
+    divergence_threshold: float = 1e10,
+    seed_batch_size: int | None = None,
+    chunk_rounds: int | None = None,
+    progress: bool | None = None,
+) -> list[SweepEntry]:
+    """Simulate every configuration; batch the continuous hyperparameters by vmap.
+
+    Args:
+      key: PRNG key shared by all configurations (common random numbers).
+      configs: list of dicts, e.g. from :func:`grid`; values must be JSON-friendly.
+      build: ``config -> (problem, algorithm)``.
+      num_rounds, record_every: ints, or functions of the config (e.g. rounds = 5e5 / H).
+      num_seeds, theta0, divergence_threshold, seed_batch_size, chunk_rounds, progress:
+        as in :func:`fedsa_jax.simulate`.
+      out_dir: where finished configurations are saved; a rerun skips them.
+
+    Returns:
+      One :class:`SweepEntry` per configuration, in the order given.
+    """
+    if not configs:
+        _validate.fail("configs", configs, "expected at least one configuration")
+    out = None if out_dir is None else Path(out_dir)
+    entries: dict[int, SweepEntry] = {}
+    groups: dict[Any, list[tuple[int, Any, Any, Any]]] = {}
+    for i, config in enumerate(configs):
+        config = dict(config)
+        path = None if out is None else out / f"{config_name(config)}.npz"
+        if path is not None and path.exists():
+            done = load(path)
+            if done.config.get("sweep") == json.loads(json.dumps(config)):
+                entries[i] = SweepEntry(config, done, path, 0.0)
+                continue
+        problem, algorithm = build(config)
+        run = validate_run(key, problem, algorithm, _per_config(num_rounds, config), num_seeds,
+                           theta0, _per_config(record_every, config), divergence_threshold,
+                           seed_batch_size, chunk_rounds, None, progress)
+        problem_id = _checkpoint.fingerprint(problem, structure=problem.describe())
+        group = (problem_id, jax.tree.structure(algorithm), run.num_rounds, run.record_every)
+        groups.setdefault(group, []).append((i, config, problem, algorithm, run))
+    for members in groups.values():
+        _, _, problem, _, run = members[0]
+        t0 = time.perf_counter()
+        results = _execute(run, problem, [m[3] for m in members])
+        seconds = (time.perf_counter() - t0) / len(members)
+        for (i, config, _, _, _), res in zip(members, results):
+            res = dataclasses.replace(res, config={**res.config, "sweep": json.loads(json.dumps(config))})
+            path = None
+            if out is not None:
+                path = out / f"{config_name(config)}.npz"
+                res.save(path)
+            entries[i] = SweepEntry(config, res, path, seconds)
+        if out is not None:
+            _write_index(out, [entries[j] for j in sorted(entries)])
+    ordered = [entries[i] for i in range(len(configs))]
+    if out is not None:
+        _write_index(out, ordered)
+    return ordered
+
+
+def _write_index(out: Path, entries: list[SweepEntry]) -> None:
+    rows = [
+        {
+            "config": e.config,
+            "file": e.path.name if e.path else None,
+            "final_mse": float(e.result.mse_mean[-1]),
+            "final_mse_sem": float(e.result.mse_sem[-1]),
+            "num_diverged": int(e.result.num_diverged[-1]),
+            "num_rounds": int(e.result.rounds[-1]),
+            "seconds": e.seconds,
+        }
+        for e in entries
+    ]
+    atomic_write(out / "sweep.json", lambda f: f.write(json.dumps(rows, indent=2)), mode="w")
