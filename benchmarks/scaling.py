@@ -2,7 +2,8 @@
 
 Federated TD(0) FedLSA on Garnet MRPs (generative sampling), H=10 local steps,
 float32, from the base point N=10, S=20, d=10, 1000 seeds; one factor varies at
-a time. Reported: agent-local-steps per second of ``fj.simulate`` (best of
+a time (on the dim axis S = max(20, 2 d), since features need full column
+rank; the states axis shows that S itself does not matter). Reported: agent-local-steps per second of ``fj.simulate`` (best of
 ``--repeats`` after a warm-up call that compiles), and the cost per step
 relative to the base point. With alias sampling the cost of a step must not
 grow with the number of states S.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 import jax
@@ -30,9 +32,14 @@ AXES = {
 
 
 def measure(seeds, agents, dim, states, H=10, target_steps=2e7, repeats=3):
+    """Best-of-``repeats`` agent-steps per second at one size (about ``target_steps`` steps)."""
+    # Enough successors for a random Garnet chain on many states to be irreducible (no state without
+    # an incoming edge: S exp(-2 b) small); a draw costs O(1) whatever the branching.
+    branching = min(states, max(2, math.ceil(math.log(10 * states) / 2) + 1))
     problem = fj.problems.garnet(jax.random.key(0), num_agents=agents, num_states=states, dim=dim,
-                                 branching=min(2, states))
-    rounds = max(2, int(target_steps // (seeds * agents * H)))
+                                 branching=branching)
+    # at least 10 rounds: each call also draws the block of the round after its last one
+    rounds = max(10, int(target_steps // (seeds * agents * H)))
     alg = fj.fedlsa(0.1, H)
     run = lambda: fj.simulate(jax.random.key(1), problem, alg, rounds, seeds, record_every=rounds,  # noqa: E731
                               progress=False)
@@ -67,6 +74,8 @@ def main(argv=None):
         rows = []
         for v in values:
             point = {**BASE, axis: v}
+            if axis == "dim":
+                point["states"] = max(BASE["states"], 2 * v)
             m = measure(**point, target_steps=target, repeats=args.repeats)
             m["cost_per_step_vs_base"] = base["steps_per_s"] / m["steps_per_s"]
             rows.append({axis: v, **m})

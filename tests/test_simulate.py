@@ -134,3 +134,11 @@ def test_peak_host_memory_flat_in_rounds():
 
     small, large = peak(20), peak(200)
     assert large <= 1.1 * small + 20 * 2**20, (small, large)
+
+
+def test_progress_bar(garnet, capsys):
+    fj.simulate(jax.random.key(0), garnet, fj.fedlsa(0.5, 2), 30, 4, chunk_rounds=10, progress=True)
+    err = capsys.readouterr().err
+    assert "fedlsa" in err and "30/30" in err and "round/s" in err
+    fj.simulate(jax.random.key(0), garnet, fj.fedlsa(0.5, 2), 30, 4, chunk_rounds=10)  # not a terminal: silent
+    assert capsys.readouterr().err == ""
