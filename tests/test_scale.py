@@ -140,7 +140,7 @@ def test_two_processes_on_loopback_equal_one(tmp_path, reference):
 
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     ckpt = tmp_path / "ckpt"
-    rounds = 3000
+    rounds = 6000  # long enough that the kill lands mid-run even on a fast machine
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, WORKER, "run", str(tmp_path / "killed.npz"), "--checkpoint", str(ckpt),
                              "--chunk", "20", "--rounds", str(rounds)],
