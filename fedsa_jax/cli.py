@@ -158,6 +158,8 @@ def _make_problem(args, key):
             key, num_agents=args.agents, num_states=args.states or 20, dim=args.dim or 10,
             sampling=args.sampling or "markov", dtype=dtype,
         )
+    if args.problem != "gaussian":
+        raise ValueError(f"problem={args.problem!r} is invalid: expected one of {', '.join(PROBLEMS)}")
     het = 1.0 if args.heterogeneity == "heterogeneous" else (
         0.0 if args.heterogeneity == "homogeneous" else float(args.heterogeneity))
     return fj.problems.random_gaussian_lsa(
@@ -178,7 +180,9 @@ def _make_quantizer(args):
         return fj.channel.qsgd(args.levels)
     if args.quantizer == "rand-k":
         return fj.channel.rand_k(args.k)
-    return fj.channel.natural()
+    if args.quantizer == "natural":
+        return fj.channel.natural()
+    raise ValueError(f"quantizer={args.quantizer!r} is invalid: expected one of {', '.join(QUANTIZERS)}")
 
 
 def _make_algorithm(name: str, args):
@@ -188,6 +192,8 @@ def _make_algorithm(name: str, args):
                    aggregation=args.aggregation)
     if name == "qfedtd":
         return fj.qfedtd(args.step_size, **channel)
+    if name not in ALGORITHMS:
+        raise ValueError(f"algorithm={name!r} is invalid: expected one of {', '.join(ALGORITHMS)}")
     return getattr(fj, name)(args.step_size, args.local_steps, skip=args.skip, **channel)
 
 
@@ -303,6 +309,18 @@ def _sweep_spec(path: Path):
     bad = set(grid) - allowed
     if bad:
         raise ValueError(f"grid.{sorted(bad)[0]} is invalid: expected one of {', '.join(sorted(allowed))}")
+    choices = {"problem": PROBLEMS, "algorithm": ALGORITHMS, "quantizer": QUANTIZERS,
+               "sampling": ("generative", "markov"), "aggregation": ("divide_by_n", "divide_by_received")}
+    for name, allowed_values in choices.items():
+        values = grid.get(name, [])
+        for v in values if isinstance(values, list) else [values]:
+            if v not in allowed_values:
+                raise ValueError(f"grid.{name}={v!r} is invalid: expected one of "
+                                 f"{', '.join(repr(a) for a in allowed_values)}")
+    for name in ("seeds", "records", "rounds", "total_local_steps", "record_every"):
+        v = run[name]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"run.{name}={v!r} is invalid: expected an integer >= 1")
     return run, grid, defaults
 
 

@@ -189,7 +189,7 @@ def _plan(problem, algorithm, theta0, n, r, num_configs, seed_batch_size, chunk_
         per_round *= num_configs
         blocks = min(MAX_BLOCKS_PER_CHUNK, max(1, int(STEPS_PER_CHUNK // max(per_round * r, 1))))
     else:
-        blocks = -(-chunk_rounds // r)  # round up to whole recorded blocks
+        blocks = min(MAX_BLOCKS_PER_CHUNK, -(-chunk_rounds // r))  # whole recorded blocks, bounded buffer
     return _Plan(batch, padded, num_batches, blocks * r, blocks)
 
 
@@ -244,8 +244,9 @@ def simulate(
         ``MEMORY_BUDGET`` bytes per device); more seeds run in batches, one after
         the other, with identical results.
       chunk_rounds: rounds per call of the compiled kernel (default: about
-        ``STEPS_PER_CHUNK`` agent-steps); the progress bar and checkpoints advance
-        per chunk. Results do not depend on it.
+        ``STEPS_PER_CHUNK`` agent-steps; at most ``MAX_BLOCKS_PER_CHUNK`` recorded
+        rounds); the progress bar and checkpoints advance per chunk. Results do
+        not depend on it.
       checkpoint_dir: if given, an atomic checkpoint is written there after each
         chunk, and a call with the same arguments resumes from it (bit-identical
         to an uninterrupted run). A checkpoint of another configuration is refused.
@@ -289,6 +290,11 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
     T = _validate.integer("num_rounds", num_rounds)
     n = _validate.integer("num_seeds", num_seeds)
     r = _validate.integer("record_every", record_every)
+    if T * problem.num_agents >= 2**31:  # the per-seed count of delivered messages is int32
+        _validate.fail("num_rounds", num_rounds, f"expected num_rounds * num_agents < 2**31 "
+                       f"(num_agents={problem.num_agents}); split the run")
+    if n >= 2**31:  # seed indices are uint32 fold_in data
+        _validate.fail("num_seeds", num_seeds, "expected fewer than 2**31 seeds")
     if r > T:
         _validate.fail("record_every", record_every, f"expected an integer in [1, num_rounds={T}]")
     factor = _validate.real("divergence_threshold", divergence_threshold, 0.0, low_open=True)

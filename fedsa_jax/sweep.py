@@ -12,7 +12,8 @@ one after the other.
 With ``out_dir`` every finished configuration is written at once, atomically,
 to ``out_dir/<name>.npz`` (its config stored in ``result.config["sweep"]``), and
 ``out_dir/sweep.json`` indexes them; rerunning the same sweep loads finished
-configurations instead of running them again.
+configurations instead of running them again (only if the saved run used the
+same rounds, seeds, key, theta0, threshold and dtype; otherwise it reruns).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from fedsa_jax import _checkpoint, _validate
 from fedsa_jax._io import atomic_write
@@ -49,12 +51,27 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
 
 
 def config_name(config: Mapping[str, Any]) -> str:
-    """A readable, file-safe, unique name: ``key=value`` pairs (sorted), hashed if long."""
+    """A readable, file-safe, unique name: ``key=value`` pairs (sorted, shortened) and a
+    hash of the exact configuration (so ``"x/y"`` and ``"x_y"``, ``0.1`` and ``"0.1"`` differ)."""
     text = ",".join(f"{k}={config[k]}" for k in sorted(config))
-    safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
-    if len(safe) > 150:
-        safe = safe[:120] + "," + hashlib.sha256(text.encode()).hexdigest()[:16]
-    return safe
+    safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)[:120]
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{safe},{digest}"
+
+
+def _same_run(result: SimulationResult, config, run, problem) -> bool:
+    """Whether a saved result is this configuration run with these settings."""
+    c = result.config
+    return (
+        c.get("sweep") == json.loads(json.dumps(config))
+        and c.get("num_rounds") == run.num_rounds
+        and c.get("num_seeds") == run.num_seeds
+        and c.get("record_every") == run.record_every
+        and c.get("prng", {}).get("key_data") == jax.random.key_data(run.key).tolist()
+        and c.get("theta0") == [float(x) for x in run.theta0]
+        and c.get("divergence_threshold") == run.divergence_threshold
+        and c.get("dtype") == str(np.dtype(problem.dtype))
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,16 +121,16 @@ def sweep(
     groups: dict[Any, list[tuple[int, Any, Any, Any]]] = {}
     for i, config in enumerate(configs):
         config = dict(config)
-        path = None if out is None else out / f"{config_name(config)}.npz"
-        if path is not None and path.exists():
-            done = load(path)
-            if done.config.get("sweep") == json.loads(json.dumps(config)):
-                entries[i] = SweepEntry(config, done, path, 0.0)
-                continue
         problem, algorithm = build(config)
         run = validate_run(key, problem, algorithm, _per_config(num_rounds, config), num_seeds,
                            theta0, _per_config(record_every, config), divergence_threshold,
                            seed_batch_size, chunk_rounds, None, progress)
+        path = None if out is None else out / f"{config_name(config)}.npz"
+        if path is not None and path.exists():
+            done = load(path)
+            if _same_run(done, config, run, problem):
+                entries[i] = SweepEntry(config, done, path, 0.0)
+                continue
         problem_id = _checkpoint.fingerprint(problem, structure=problem.describe())
         group = (problem_id, jax.tree.structure(algorithm), run.num_rounds, run.record_every)
         groups.setdefault(group, []).append((i, config, problem, algorithm, run))

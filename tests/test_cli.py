@@ -126,6 +126,10 @@ def test_sweep_command(tmp_path, capsys):
     ("[run]\nrounds = 3\nspeed = 1\n[grid]\nagents = 3\n", "run.speed"),
     ("[run]\nrounds = 3\n[grid]\nstep_size = -1.0\n", "step_size"),
     ("not toml [", "config"),
+    ("[run]\nrounds = 3\n[grid]\nquantizer = \"qsgdd\"\n", "grid.quantizer"),
+    ("[run]\nrounds = 3\n[grid]\nalgorithm = [\"fedlsa\", \"fedlsaa\"]\n", "grid.algorithm"),
+    ("[run]\nrounds = 3\n[grid]\nproblem = \"gausian\"\n", "grid.problem"),
+    ("[run]\nrounds = 3\nrecords = 0\n[grid]\nagents = 3\n", "run.records"),
 ])
 def test_bad_sweep_files(tmp_path, capsys, text, param):
     cfg = tmp_path / "bad.toml"

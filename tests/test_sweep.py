@@ -72,3 +72,15 @@ def test_rerun_skips_finished_configurations(problem, tmp_path, monkeypatch):
     for a, b in zip(first, again):
         np.testing.assert_allclose(a.result.final_theta, b.result.final_theta, rtol=1e-12)
     assert [e.seconds == 0 for e in again] == [True, True, True, False]
+
+
+def test_names_unique_and_stale_results_rerun(problem, tmp_path):
+    name = sweep_mod.config_name
+    assert name({"a": "x/y"}) != name({"a": "x_y"}) and name({"a": 0.1}) != name({"a": "0.1"})
+    configs = [{"algorithm": "fedlsa", "step_size": 0.2, "H": 2}]
+    a = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path)[0]
+    b = fj.sweep(jax.random.key(1), configs, build_for(problem), 6, 7, out_dir=tmp_path)[0]  # other settings
+    assert b.seconds > 0 and b.result.num_seeds == 7 and b.result.rounds[-1] == 6
+    c = fj.sweep(jax.random.key(2), configs, build_for(problem), 6, 7, out_dir=tmp_path)[0]  # other key
+    assert c.seconds > 0 and not np.array_equal(c.result.final_theta, b.result.final_theta)
+    assert a.result.num_seeds == 5
