@@ -10,7 +10,6 @@ from fedsa_jax import channel, problems, theory
 from fedsa_jax.algorithms import Algorithm, fedlsa, qfedtd, scafflsa
 from fedsa_jax.result import SimulationResult, load
 from fedsa_jax.simulate import simulate
-from fedsa_jax import sweep as sweep_module
 from fedsa_jax.sweep import SweepEntry, grid, sweep
 
 __all__ = [

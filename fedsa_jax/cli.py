@@ -370,6 +370,8 @@ def cmd_sweep(args) -> int:
             return min(int(run["record_every"]), rounds(config))
         return max(1, rounds(config) // int(run["records"] or rounds(config)))
 
+    from fedsa_jax.sweep import config_name
+
     out = args.out or Path(run["out"])
     t0 = time.perf_counter()
     try:
@@ -380,7 +382,7 @@ def cmd_sweep(args) -> int:
         return 2
     for e in entries:
         state = "loaded" if e.seconds == 0 else f"{e.seconds:.1f} s"
-        print(f"{fj.sweep_module.config_name(e.config)}: final MSE {e.result.mse_mean[-1]:.4g} "
+        print(f"{config_name(e.config)}: final MSE {e.result.mse_mean[-1]:.4g} "
               f"+- {e.result.mse_sem[-1]:.2g} ({state})")
     print(f"{len(entries)} configurations in {time.perf_counter() - t0:.1f} s -> {out / 'sweep.json'}")
     return 0

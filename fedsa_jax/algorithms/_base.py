@@ -93,7 +93,9 @@ class RoundInfo(NamedTuple):
     num_delivered: jax.Array  # () int32, uplink messages delivered this round
 
 
-LOCAL_UNROLL = 8  # local steps unrolled per scan iteration (measured: ~1.4x on CPU)
+# Local steps unrolled per scan iteration. With the fused PRNG, unroll 2..10 measured the same on a
+# 2-core CPU; unroll 1 ran on one core only (see benchmarks/README.md).
+LOCAL_UNROLL = 8
 
 
 def local_steps_config(
