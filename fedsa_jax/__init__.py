@@ -26,4 +26,14 @@ __all__ = [
     "simulate",
     "sweep",
     "theory",
+    "plotting",
 ]
+
+
+def __getattr__(name):
+    # fj.plotting imports matplotlib, so it loads on first use only.
+    if name == "plotting":
+        import importlib
+
+        return importlib.import_module("fedsa_jax.plotting")
+    raise AttributeError(f"module 'fedsa_jax' has no attribute {name!r}")

@@ -124,8 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds per kernel call (progress and checkpoint granularity; default: automatic)")
     s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: on a terminal only)")
-    s.add_argument("--x-axis", choices=("rounds", "bits"), default="rounds",
-                   help="figure's x axis: communication rounds, or uplink bits delivered")
+    s.add_argument("--x-axis", choices=("rounds", "communications", "samples", "bits", "bits_sent"),
+                   default="rounds", help="figure's x axis: communication rounds, uplink messages, observations "
+                   "drawn, uplink bits delivered ('bits') or sent")
+    s.add_argument("--band", choices=("sem", "quantiles"), default="sem",
+                   help="figure's band: mean +- 2 standard errors, or 5-95%% / 25-75%% quantiles over seeds")
+    s.add_argument("--exact", action="store_true",
+                   help="also compute the exact MSE curve (fj.theory.exact_mse; Gaussian or generative TD "
+                   "problems, small N d) and draw it dotted")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
     sw = sub.add_parser(
         "sweep",
@@ -234,6 +240,7 @@ def cmd_run(args) -> int:
         seconds = time.perf_counter() - t0
         path = out / f"result_{alg.name}.npz"
         res.save(path)
+        res.to_csv(out / f"result_{alg.name}.csv")
         results[alg.name] = res
         steps = args.seeds * args.rounds * problem.num_agents * alg.config.num_local_steps
         summary["runs"][alg.name] = {
@@ -257,7 +264,20 @@ def cmd_run(args) -> int:
         summary["fedlsa_predicted_squared_bias"] = level
         lines[r"FedLSA predicted $\|\mathrm{bias}\|^2$"] = level
         print(f"FedLSA predicted squared bias |theta_inf - theta_star|^2 = {level:.4g}")
+    exact = {}
+    if args.exact:
+        for alg in algs:
+            try:
+                exact[alg.name] = fj.theory.exact_mse(problem, alg, args.rounds)
+            except ValueError as err:
+                print(f"fedsa-jax: no exact curve for {alg.name}: {err}", file=sys.stderr)
+                continue
+            summary["runs"][alg.name]["exact_final_mse"] = float(exact[alg.name][-1])
+            print(f"{alg.name:9s} exact final MSE {exact[alg.name][-1]:.4g}")
     if not args.no_plot:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, never a window
         from fedsa_jax.plotting import plot_mse
 
         title = f"{args.problem}, N={problem.num_agents}, d={problem.dim}, " + rf"$\eta$={args.step_size:g}"
@@ -268,8 +288,8 @@ def cmd_run(args) -> int:
             title += f" {args.bits} bits" if args.quantizer == "stochastic-uniform" else ""
         if args.success_prob != 1.0:
             title += f", p={args.success_prob:g}"
-        x = "rounds" if args.x_axis == "rounds" else "bits_delivered"
-        fig = plot_mse(results, reference_lines=lines, title=title, x=x)
+        x = "bits_delivered" if args.x_axis == "bits" else args.x_axis
+        fig = plot_mse(results, reference_lines=lines, title=title, x=x, band=args.band, theory=exact)
 
         atomic_write(out / "mse.png", lambda f: fig.savefig(f, format="png"))
         print(f"figure -> {out / 'mse.png'}")

@@ -1,68 +1,176 @@
-"""Figures: Monte Carlo MSE curves with standard-error bands and theory lines."""
+"""Figures: Monte Carlo MSE curves with uncertainty bands, theory overlays, speed-up plots.
+
+* :func:`plot_mse`: MSE against rounds, communications, samples or bits, mean
+  with a standard-error band (``band="sem"``, mean +- 2 s.e.) or a quantile band
+  over seeds (``band="quantiles"``: 5-95 % shaded, 25-75 % darker), exact
+  theory curves (:func:`fedsa_jax.theory.exact_mse`) drawn dotted in each
+  curve's colour, and dashed reference levels (e.g. FedLSA's squared bias).
+* :func:`plot_final_mse_vs_agents`: final MSE against the number of agents N
+  on log-log axes, +- 2 s.e. error bars, exact values as open markers, and a
+  ``1/N`` reference line (linear speed-up).
+
+Defaults aim at print: 6.4 x 4.2 in at 130 dpi, 9-10 pt text, light grid,
+colour-blind-safe Matplotlib ``tab10`` cycle; every function takes an ``ax`` so
+figures compose into panels. The module keeps the active backend (inline in a
+notebook); the command line switches to the headless Agg backend.
+"""
 
 from __future__ import annotations
 
 from typing import Mapping
 
-X_AXES = ("rounds", "bits_sent", "bits_delivered")
+import matplotlib.pyplot as plt
+import numpy as np
 
-import matplotlib
+from fedsa_jax import _validate
+from fedsa_jax.result import X_AXES, SimulationResult
 
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+BAND_Z = 2.0  # standard-error bands are mean +- 2 standard errors
+BANDS = ("sem", "quantiles", None)
+X_LABELS = {
+    "rounds": "communication round $t$",
+    "communications": "uplink messages (all agents)",
+    "samples": "observations drawn (all agents)",
+    "bits_sent": "uplink bits sent (all agents)",
+    "bits_delivered": "uplink bits delivered (all agents)",
+}
+MSE_LABEL = r"$\mathbb{E}\,\|\theta_t - \theta_\star\|^2$"
 
-from fedsa_jax.result import SimulationResult  # noqa: E402
 
-BAND_Z = 2.0  # bands are mean +- 2 standard errors
+def _axes(ax, figsize=(6.4, 4.2)):
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize, dpi=130)
+        return fig, ax
+    return ax.figure, ax
+
+
+def _tiny(y):
+    return np.maximum(y, np.finfo(float).tiny)
 
 
 def plot_mse(
     results: Mapping[str, SimulationResult],
     ax=None,
+    x: str = "rounds",
+    band: str | None = "sem",
+    theory: Mapping[str, np.ndarray] | None = None,
     reference_lines: Mapping[str, float] | None = None,
+    logx: bool | None = None,
     logy: bool = True,
     title: str | None = None,
-    x: str = "rounds",
+    legend: bool = True,
 ):
-    """MSE ``E|theta_t - theta_star|^2`` vs communication rounds, one curve per result.
+    """MSE ``E|theta_t - theta_star|^2`` of each result, one colour per result.
 
     Args:
       results: label -> result.
       ax: matplotlib axes (a new figure if None).
-      reference_lines: label -> level, drawn as dashed horizontal lines (e.g.
-        FedLSA's predicted squared bias).
-      logy: log-scale MSE axis.
-      x: ``"rounds"``, ``"bits_sent"`` or ``"bits_delivered"`` (cumulative uplink bits,
-        all agents; log scale).
+      x: ``"rounds"``, ``"communications"`` (t N), ``"samples"`` (t N H skip),
+        ``"bits_sent"`` or ``"bits_delivered"`` (cumulative uplink bits).
+      band: ``"sem"`` (mean +- 2 standard errors), ``"quantiles"`` (5-95 % and
+        25-75 % of the seeds' squared errors) or None.
+      theory: label -> exact curve for rounds ``0..T`` (e.g. from
+        :func:`fedsa_jax.theory.exact_mse`), drawn dotted in the colour of the
+        result with the same label (black if there is none); mapped to the same
+        x axis as that result.
+      reference_lines: label -> level, dashed horizontal lines (e.g. FedLSA's
+        predicted squared bias ``|fedlsa_bias|^2``).
+      logx: log x axis; default on for the bit axes only.
+      logy: log MSE axis.
+      legend: draw the legend.
 
     Returns:
       The matplotlib figure.
     """
-    if x not in X_AXES:
-        raise ValueError(f"x={x!r} is invalid: expected one of {', '.join(repr(a) for a in X_AXES)}")
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=130)
-    else:
-        fig = ax.figure
+    _validate.choice("x", x, X_AXES)
+    if band not in BANDS:
+        _validate.fail("band", band, "expected 'sem', 'quantiles' or None")
+    fig, ax = _axes(ax)
+    colors = {}
+    scale = {}
     for i, (label, res) in enumerate(results.items()):
-        color = f"C{i}"
-        lo = np.maximum(res.mse_mean - BAND_Z * res.mse_sem, np.finfo(float).tiny)
-        hi = res.mse_mean + BAND_Z * res.mse_sem
-        n_ok = res.num_seeds - int(res.num_diverged[-1])
+        color = colors[label] = f"C{i}"
         xs = np.asarray(getattr(res, x), dtype=float)
+        last = res.rounds[-1]
+        scale[label] = xs[-1] / last if last else 1.0
+        n_ok = res.num_seeds - int(res.num_diverged[-1])
         ax.plot(xs, res.mse_mean, color=color, lw=1.6, label=f"{label} ({n_ok} seeds)")
-        ax.fill_between(xs, lo, hi, color=color, alpha=0.25, lw=0)
+        if band == "sem":
+            ax.fill_between(xs, _tiny(res.mse_mean - BAND_Z * res.mse_sem), res.mse_mean + BAND_Z * res.mse_sem,
+                            color=color, alpha=0.25, lw=0)
+        elif band == "quantiles":
+            q = res.mse_quantiles
+            ax.fill_between(xs, q[:, 0], q[:, 4], color=color, alpha=0.12, lw=0)
+            ax.fill_between(xs, q[:, 1], q[:, 3], color=color, alpha=0.22, lw=0)
+    for label, curve in (theory or {}).items():
+        curve = np.asarray(curve, dtype=float)
+        xs = np.arange(curve.shape[0]) * scale.get(label, 1.0)
+        ax.plot(xs, curve, color=colors.get(label, "k"), ls=":", lw=1.8,
+                label=None if label in colors else label)
     for j, (label, level) in enumerate((reference_lines or {}).items()):
         ax.axhline(level, color=f"C{len(results) + j}", ls="--", lw=1.2, label=label)
     if logy:
         ax.set_yscale("log")
-    if x == "rounds":
-        ax.set_xlabel("communication round $t$")
-    else:
+    if logx if logx is not None else x.startswith("bits"):
         ax.set_xscale("log")
-        ax.set_xlabel(f"uplink bits {'delivered' if x == 'bits_delivered' else 'sent'} (all agents)")
-    ax.set_ylabel(r"$\mathbb{E}\,\|\theta_t - \theta_\star\|^2$")
+    ax.set_xlabel(X_LABELS[x], fontsize=9)
+    ax.set_ylabel(MSE_LABEL, fontsize=9)
+    ax.tick_params(labelsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    if legend:
+        note = {"sem": rf"mean $\pm$ {BAND_Z:g} s.e.", "quantiles": "mean; 5-95%, 25-75% of seeds",
+                None: "mean"}[band]
+        if theory:
+            note += "; dotted: exact"
+        ax.legend(fontsize=8, title=note, title_fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_final_mse_vs_agents(
+    series: Mapping[str, Mapping[int, SimulationResult]],
+    ax=None,
+    theory: Mapping[str, Mapping[int, float]] | None = None,
+    reference: bool = True,
+    title: str | None = None,
+):
+    """Final-round MSE against the number of agents N (log-log), one line per series.
+
+    Args:
+      series: label -> {N: result}.
+      theory: label -> {N: exact final MSE}, drawn as open markers.
+      reference: draw ``C / N`` through the first series' smallest-N point: parallel
+        to it means linear speed-up.
+
+    Returns:
+      The matplotlib figure.
+    """
+    fig, ax = _axes(ax)
+    all_n = []
+    for i, (label, by_n) in enumerate(series.items()):
+        ns = np.array(sorted(by_n), dtype=float)
+        all_n.extend(ns)
+        final = np.array([by_n[n].mse_mean[-1] for n in sorted(by_n)])
+        sem = np.array([by_n[n].mse_sem[-1] for n in sorted(by_n)])
+        ax.errorbar(ns, final, yerr=BAND_Z * sem, fmt="o-", color=f"C{i}", ms=4, lw=1.4, capsize=3, label=label)
+        exact = (theory or {}).get(label, {})
+        if exact:
+            ks = sorted(exact)
+            ax.plot(ks, [exact[k] for k in ks], "s", mfc="none", color=f"C{i}", ms=9, mew=1.2)
+        if reference and i == 0:
+            n0, y0 = ns[0], final[0]
+    if reference and series:
+        grid = np.array([min(all_n), max(all_n)])
+        ax.plot(grid, y0 * n0 / grid, "k--", lw=1.0, label=r"$\propto 1/N$ (linear speed-up)")
+    if theory:
+        ax.plot([], [], "s", mfc="none", color="0.3", ms=9, label="exact")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("number of agents $N$", fontsize=9)
+    ax.set_ylabel("final " + MSE_LABEL, fontsize=9)
+    ax.tick_params(labelsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)

@@ -344,13 +344,14 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
         problem_structure=problem.describe(), algorithm_structure=[a.describe() for a in algorithms],
         num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,
         padded=plan.padded, devices=num_devices, dtype=str(np.dtype(dtype)),
+        statistics=Moments._fields,  # a checkpoint of a version that recorded other statistics is refused
     )
     saved = _checkpoint.load(ckpt_dir) if ckpt_dir is not None else None
     if saved is not None and str(saved["fingerprint"]) != finger:
         _validate.fail(
             "checkpoint_dir", str(ckpt_dir),
             "it holds a checkpoint of a different configuration (problem, algorithm, key, rounds, seeds, "
-            "record_every, theta0, batch size or device count); use another directory or delete it",
+            "record_every, theta0, batch size, device count or package version); use another directory or delete it",
         )
 
     from tqdm.auto import tqdm
@@ -414,6 +415,7 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
             theta_mean=merged["theta_mean"],
             theta_sem=merged["theta_sem"],
             num_diverged=merged["num_diverged"],
+            mse_quantiles=merged["mse_quantiles"],
             final_theta=np.concatenate([f[i] for f in finals]).astype(dtype),
             theta_star=theta_star.astype(dtype),
             bits_sent=rounds.astype(np.float64) * problem.num_agents * bits,

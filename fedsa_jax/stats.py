@@ -7,6 +7,14 @@ squared error and of each coordinate of theta. Batches run one after the other
 are merged on the host in float64 with Chan et al.'s pairwise update, so the
 statistics do not depend on how the seeds were split.
 
+For quantile bands the kernel also counts the squared errors in a fixed
+log-spaced histogram (``HIST_PER_DECADE`` bins per decade between
+``10**HIST_LOW`` and ``10**HIST_HIGH``; values outside fall in the end bins).
+Counts add across batches and devices, so quantiles are mergeable too; they are
+read off the cumulative counts with geometric interpolation inside a bin, so
+they are exact up to one bin width, a factor ``10**(1/HIST_PER_DECADE)``
+(7.5 %).
+
 Diverged seeds (non-finite iterate, or squared error above the threshold) are
 counted and left out of every mean, so one exploding seed never turns a curve
 into NaN. Padding seeds (``valid == False``) are ignored entirely.
@@ -24,6 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 
+HIST_LOW, HIST_HIGH, HIST_PER_DECADE = -20, 10, 32
+HIST_BINS = (HIST_HIGH - HIST_LOW) * HIST_PER_DECADE
+QUANTILE_LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
 class Moments(NamedTuple):
     n_ok: jax.Array  # () int32, non-diverged valid seeds
     err_mean: jax.Array  # () mean of |theta - theta_star|^2
@@ -32,6 +45,9 @@ class Moments(NamedTuple):
     theta_m2: jax.Array  # (d,)
     num_diverged: jax.Array  # () int32
     delivered_sum: jax.Array  # () cumulative uplink messages delivered, summed over valid seeds
+    err_hist: jax.Array  # (HIST_BINS,) int32 counts of non-diverged squared errors per log bin
+    err_min: jax.Array  # () smallest non-diverged squared error (+inf if none)
+    err_max: jax.Array  # () largest (-inf if none)
 
 
 def seed_moments(theta, theta_star, threshold, valid, delivered) -> Moments:
@@ -47,7 +63,13 @@ def seed_moments(theta, theta_star, threshold, valid, delivered) -> Moments:
     theta_m2 = jnp.sum(jnp.where(okd, (theta - theta_mean) ** 2, 0.0), axis=0)
     diverged = jnp.sum(valid & ~ok).astype(jnp.int32)
     delivered_sum = jnp.sum(jnp.where(valid, delivered, 0).astype(err.dtype))
-    return Moments(n.astype(jnp.int32), mean, m2, theta_mean, theta_m2, diverged, delivered_sum)
+    log_err = jnp.log10(jnp.maximum(jnp.where(ok, err, 1.0), jnp.finfo(err.dtype).tiny))
+    idx = jnp.clip(jnp.floor((log_err - HIST_LOW) * HIST_PER_DECADE), 0, HIST_BINS - 1).astype(jnp.int32)
+    hist = jnp.zeros(HIST_BINS, jnp.int32).at[idx].add(ok.astype(jnp.int32))
+    err_min = jnp.min(jnp.where(ok, err, jnp.inf))
+    err_max = jnp.max(jnp.where(ok, err, -jnp.inf))
+    return Moments(n.astype(jnp.int32), mean, m2, theta_mean, theta_m2, diverged, delivered_sum, hist,
+                   err_min, err_max)
 
 
 def merge(parts: list[Moments]) -> Moments:
@@ -71,7 +93,35 @@ def merge(parts: list[Moments]) -> Moments:
         n_ok=n, err_mean=err_mean, err_m2=err_m2, theta_mean=theta_mean, theta_m2=theta_m2,
         num_diverged=sum(np.asarray(p.num_diverged, np.int64) for p in parts),
         delivered_sum=sum(np.asarray(p.delivered_sum, np.float64) for p in parts),
+        err_hist=sum(np.asarray(p.err_hist, np.int64) for p in parts),
+        err_min=np.min([np.asarray(p.err_min, np.float64) for p in parts], axis=0),
+        err_max=np.max([np.asarray(p.err_max, np.float64) for p in parts], axis=0),
     )
+
+
+def hist_quantiles(hist: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels=QUANTILE_LEVELS) -> np.ndarray:
+    """Quantiles ``(..., len(levels))`` of the values counted in ``hist (..., HIST_BINS)``.
+
+    The level-q quantile is the value below which a fraction q of the counts lie,
+    interpolated geometrically inside its bin and clipped to the observed range
+    ``[lo, hi]`` (so a constant sample gives its value exactly); NaN where nothing
+    was counted.
+    """
+    hist = np.asarray(hist, np.float64)
+    cum = np.cumsum(hist, axis=-1)
+    total = cum[..., -1:]
+    out = np.full(hist.shape[:-1] + (len(levels),), np.nan)
+    for j, q in enumerate(levels):
+        target = q * total
+        k = np.minimum(np.sum(cum < target, axis=-1, keepdims=True), HIST_BINS - 1)
+        below = np.take_along_axis(cum, k, -1) - np.take_along_axis(hist, k, -1)
+        inside = np.take_along_axis(hist, k, -1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.clip((target - below) / inside, 0.0, 1.0)
+        log_q = HIST_LOW + (k + frac) / HIST_PER_DECADE
+        out[..., j] = np.where(total > 0, 10.0 ** log_q, np.nan)[..., 0]
+    with np.errstate(invalid="ignore"):
+        return np.clip(out, np.asarray(lo)[..., None], np.asarray(hi)[..., None])
 
 
 def finalize(m: Moments) -> dict[str, np.ndarray]:
@@ -90,4 +140,5 @@ def finalize(m: Moments) -> dict[str, np.ndarray]:
         "theta_mean": theta_mean,
         "theta_sem": np.where(nd > 1, theta_sem, np.nan),
         "num_diverged": np.asarray(m.num_diverged, np.int64),
+        "mse_quantiles": hist_quantiles(m.err_hist, m.err_min, m.err_max),
     }

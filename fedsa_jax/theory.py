@@ -1,6 +1,7 @@
-"""Exact references: FedLSA's heterogeneity bias and exact moment recursions.
+"""Exact references: FedLSA's heterogeneity bias, exact moment recursions, step-size
+bounds and mixing times.
 
-All updates of FedLSA and SCAFFLSA are affine in the joint state given the
+All updates of FedLSA, SCAFFLSA and QFedTD are affine in the joint state given the
 noise. Write one round on the augmented vector
 
     Y = (1, theta, xi_1, ..., xi_N, theta^1, ..., theta^N)
@@ -10,23 +11,37 @@ noise. Write one round on the augmented vector
 ``theta^c <- (I - eta A_bar[c]) theta^c + eta b_bar[c] + eta xi_c + w_c``;
 aggregation ``theta <- mean_c theta^c`` and, for SCAFFLSA,
 ``xi_c <- xi_c + (theta - theta^c) / (eta H)``. Each is ``Y <- L Y + w`` with a
-constant matrix L, so the mean follows ``m <- L m`` exactly whenever the
-observations are i.i.d. (Gaussian LSA, generative TD). For Gaussian noise the
-local noise ``w_c = -eta (noise_A G theta^c - noise_b g)`` has conditional
-covariance ``eta^2 (noise_A^2 |theta^c|^2 + noise_b^2) I``, independent across
-agents and steps, so the second moment ``S = E[Y Y^T]`` follows
-``S <- L S L^T + E[w w^T]`` exactly, and ``E|theta_t - theta_star|^2`` is read
-off S. Computed in float64 numpy.
+constant matrix L and a noise w of mean zero given Y, so whenever observations
+are i.i.d. (Gaussian LSA, generative TD) the mean follows ``m <- L m`` and the
+second moment ``S = E[Y Y^T]`` follows ``S <- L S L^T + E[w w^T]``, with
+``E[w w^T]`` linear in S:
 
-Uplink channels (unbiased quantizer Q, erasures with probability 1 - p) keep the
-mean dynamics linear: the quantizer noise has mean zero and the erasures are
-independent of everything else, so in :func:`exact_mean` the server step uses
-the expected aggregation weights ``E[w_c]`` (``p / N`` for ``"divide_by_n"``,
-``(1 - (1 - p)^N) / N`` for ``"divide_by_received"``) and SCAFFLSA's control
-variate step the expected products ``E[1{c in R} 1{j in R} / |R|]``.
+* Gaussian LSA: ``w_c = -eta (noise_A G theta^c - noise_b g)`` has covariance
+  ``eta^2 (noise_A^2 tr E[theta^c theta^c^T] + noise_b^2) I``;
+* generative TD: ``Z = (s, s')`` has finite support, so ``E[w_c w_c^T]`` is a finite
+  sum over states of ``mu_c(s) phi(s) phi(s)^T E_{s'|s}[(r_c(s) - u^T theta^c)^2]``,
+  ``u = phi(s) - gamma phi(s')``, minus the mean part; it needs only ``E[u|s]`` and
+  ``E[u u^T|s]``, enumerated once;
+* the uplink channel (FedLSA, QFedTD): random aggregation weights (erasures) and
+  quantizer errors of mean zero add ``sum_{c,j} Cov(w_c, w_j) E[m_c m_j^T] +
+  sum_c E[w_c^2] V(E[m_c m_c^T])`` to the theta block, V linear for ``identity``
+  and ``rand_k``.
 
-References: Mangold et al., SCAFFLSA, NeurIPS 2024, arXiv:2402.04114, Sec. 3
-(FedLSA bias) and Sec. 5 (SCAFFLSA).
+``E|theta_t - theta_star|^2`` is read off S. Everything runs in float64 numpy.
+
+Uplink channels keep the mean dynamics linear for every algorithm: in
+:func:`exact_mean` the server step uses the expected aggregation weights
+``E[w_c]`` (``p / N`` for ``"divide_by_n"``, ``(1 - (1 - p)^N) / N`` for
+``"divide_by_received"``) and SCAFFLSA's control variate step the expected
+products ``E[1{c in R} 1{j in R} / |R|]``.
+
+Also: :func:`fedlsa_bias` (limit and per-round), :func:`fedlsa_round_bias`,
+:func:`lsa_step_size_bound` and :func:`max_stable_step_size` (mean stability),
+:func:`tv_to_stationary` and :func:`mixing_time` (per-agent Markov chains).
+
+References: Mangold et al., SCAFFLSA, NeurIPS 2024, arXiv:2402.04114, Sec. 3-4
+(FedLSA bias, rho_bar_H, Markovian skipping) and Sec. 5 (SCAFFLSA); Dal Fabbro,
+Mitra, Pappas, QFedTD, IEEE L-CSS 2023 (channel model).
 """
 
 from __future__ import annotations
@@ -44,21 +59,16 @@ def _arrays(problem):
     return A, b, np.asarray(problem.theta_star, np.float64)
 
 
-def fedlsa_bias(problem, step_size: float, num_local_steps: int) -> np.ndarray:
-    """Limit of ``E[theta_t] - theta_star`` for FedLSA (closed form, DESIGN §2):
-
-        [mean_c (I - B_c^H)]^{-1} mean_c (I - B_c^H)(local_theta_star[c] - theta_star),
-        B_c = I - eta A_bar[c],
-
-    computed as ``(I - B_c^H)(theta_c* - theta*) = eta sum_{k<H} B_c^k (b_c - A_c theta*)``,
-    which needs no local inverse.
-    """
+def _fedlsa_round(problem, step_size, num_local_steps):
+    """``Gamma_bar = mean_c B_c^H`` and ``rho_bar = mean_c (I - B_c^H)(theta_c* - theta*)`` with
+    ``B_c = I - eta A_bar[c]``; ``rho_bar`` is computed as
+    ``eta mean_c sum_{k<H} B_c^k (b_c - A_c theta*)``, which needs no local inverse."""
     eta = _validate.real("step_size", step_size, 0.0, low_open=True)
     H = _validate.integer("num_local_steps", num_local_steps)
     A, b, theta_star = _arrays(problem)
     N, d, _ = A.shape
-    M = np.zeros((d, d))
-    v = np.zeros(d)
+    gamma_bar = np.zeros((d, d))
+    rho = np.zeros(d)
     for c in range(N):
         B = np.eye(d) - eta * A[c]
         Bk = np.eye(d)
@@ -67,16 +77,48 @@ def fedlsa_bias(problem, step_size: float, num_local_steps: int) -> np.ndarray:
         for _ in range(H):
             acc += Bk @ r
             Bk = B @ Bk
-        M += (np.eye(d) - Bk) / N
-        v += eta * acc / N
-    return np.linalg.solve(M, v)
+        gamma_bar += Bk / N
+        rho += eta * acc / N
+    return gamma_bar, rho
 
 
-def _binomial_inverse_mean(n: int, p: float, shift: int) -> float:
-    """``E[1 / (shift + X)]`` for ``X ~ Binomial(n, p)``, ``shift >= 1``."""
+def fedlsa_round_bias(problem, step_size: float, num_local_steps: int) -> np.ndarray:
+    """``rho_bar_H = mean_c (I - (I - eta A_bar[c])^H)(local_theta_star[c] - theta_star)``: the
+    deterministic heterogeneity bias one round of local training adds (SCAFFLSA paper,
+    Sec. 4). Zero for homogeneous agents or ``H = 1``."""
+    return _fedlsa_round(problem, step_size, num_local_steps)[1]
+
+
+def fedlsa_bias(problem, step_size: float, num_local_steps: int, num_rounds: int | None = None) -> np.ndarray:
+    """FedLSA's heterogeneity bias (DESIGN §2; SCAFFLSA paper, Sec. 4).
+
+    The mean iterate follows ``E[theta_{t+1}] - theta* = Gamma_bar (E[theta_t] - theta*) + rho_bar``
+    with ``Gamma_bar = mean_c (I - eta A_bar[c])^H`` and ``rho_bar`` from
+    :func:`fedlsa_round_bias`, so ``E[theta_t] - theta* = Gamma_bar^t (theta_0 - theta*) + bias_t``.
+
+    Args:
+      num_rounds: None for the limit (closed form)
+        ``bias_inf = [mean_c (I - B_c^H)]^{-1} mean_c (I - B_c^H)(theta_c* - theta*)``, shape ``(d,)``;
+        an integer T for the per-round bias ``bias_t = sum_{s<t} Gamma_bar^s rho_bar``
+        (the paper's ``theta^(bi,bi)_t``, the part of ``E[theta_t] - theta*`` that does not
+        depend on ``theta_0``), shape ``(T + 1, d)``, ``bias_0 = 0``.
+    """
+    gamma_bar, rho = _fedlsa_round(problem, step_size, num_local_steps)
+    d = rho.shape[0]
+    if num_rounds is None:
+        return np.linalg.solve(np.eye(d) - gamma_bar, rho)
+    T = _validate.integer("num_rounds", num_rounds, 0)
+    out = np.zeros((T + 1, d))
+    for t in range(T):
+        out[t + 1] = gamma_bar @ out[t] + rho
+    return out
+
+
+def _binomial_inverse_mean(n: int, p: float, shift: int, power: int = 1) -> float:
+    """``E[1 / (shift + X)^power]`` for ``X ~ Binomial(n, p)``, ``shift >= 1``."""
     from math import comb
 
-    return sum(comb(n, k) * p**k * (1 - p) ** (n - k) / (shift + k) for k in range(n + 1))
+    return sum(comb(n, k) * p**k * (1 - p) ** (n - k) / (shift + k) ** power for k in range(n + 1))
 
 
 def _expected_weights(channel, N: int) -> tuple[float, float, float]:
@@ -91,7 +133,8 @@ def _expected_weights(channel, N: int) -> tuple[float, float, float]:
 
 
 def _round_maps(problem, algorithm):
-    """Broadcast, local-step and aggregation matrices on Y, and index helpers.
+    """Broadcast, local-step and aggregation matrices on Y, and index helpers (Y has
+    no control-variate block for FedLSA and QFedTD).
 
     The aggregation matrix uses expected channel weights: exact for the mean,
     and for second moments only with an exact channel (checked by the callers).
@@ -103,15 +146,17 @@ def _round_maps(problem, algorithm):
     eta, H = float(cfg.step_size), int(cfg.num_local_steps)
     A, b, _ = _arrays(problem)
     N, d, _ = A.shape
-    D = 1 + d + 2 * N * d
+    n_xi = N if name == "scafflsa" else 0  # control variates only where they exist
+    D = 1 + d + (n_xi + N) * d
     if D > MAX_AUGMENTED_DIM:
         _validate.fail(
             "problem", f"N={N}, d={d}",
-            f"the exact recursion's state has 1 + d + 2 N d = {D} > {MAX_AUGMENTED_DIM} coordinates",
+            f"the exact recursion's state for {name} has {D} coordinates (1 + d + N d"
+            f"{', plus N d control variates' if n_xi else ''}) > MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}",
         )
     th = slice(1, 1 + d)
-    xi = [slice(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(N)]
-    loc = [slice(1 + d + (N + c) * d, 1 + d + (N + c + 1) * d) for c in range(N)]
+    xi = [slice(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(n_xi)]
+    loc = [slice(1 + d + (n_xi + c) * d, 1 + d + (n_xi + c + 1) * d) for c in range(N)]
     I = np.eye(d)
     w_server, w_same, w_other = _expected_weights(cfg.channel, N)
 
@@ -140,6 +185,22 @@ def _round_maps(problem, algorithm):
                 L_a[xi[c], loc[j]] += coef * I
                 L_a[xi[c], th] -= coef * I
     return L_b, L_s, L_a, H, eta, th, loc
+
+
+def _conjugator(L):
+    """``S -> L S L^T`` for symmetric S, touching only the rows where L differs from I
+    (and, in them, only L's nonzero columns): O(r c D) instead of O(D^3)."""
+    D = L.shape[0]
+    rows = np.nonzero(np.any(L != np.eye(D), axis=1))[0]
+    cols = np.nonzero(np.any(L[rows] != 0, axis=0))[0]
+    block = L[np.ix_(rows, cols)]
+
+    def apply_rows(S):
+        R = S.copy()
+        R[rows] = block @ S[cols]
+        return R
+
+    return lambda S: apply_rows(apply_rows(S).T)
 
 
 def _initial(problem, theta0, D, th):
@@ -174,35 +235,280 @@ def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     return np.asarray(out)
 
 
-def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
-    """``E|theta_t - theta_star|^2`` for ``t = 0..num_rounds``, exact for Gaussian LSA.
+def _noise_model(problem):
+    """``cov(m, X) -> (N, d, d)``: the covariance of the local direction
+    ``b_c(Z) - A_c(Z) x`` around ``b_bar[c] - A_bar[c] x``, averaged over an iterate
+    ``x`` with ``E[x] = m[c]``, ``E[x x^T] = X[c]``, Z independent of x.
 
-    Propagates the second moment of the augmented state (module docstring).
+    Gaussian LSA: ``noise_A[c]^2 tr(X[c]) + noise_b[c]^2`` times I.
+    Generative TD, ``Z = (s, s')``, ``s ~ mu_c``, ``s' ~ P_c(s, .)``, ``u = phi(s) - gamma phi(s')``:
+    ``E[(b(Z) - A(Z) x)(...)^T] = sum_s mu_c(s) phi(s) phi(s)^T E_{s'|s}[(r_c(s) - u^T x)^2]``,
+    from which the mean part ``(b_bar - A_bar x)(...)^T`` is removed; the inner
+    expectation needs only ``E[u | s]`` and ``E[u u^T | s]`` (finite support, enumerated once).
     """
-    if not hasattr(problem, "noise_A"):
-        _validate.fail("problem", type(problem).__name__, "exact_mse covers Gaussian LSA problems")
-    if not algorithm.config.channel.trivial:
-        _validate.fail("algorithm", algorithm.describe()["channel"], "exact_mse needs an exact channel")
+    A, b, _ = _arrays(problem)
+    N, d, _ = A.shape
+    if hasattr(problem, "noise_A"):
+        sA = np.broadcast_to(np.asarray(problem.noise_A, np.float64), (N,))
+        sb = np.broadcast_to(np.asarray(problem.noise_b, np.float64), (N,))
+
+        def cov(m, X):
+            scale = sA**2 * np.trace(X, axis1=1, axis2=2) + sb**2
+            return scale[:, None, None] * np.eye(d)
+
+        return cov
+    if not hasattr(problem, "transitions"):
+        _validate.fail("problem", type(problem).__name__, "exact second moments cover Gaussian LSA and federated TD")
+    _require_iid(problem)
+    P = np.asarray(problem.transitions, np.float64)  # (N, S, S)
+    r = np.asarray(problem.rewards, np.float64)  # (N, S)
+    phi = np.asarray(problem.features, np.float64)  # (S, d)
+    mu = np.asarray(problem.stationary, np.float64)  # (N, S)
+    g = float(problem.gamma)
+    next_phi = P @ phi  # (N, S, d): E[phi(s') | s]
+    next_phi2 = np.einsum("cst,ti,tj->csij", P, phi, phi)  # E[phi(s') phi(s')^T | s]
+    pp = np.einsum("si,sj->sij", phi, phi)
+    u1 = phi[None] - g * next_phi  # E[u | s]
+    u2 = pp[None] - g * (np.einsum("si,csj->csij", phi, next_phi) + np.einsum("csi,sj->csij", next_phi, phi)) \
+        + g * g * next_phi2  # E[u u^T | s]
+    weight = mu[:, :, None, None] * pp[None]  # mu_c(s) phi(s) phi(s)^T
+
+    def cov(m, X):
+        q = r**2 - 2 * r * np.einsum("csi,ci->cs", u1, m) + np.einsum("csij,cij->cs", u2, X)
+        second = np.einsum("cs,csij->cij", q, weight)
+        mean_part = (np.einsum("ci,cj->cij", b, b) - np.einsum("ci,cj,ckj->cik", b, m, A)
+                     - np.einsum("cij,cj,ck->cik", A, m, b) + np.einsum("cij,cjk,clk->cil", A, X, A))
+        return second - mean_part
+
+    return cov
+
+
+def _quantizer_covariance(quantizer, d: int):
+    """``V(Sigma)``: covariance of ``Q(x) - x`` given ``E[x x^T] = Sigma``, linear in
+    Sigma for the identity and rand-k (k of d coordinates without replacement, scaled
+    by d/k: ``E[Q Q^T]_ii = (d/k) x_i^2``, ``E[Q Q^T]_ij = d (k-1) / (k (d-1)) x_i x_j``)."""
+    if quantizer.kind == "identity":
+        return lambda S: np.zeros_like(S)
+    if quantizer.kind == "rand_k":
+        k = quantizer.k
+        diag = d / k - 1.0
+        off = (d * (k - 1) / (k * (d - 1)) - 1.0) if d > 1 else 0.0
+        W = np.full((d, d), off)
+        np.fill_diagonal(W, diag)
+        return lambda S: W * S
+    _validate.fail("quantizer", quantizer.describe(),
+                   "exact second moments need a quantizer whose error covariance is linear in x x^T: "
+                   "identity() or rand_k(k)")
+
+
+def _weight_covariance(channel, N: int) -> tuple[float, float]:
+    """``Cov(w_c, w_c)`` and ``Cov(w_c, w_j)`` (j != c) of the random aggregation weights."""
+    p = float(channel.success_prob)
+    if not channel.erasures or p == 1.0:
+        return 0.0, 0.0
+    if channel.aggregation == "divide_by_n":
+        return p * (1 - p) / N**2, 0.0
+    mean = (1.0 - (1.0 - p) ** N) / N
+    same = p * _binomial_inverse_mean(N - 1, p, 1, 2) - mean**2
+    other = (p * p * _binomial_inverse_mean(N - 2, p, 2, 2) if N > 1 else 0.0) - mean**2
+    return same, other
+
+
+def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
+    """``E|theta_t - theta_star|^2`` for ``t = 0..num_rounds``, exact (float64).
+
+    Propagates ``S = E[Y Y^T]`` of the augmented state Y (module docstring). One
+    local step maps ``S <- L_s S L_s^T + E[w w^T]``: the local noise
+    ``w_c = eta ((b_c(Z) - A_c(Z) x_c) - (b_bar[c] - A_bar[c] x_c))`` has mean zero given
+    the state and is independent across agents, and its covariance is linear in S
+    (:func:`_noise_model`): Gaussian noise, or generative TD sampling with the
+    finite support of ``(s, s')`` enumerated.
+
+    The uplink channel enters FedLSA and QFedTD exactly: with random weights
+    ``w_c`` (erasures) and quantizer error ``e_c`` (mean zero given the message,
+    covariance ``V(m_c m_c^T)``), the server adds, to the theta block,
+    ``sum_{c,j} Cov(w_c, w_j) E[m_c m_j^T] + sum_c E[w_c^2] V(E[m_c m_c^T])``. ``V`` is
+    linear for ``identity`` and ``rand_k`` only; other quantizers, and SCAFFLSA with
+    a lossy channel (products of erasure indicators in the control variates),
+    are refused.
+
+    Cost O(N d^2 D) per local step and O(N d D^2) per round (O(N^2 d^2 D) for
+    SCAFFLSA) with ``D = 1 + d + N d`` (plus N d for SCAFFLSA's control variates;
+    at most ``MAX_AUGMENTED_DIM``); memory O(D^2).
+    """
     T = _validate.integer("num_rounds", num_rounds, 0)
+    name = algorithm.name
+    channel = algorithm.config.channel
+    if name == "scafflsa" and not channel.trivial:
+        _validate.fail("algorithm", algorithm.describe()["channel"],
+                       "exact_mse covers SCAFFLSA with an exact channel only (identity quantizer, success_prob=1)")
+    noise = _noise_model(problem)
     L_b, L_s, L_a, H, eta, th, loc = _round_maps(problem, algorithm)
-    sA = np.asarray(problem.noise_A, np.float64)
-    sb = np.asarray(problem.noise_b, np.float64)
-    theta_star = np.asarray(problem.theta_star, np.float64)
-    d = problem.dim
-    m = _initial(problem, theta0, L_b.shape[0], th)
+    A, b, theta_star = _arrays(problem)
+    N, d, _ = A.shape
+    D = L_b.shape[0]
+    quant = _quantizer_covariance(channel.quantizer, d)
+    c_same, c_other = _weight_covariance(channel, N)
+    p = float(channel.success_prob)
+    w_mean = p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N
+    w_sq = c_same + w_mean**2  # E[w_c^2]
+    loc_idx = np.concatenate([np.arange(D)[l] for l in loc])  # (N d,)
+    xi_idx = loc_idx - N * d if name == "scafflsa" else None
+    B = np.eye(d) - eta * A  # (N, d, d)
+    th_idx = np.arange(D)[th]
+    rows = loc_idx.reshape(N, d)
+    blocks = (rows[:, :, None], rows[:, None, :])  # S[blocks]: the N diagonal (d, d) blocks of the locals
+
+    def local_rows(S):
+        """``L_s @ S``: only the local-iterate rows change."""
+        R = S.copy()
+        rows = np.einsum("cij,cjk->cik", B, S[loc_idx].reshape(N, d, D)) + eta * b[:, :, None] * S[0][None, None]
+        if xi_idx is not None:
+            rows = rows + eta * S[xi_idx].reshape(N, d, D)
+        R[loc_idx] = rows.reshape(N * d, D)
+        return R
+
+    m = _initial(problem, theta0, D, th)
     S = np.outer(m, m)
 
     def mse(S):
         return np.trace(S[th, th]) - 2 * theta_star @ S[0, th] + theta_star @ theta_star
 
+    broadcast, aggregate = _conjugator(L_b), _conjugator(L_a)
     out = [mse(S)]
     for _ in range(T):
-        S = L_b @ S @ L_b.T
+        S = broadcast(S)
         for _ in range(H):
-            noise = [eta**2 * (sA[c] ** 2 * np.trace(S[l, l]) + sb[c] ** 2) for c, l in enumerate(loc)]
-            S = L_s @ S @ L_s.T
-            for c, l in enumerate(loc):
-                S[l, l] += noise[c] * np.eye(d)
-        S = L_a @ S @ L_a.T
+            X = S[blocks]  # (N, d, d): E[loc_c loc_c^T]
+            cov = (eta * eta) * noise(S[0, loc_idx].reshape(N, d), X)
+            S = local_rows(local_rows(S).T)
+            S[blocks] += cov
+        extra = None
+        if c_same or c_other or channel.quantizer.kind != "identity":
+            Sl = S[np.ix_(loc_idx, loc_idx)].reshape(N, d, N, d)
+            cross = S[np.ix_(loc_idx, th_idx)].reshape(N, d, d)  # E[loc_c theta^T]
+            # E[m_c m_j^T] for the messages m_c = loc_c - theta
+            M = Sl - cross[:, :, None, :] - np.transpose(cross, (2, 0, 1))[None] + S[th, th][None, :, None, :]
+            diag_sum = np.einsum("cicj->ij", M)
+            extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
+            extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
+        S = aggregate(S)
+        if extra is not None:
+            S[th, th] += extra
         out.append(mse(S))
     return np.asarray(out)
+
+
+def lsa_step_size_bound(A) -> float:
+    """Largest eta with spectral radius ``rho(I - eta A) < 1``: ``min_lambda 2 Re(lambda) / |lambda|^2``
+    over the eigenvalues of ``A (d, d)`` (0 if some ``Re(lambda) <= 0``, i.e. A is not Hurwitz-stable)."""
+    lam = np.linalg.eigvals(np.asarray(A, np.float64))
+    if np.any(lam.real <= 0):
+        return 0.0
+    return float(np.min(2 * lam.real / np.abs(lam) ** 2))
+
+
+def _mean_spectral_radius(problem, name: str, eta: float, H: int) -> float:
+    """Spectral radius of one round of the exact mean recursion, on the state that
+    persists across rounds: theta (FedLSA, QFedTD), or theta and the control
+    variates restricted to ``sum_c xi_c = 0`` (SCAFFLSA keeps that sum at 0)."""
+    from fedsa_jax import algorithms
+
+    make = {"fedlsa": lambda: algorithms.fedlsa(eta, H), "scafflsa": lambda: algorithms.scafflsa(eta, H),
+            "qfedtd": lambda: algorithms.qfedtd(eta)}[name]
+    L_b, L_s, L_a, _, _, th, _ = _round_maps(problem, make())
+    with np.errstate(over="ignore", invalid="ignore"):
+        R = L_a @ np.linalg.matrix_power(L_s, H) @ L_b
+    if not np.all(np.isfinite(R)):
+        return np.inf
+    N, d = problem.num_agents, problem.dim
+    if name != "scafflsa":
+        return float(np.max(np.abs(np.linalg.eigvals(R[th, th]))))
+    keep = np.arange(1, 1 + d + N * d)  # theta, xi_1..xi_N
+    M = R[np.ix_(keep, keep)]
+    # Orthonormal basis of {(theta, xi): sum_c xi_c = 0}.
+    sums = np.zeros((d, d + N * d))
+    for c in range(N):
+        sums[:, d + c * d: d + (c + 1) * d] = np.eye(d)
+    _, _, Vt = np.linalg.svd(sums)
+    Q = Vt[d:].T
+    return float(np.max(np.abs(np.linalg.eigvals(Q.T @ M @ Q))))
+
+
+def max_stable_step_size(problem, algorithm: str = "fedlsa", num_local_steps: int = 1,
+                         grid_points: int = 200, tol: float = 1e-6) -> float:
+    """Largest step size up to which the exact mean recursion of ``algorithm``
+    (``"fedlsa"``, ``"scafflsa"`` or ``"qfedtd"``) with H local steps contracts
+    (spectral radius of one round < 1 for every smaller step size).
+
+    Scans a log grid from ``1e-4 eta_lsa`` to ``100 eta_lsa`` (``eta_lsa`` =
+    :func:`lsa_step_size_bound` of ``mean_c A_bar[c]``), then bisects the first
+    crossing to relative precision ``tol``. For H = 1 FedLSA this is ``eta_lsa``.
+    Mean stability is necessary, not sufficient, for a bounded MSE; check
+    :func:`exact_mse` at the chosen step size for that.
+    """
+    _validate.choice("algorithm", algorithm, ("fedlsa", "scafflsa", "qfedtd"))
+    H = _validate.integer("num_local_steps", num_local_steps)
+    if algorithm == "qfedtd" and H != 1:
+        _validate.fail("num_local_steps", H, "QFedTD takes one local step per round (H=1)")
+    A, _, _ = _arrays(problem)
+    base = lsa_step_size_bound(A.mean(0))
+    if base == 0.0:
+        _validate.fail("problem", "mean_c A_bar[c]", "has an eigenvalue with Re <= 0: no step size is stable")
+    radius = lambda eta: _mean_spectral_radius(problem, algorithm, eta, H)  # noqa: E731
+    grid = base * np.logspace(-4, 2, grid_points)
+    stable = [radius(eta) < 1.0 for eta in grid]
+    if not stable[0]:
+        return 0.0
+    if all(stable):
+        return float(grid[-1])
+    k = stable.index(False)
+    lo, hi = grid[k - 1], grid[k]
+    while hi - lo > tol * lo:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if radius(mid) < 1.0 else (lo, mid)
+    return float(lo)
+
+
+def _tv_sequence(problem):
+    """Yields ``max_s TV(P_c^t(s, .), mu_c)`` (shape ``(N,)``) for t = 0, 1, 2, ..."""
+    if not hasattr(problem, "transitions"):
+        _validate.fail("problem", type(problem).__name__, "mixing times need a federated TD problem (a Markov chain)")
+    P = np.asarray(problem.transitions, np.float64)
+    mu = np.asarray(problem.stationary, np.float64)
+    N, S, _ = P.shape
+    Pt = np.broadcast_to(np.eye(S), (N, S, S)).copy()
+    while True:
+        yield 0.5 * np.abs(Pt - mu[:, None, :]).sum(-1).max(-1)
+        Pt = Pt @ P
+
+
+def tv_to_stationary(problem, num_steps: int) -> np.ndarray:
+    """``(N, num_steps + 1)``: ``max_s TV(P_c^t(s, .), mu_c)`` for ``t = 0..num_steps``, per agent.
+
+    ``TV(p, q) = sum_s |p(s) - q(s)| / 2``; non-increasing in t.
+    """
+    T = _validate.integer("num_steps", num_steps, 0)
+    seq = _tv_sequence(problem)
+    return np.stack([next(seq) for _ in range(T + 1)], axis=1)
+
+
+def mixing_time(problem, eps: float = 0.25, max_steps: int = 100_000) -> np.ndarray:
+    """``(N,)`` per-agent mixing time ``t_mix(eps) = min{t : max_s TV(P_c^t(s, .), mu_c) <= eps}``.
+
+    A natural ``skip`` for Markovian FedLSA (SCAFFLSA paper, Sec. 4: keep about one
+    observation per mixing time). Raises if some chain has not mixed within ``max_steps``
+    (e.g. a periodic chain).
+    """
+    eps = _validate.real("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
+    max_steps = _validate.integer("max_steps", max_steps)
+    seq = _tv_sequence(problem)
+    out = None
+    for t in range(max_steps + 1):
+        tv = next(seq)
+        out = np.full(tv.shape, -1) if out is None else out
+        out[(out < 0) & (tv <= eps)] = t
+        if np.all(out >= 0):
+            return out
+    _validate.fail("problem", f"agents {np.nonzero(out < 0)[0].tolist()}",
+                   f"did not mix to TV <= {eps} within max_steps={max_steps} steps (periodic or slowly mixing chain)")

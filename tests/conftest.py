@@ -1,8 +1,10 @@
 """Test configuration: float64 everywhere, warnings are errors (pyproject), small sizes."""
 
 import jax
+import matplotlib
 
 jax.config.update("jax_enable_x64", True)
+matplotlib.use("Agg")  # figures are checked, never shown
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -105,3 +105,86 @@ def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
         )
 
     return federated_loop(problem, algorithm, T, theta0, agent_round)
+
+
+def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="divide_by_n", k=None):
+    """Exact ``E|theta_t - theta_star|^2`` of generative federated TD by brute force.
+
+    The second moment of ``Y = (1, theta, xi_1..xi_N, x_1..x_N)`` is pushed through
+    every joint outcome of a round's randomness (each agent's ``(s, s')`` at each
+    local step; the delivery pattern; each agent's rand-k coordinate subset), each
+    outcome's affine map weighted by its probability. Independent of
+    ``fedsa_jax.theory`` (no shared code); only for tiny problems. QFedTD is FedLSA
+    with H = 1 (its local iterate is ``theta + eta g``).
+    """
+    import itertools
+    from math import comb
+
+    P = np.asarray(problem.transitions, float)
+    r = np.asarray(problem.rewards, float)
+    phi = np.asarray(problem.features, float)
+    mu = np.asarray(problem.stationary, float)
+    gamma = float(problem.gamma)
+    theta_star = np.asarray(problem.theta_star, float)
+    N, S, _ = P.shape
+    d = phi.shape[1]
+    D = 1 + d + 2 * N * d
+    th = np.arange(1, 1 + d)
+    xi = [np.arange(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(N)]
+    loc = [np.arange(1 + d + (N + c) * d, 1 + d + (N + c + 1) * d) for c in range(N)]
+    I = np.eye(d)
+    obs = [[(mu[c, s] * P[c, s, t], np.outer(phi[s], phi[s] - gamma * phi[t]), r[c, s] * phi[s])
+            for s in range(S) for t in range(S) if mu[c, s] * P[c, s, t] > 0] for c in range(N)]
+    if k is None:
+        masks = [(1.0, np.ones(d))]
+    else:
+        masks = [(1.0 / comb(d, k), np.isin(np.arange(d), sub) * (d / k)) for sub in itertools.combinations(range(d), k)]
+    y = np.zeros(D)
+    y[0] = 1.0
+    if theta0 is not None:
+        y[th] = theta0
+    M = np.outer(y, y)
+
+    def sq_err(M):
+        return np.trace(M[np.ix_(th, th)]) - 2 * theta_star @ M[0, th] + theta_star @ theta_star
+
+    out = [sq_err(M)]
+    for _ in range(T):
+        L = np.eye(D)
+        for c in range(N):
+            L[np.ix_(loc[c], loc[c])] = 0.0
+            L[np.ix_(loc[c], th)] = I
+        M = L @ M @ L.T
+        for _ in range(H):
+            new = np.zeros((D, D))
+            for combo in itertools.product(*obs):
+                L = np.eye(D)
+                prob = 1.0
+                for c, (w, Az, bz) in enumerate(combo):
+                    prob *= w
+                    L[np.ix_(loc[c], loc[c])] = I - eta * Az
+                    L[loc[c], 0] = eta * bz
+                    if name == "scafflsa":
+                        L[np.ix_(loc[c], xi[c])] = eta * I
+                new += prob * L @ M @ L.T
+            M = new
+        new = np.zeros((D, D))
+        for delivered in itertools.product((0, 1), repeat=N):
+            prob_r = np.prod([p if x else 1 - p for x in delivered])
+            if prob_r == 0:
+                continue
+            n_rec = sum(delivered)
+            w = [x / N if aggregation == "divide_by_n" else (x / n_rec if n_rec else 0.0) for x in delivered]
+            for combo in itertools.product(masks, repeat=N):
+                L = np.eye(D)
+                prob = prob_r * np.prod([q for q, _ in combo])
+                for c, (_, mask) in enumerate(combo):
+                    L[np.ix_(th, th)] -= w[c] * np.diag(mask)
+                    L[np.ix_(th, loc[c])] += w[c] * np.diag(mask)
+                if name == "scafflsa":
+                    for c in range(N):
+                        L[xi[c], :] += (L[th, :] - np.eye(D)[loc[c], :]) / (eta * H)
+                new += prob * L @ M @ L.T
+        M = new
+        out.append(sq_err(M))
+    return np.asarray(out)

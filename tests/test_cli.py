@@ -17,7 +17,8 @@ def test_run_writes_results_summary_and_figure(tmp_path, capsys):
                    "--seeds", "8", "--states", "10", "--out", str(out)])
     assert rc == 0
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["mse.png", "result_fedlsa.npz", "result_scafflsa.npz", "summary.json"]
+    assert files == ["mse.png", "result_fedlsa.csv", "result_fedlsa.npz", "result_scafflsa.csv",
+                     "result_scafflsa.npz", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["runs"]) == {"fedlsa", "scafflsa"}
     assert summary["fedlsa_predicted_squared_bias"] > 0
@@ -26,6 +27,25 @@ def test_run_writes_results_summary_and_figure(tmp_path, capsys):
     assert res.config["algorithm"]["num_local_steps"] == 5
     assert (out / "mse.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "final MSE" in capsys.readouterr().out
+
+
+def test_run_exact_overlay_and_axes(tmp_path):
+    import jax
+
+    out = tmp_path / "run"
+    argv = ["run", "--agents", "3", "--local-steps", "4", "--step-size", "0.5", "--rounds", "6", "--seeds", "8",
+            "--states", "5", "--dim", "3", "--dtype", "float64", "--exact", "--band", "quantiles", "--x-axis", "samples",
+            "--out", str(out)]
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    args = cli.build_parser().parse_args(argv)
+    problem = cli._make_problem(args, jax.random.key(args.problem_seed))
+    for name in ("fedlsa", "scafflsa"):
+        exact = fj.theory.exact_mse(problem, cli._make_algorithm(name, args), 6)
+        assert summary["runs"][name]["exact_final_mse"] == pytest.approx(exact[-1], rel=1e-12)
+        res = fj.load(out / f"result_{name}.npz")
+        csv = np.genfromtxt(out / f"result_{name}.csv", delimiter=",", names=True)
+        np.testing.assert_array_equal(csv["mse_mean"], res.mse_mean)
 
 
 @pytest.mark.parametrize("problem", ["gaussian", "qfedtd-mdp"])

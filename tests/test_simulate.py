@@ -87,7 +87,7 @@ def test_save_load_round_trip(garnet, tmp_path):
     assert os.listdir(path.parent) == ["r.npz"]  # no temporary file left behind
     back = fj.load(path)
     for field in ("rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta",
-                  "bits_sent", "bits_delivered"):
+                  "bits_sent", "bits_delivered", "mse_quantiles"):
         np.testing.assert_array_equal(getattr(back, field), getattr(res, field))
     assert back.config == json.loads(json.dumps(res.config))
     cfg = back.config
@@ -100,8 +100,8 @@ def test_save_load_round_trip(garnet, tmp_path):
     np.testing.assert_array_equal(back.bits_delivered, back.bits_sent)  # exact channel: all delivered
     assert cfg["prng"]["impl"] == "threefry2x32" and cfg["versions"]["fedsa_jax"] == fj.__version__
     assert cfg["device_count"] >= 1 and cfg["num_seeds"] == 4
-    assert res.table()[1] == {"round": 2, "mse_mean": float(res.mse_mean[1]),
-                              "mse_sem": float(res.mse_sem[1]), "num_diverged": 0}
+    assert cfg["prng"]["jax_threefry_partitionable"] in (True, False)
+    assert set(cfg["versions"]) == {"fedsa_jax", "jax", "jaxlib"}
 
 
 def test_memory_does_not_grow_with_rounds(garnet):
