@@ -3,8 +3,8 @@
 * :func:`plot_mse`: MSE against rounds, communications, samples or bits, mean
   with a standard-error band (``band="sem"``, mean +- 2 s.e.) or a quantile band
   over seeds (``band="quantiles"``: 5-95 % shaded, 25-75 % darker), exact
-  theory curves (:func:`fedsa_jax.theory.exact_mse`) drawn dotted in each
-  curve's colour, and dashed reference levels (e.g. FedLSA's squared bias).
+  theory curves (:func:`fedsa_jax.theory.exact_mse`) drawn black dotted over
+  each simulated curve, and dashed reference levels (e.g. FedLSA's squared bias).
 * :func:`plot_final_mse_vs_agents`: final MSE against the number of agents N
   on log-log axes, +- 2 s.e. error bars, exact values as open markers, and a
   ``1/N`` reference line (linear speed-up).
@@ -70,9 +70,9 @@ def plot_mse(
       band: ``"sem"`` (mean +- 2 standard errors), ``"quantiles"`` (5-95 % and
         25-75 % of the seeds' squared errors) or None.
       theory: label -> exact curve for rounds ``0..T`` (e.g. from
-        :func:`fedsa_jax.theory.exact_mse`), drawn dotted in the colour of the
-        result with the same label (black if there is none); mapped to the same
-        x axis as that result.
+        :func:`fedsa_jax.theory.exact_mse`), drawn black dotted over the result
+        with the same label and mapped to that result's x axis; a curve with no
+        result of its label is drawn against round indices, with its own legend entry.
       reference_lines: label -> level, dashed horizontal lines (e.g. FedLSA's
         predicted squared bias ``|fedlsa_bias|^2``).
       logx: log x axis; default on for the bit axes only.
@@ -100,13 +100,15 @@ def plot_mse(
                             color=color, alpha=0.25, lw=0)
         elif band == "quantiles":
             q = res.mse_quantiles
+            if np.all(np.isnan(q)):
+                _validate.fail("band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))")
             ax.fill_between(xs, q[:, 0], q[:, 4], color=color, alpha=0.12, lw=0)
             ax.fill_between(xs, q[:, 1], q[:, 3], color=color, alpha=0.22, lw=0)
-    for label, curve in (theory or {}).items():
+    for k, (label, curve) in enumerate((theory or {}).items()):
         curve = np.asarray(curve, dtype=float)
         xs = np.arange(curve.shape[0]) * scale.get(label, 1.0)
-        ax.plot(xs, curve, color=colors.get(label, "k"), ls=":", lw=1.8,
-                label=None if label in colors else label)
+        ax.plot(xs, curve, color="k", ls=":", lw=1.3, zorder=3,
+                label=("exact" if k == 0 else None) if label in colors else label)
     for j, (label, level) in enumerate((reference_lines or {}).items()):
         ax.axhline(level, color=f"C{len(results) + j}", ls="--", lw=1.2, label=label)
     if logy:
@@ -122,8 +124,6 @@ def plot_mse(
     if legend:
         note = {"sem": rf"mean $\pm$ {BAND_Z:g} s.e.", "quantiles": "mean; 5-95%, 25-75% of seeds",
                 None: "mean"}[band]
-        if theory:
-            note += "; dotted: exact"
         ax.legend(fontsize=8, title=note, title_fontsize=8)
     fig.tight_layout()
     return fig

@@ -39,7 +39,8 @@ class SimulationResult:
         mean over seeds (erasures make it random).
       mse_quantiles: ``(R, 5)`` quantiles over non-diverged seeds of the squared
         error at levels ``QUANTILE_LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)``, from a
-        log-binned histogram (exact to a factor 1.075, :mod:`fedsa_jax.stats`).
+        log-binned histogram (exact to one bin, a factor 1.15, between 1e-40 and
+        1e20; :mod:`fedsa_jax.stats`); NaN if not recorded.
       config: problem, algorithm, run options, package/JAX versions, PRNG
         settings and device count.
     """
@@ -70,9 +71,11 @@ class SimulationResult:
 
     @property
     def samples(self) -> np.ndarray:
-        """``(R,)`` observations drawn by all agents up to each recorded round (``t N H skip``)."""
+        """``(R,)`` observations used by all agents up to each recorded round: ``t N H``, times
+        ``skip`` under Markov sampling (the chain moves ``skip`` steps per kept observation)."""
         alg = self.config["algorithm"]
-        return self.communications * int(alg["num_local_steps"]) * int(alg["skip"])
+        skip = int(alg["skip"]) if self.config["problem"].get("sampling") == "markov" else 1
+        return self.communications * int(alg["num_local_steps"]) * skip
 
     def quantile(self, level: float) -> np.ndarray:
         """``(R,)`` the recorded quantile of the squared error at ``level`` (one of ``quantile_levels``)."""
@@ -130,8 +133,8 @@ class SimulationResult:
 
 
 def load(path) -> SimulationResult:
-    """Read a result written by :meth:`SimulationResult.save` (files from before quantiles
-    were recorded load with NaN quantiles)."""
+    """Read a result written by :meth:`SimulationResult.save` (files written before
+    quantiles were recorded load with NaN quantiles)."""
     with np.load(path, allow_pickle=False) as data:
         config = json.loads(str(data["config_json"]))
         arrays = {k: data[k] for k in ARRAY_FIELDS if k in data}

@@ -51,6 +51,7 @@ _num_traces = 0  # incremented each time a kernel is traced (tests check no retr
 STEPS_PER_CHUNK = 5e7  # default chunk: about this many agent-local steps (seconds on a CPU)
 MAX_BLOCKS_PER_CHUNK = 256  # recorded rounds per chunk at most (the kernel's statistics buffer)
 MEMORY_BUDGET = 2 * 2**30  # default bytes for one seed batch's states, per device
+QUANTILE_MAX_RECORDS = 10_000  # quantiles on by default up to this many recorded rounds (4 kB each)
 
 
 class Carry(NamedTuple):
@@ -84,8 +85,8 @@ def _draw(algorithm, problem, round_keys, t):
     return jax.vmap(algorithm.randomness, in_axes=(0, None))(keys, problem)
 
 
-def _moments(carry: Carry, problem, threshold, valid) -> Moments:
-    return seed_moments(carry.states.theta, problem.theta_star, threshold, valid, carry.delivered)
+def _moments(carry: Carry, problem, threshold, valid, quantiles) -> Moments:
+    return seed_moments(carry.states.theta, problem.theta_star, threshold, valid, carry.delivered, quantiles)
 
 
 def _initial_carry(key_data, seed_ids, problem, algorithm, theta0) -> Carry:
@@ -96,13 +97,13 @@ def _initial_carry(key_data, seed_ids, problem, algorithm, theta0) -> Carry:
     return Carry(states, jnp.zeros(seed_ids.shape, jnp.int32), _draw(algorithm, problem, round_keys, t0), t0)
 
 
-def _start_one(key_data, seed_ids, valid, problem, algorithm, theta0, threshold):
+def _start_one(key_data, seed_ids, valid, problem, algorithm, theta0, threshold, quantiles):
     carry = _initial_carry(key_data, seed_ids, problem, algorithm, theta0)
-    return carry, _moments(carry, problem, threshold, valid)
+    return carry, _moments(carry, problem, threshold, valid, quantiles)
 
 
 def _advance_one(key_data, seed_ids, valid, carry, problem, algorithm, threshold, end_round, record_every,
-                 max_blocks):
+                 max_blocks, quantiles):
     """Run rounds ``carry.t .. end_round``, recording moments after every multiple of
     ``record_every`` and at ``end_round``. Returns the carry, a ``(max_blocks, ...)``
     buffer of moments and how many entries are filled."""
@@ -118,11 +119,11 @@ def _advance_one(key_data, seed_ids, valid, carry, problem, algorithm, threshold
         c, i, buf = loop
         stop = jnp.minimum((c.t // record_every + 1) * record_every, end_round)
         c = jax.lax.while_loop(lambda c: c.t < stop, one_round, c)
-        stats = _moments(c, problem, threshold, valid)
+        stats = _moments(c, problem, threshold, valid, quantiles)
         buf = jax.tree.map(lambda b, s: b.at[i].set(s), buf, stats)
         return c, i + 1, buf
 
-    like = jax.eval_shape(lambda c: _moments(c, problem, threshold, valid), carry)
+    like = jax.eval_shape(lambda c: _moments(c, problem, threshold, valid, quantiles), carry)
     buf = jax.tree.map(lambda s: jnp.zeros((max_blocks,) + s.shape, s.dtype), like)
     carry, filled, buf = jax.lax.while_loop(lambda l: l[0].t < end_round, block, (carry, jnp.int32(0), buf))
     return carry, buf, filled
@@ -133,23 +134,23 @@ def _advance_one(key_data, seed_ids, valid, carry, problem, algorithm, threshold
 # over it: a sweep over step sizes or success probabilities is one compile.
 
 
-@jax.jit
-def _start(key_data, seed_ids, valid, problem, algorithms, theta0, threshold):
+@functools.partial(jax.jit, static_argnames=("quantiles",))
+def _start(key_data, seed_ids, valid, problem, algorithms, theta0, threshold, *, quantiles):
     global _num_traces
     _num_traces += 1
-    one = functools.partial(_start_one, key_data, seed_ids, valid, problem)
+    one = functools.partial(_start_one, key_data, seed_ids, valid, problem, quantiles=quantiles)
     return jax.vmap(one, in_axes=(0, None, None))(algorithms, theta0, threshold)
 
 
-@functools.partial(jax.jit, static_argnames=("record_every", "max_blocks"))
+@functools.partial(jax.jit, static_argnames=("record_every", "max_blocks", "quantiles"))
 def _advance(key_data, seed_ids, valid, carry, problem, algorithms, threshold, end_round, *,
-             record_every, max_blocks):
+             record_every, max_blocks, quantiles):
     global _num_traces
     _num_traces += 1
 
     def one(c, a):
         return _advance_one(key_data, seed_ids, valid, c, problem, a, threshold, end_round, record_every,
-                            max_blocks)
+                            max_blocks, quantiles)
 
     return jax.vmap(one)(carry, algorithms)
 
@@ -225,6 +226,7 @@ def simulate(
     chunk_rounds: int | None = None,
     checkpoint_dir=None,
     progress: bool | None = None,
+    quantiles: bool | None = None,
 ) -> SimulationResult:
     """Run ``num_seeds`` independent copies of ``algorithm`` on ``problem``.
 
@@ -251,6 +253,10 @@ def simulate(
         chunk, and a call with the same arguments resumes from it (bit-identical
         to an uninterrupted run). A checkpoint of another configuration is refused.
       progress: show a progress bar (default: only on a terminal).
+      quantiles: record quantiles of the squared error over seeds
+        (``result.mse_quantiles``, from a histogram of ``4 * HIST_BINS`` bytes per
+        recorded round); default: when at most ``QUANTILE_MAX_RECORDS`` rounds are
+        recorded. Off, ``mse_quantiles`` is NaN.
 
     Returns:
       :class:`~fedsa_jax.result.SimulationResult`.
@@ -260,7 +266,7 @@ def simulate(
     continuous hyperparameters such as the step size are traced values.
     """
     run = validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0, record_every, divergence_threshold,
-                       seed_batch_size, chunk_rounds, checkpoint_dir, progress)
+                       seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles)
     return _execute(run, problem, [algorithm])[0]
 
 
@@ -277,11 +283,12 @@ class Run(NamedTuple):
     chunk_rounds: int | None
     checkpoint_dir: Any
     progress: bool | None
+    quantiles: bool
 
 
 def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, record_every=1,
                  divergence_threshold=1e10, seed_batch_size=None, chunk_rounds=None, checkpoint_dir=None,
-                 progress=None) -> Run:
+                 progress=None, quantiles=None) -> Run:
     """Check every argument of a run before anything is compiled."""
     key = _validate.prng_key("key", key)
     _check_problem(problem)
@@ -304,6 +311,10 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
         _validate.integer("chunk_rounds", chunk_rounds)
     if progress not in (None, True, False):
         _validate.fail("progress", progress, "expected True, False or None (on a terminal only)")
+    if quantiles not in (None, True, False):
+        _validate.fail("quantiles", quantiles, "expected True, False or None (on when few rounds are recorded)")
+    if quantiles is None:
+        quantiles = T // r + 1 + (T % r > 0) <= QUANTILE_MAX_RECORDS  # = len(recorded_rounds(T, r))
     d = problem.dim
     if theta0 is None:
         theta0_np = np.zeros(d)
@@ -314,13 +325,13 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
     algorithm.config.channel.quantizer.check_dim(d)
     if checkpoint_dir is not None and jax.process_count() > 1:
         _validate.fail("checkpoint_dir", checkpoint_dir, "checkpoints are written by single-process runs only")
-    return Run(key, T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds, checkpoint_dir, progress)
+    return Run(key, T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles)
 
 
 def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
     """Run algorithms of one structure (stacked along a config axis) on validated inputs."""
     key, T, n, r, theta0_np, factor = run[:6]
-    seed_batch_size, chunk_rounds, checkpoint_dir, progress = run[6:]
+    seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles = run[6:]
     K = len(algorithms)
     stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *algorithms)
     theta_star = np.asarray(problem.theta_star, np.float64)
@@ -344,7 +355,7 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
         problem_structure=problem.describe(), algorithm_structure=[a.describe() for a in algorithms],
         num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,
         padded=plan.padded, devices=num_devices, dtype=str(np.dtype(dtype)),
-        statistics=Moments._fields,  # a checkpoint of a version that recorded other statistics is refused
+        statistics=Moments._fields, quantiles=quantiles,  # other statistics: another checkpoint
     )
     saved = _checkpoint.load(ckpt_dir) if ckpt_dir is not None else None
     if saved is not None and str(saved["fingerprint"]) != finger:
@@ -354,7 +365,7 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
             "record_every, theta0, batch size, device count or package version); use another directory or delete it",
         )
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
     label = algorithms[0].name + (f" x{K}" if K > 1 else "")
     bar = tqdm(total=T * plan.num_batches, unit="round", desc=label, dynamic_ncols=True,
@@ -375,7 +386,8 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
         ids = np.arange(b * plan.batch, b * plan.batch + plan.padded, dtype=np.uint32)
         seed_ids = _global_array(ids, seeds_sharding)
         valid = _global_array((ids < min(n, (b + 1) * plan.batch)), seeds_sharding)
-        carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithms_r, theta0_r, threshold)
+        carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithms_r, theta0_r, threshold,
+                               quantiles=quantiles)
         recorded = [jax.tree.map(lambda x: np.asarray(x)[:, None], m0)]
         if saved is not None and b == first_batch and "carry0" in saved:
             carry = _checkpoint.arrays_to_tree("carry", saved, carry)
@@ -386,7 +398,7 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
             end = min(t + plan.chunk_rounds, T)
             carry, buf, filled = _advance(
                 key_data, seed_ids, valid, carry, problem_r, algorithms_r, threshold, jnp.uint32(end),
-                record_every=r, max_blocks=plan.max_blocks,
+                record_every=r, max_blocks=plan.max_blocks, quantiles=quantiles,
             )
             k = int(np.asarray(filled)[0])
             recorded.append(jax.tree.map(lambda x: np.asarray(x)[:, :k], buf))
@@ -420,7 +432,7 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
             theta_star=theta_star.astype(dtype),
             bits_sent=rounds.astype(np.float64) * problem.num_agents * bits,
             bits_delivered=delivered * bits,
-            config=run_config(key, problem, algorithm, T, n, r, theta0_np, factor, plan, num_devices),
+            config=run_config(key, problem, algorithm, T, n, r, theta0_np, factor, plan, num_devices, quantiles),
         )
         worst = int(result.num_diverged.max())
         if worst:
@@ -447,7 +459,7 @@ def _save(directory, finger, batch, done, finals, current, carry) -> None:
     _checkpoint.save(directory, arrays)
 
 
-def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devices) -> dict[str, Any]:
+def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devices, quantiles) -> dict[str, Any]:
     import jaxlib
 
     from fedsa_jax import __version__
@@ -458,6 +470,7 @@ def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devic
         "num_rounds": T,
         "num_seeds": n,
         "record_every": r,
+        "quantiles": quantiles,
         "theta0": [float(x) for x in theta0],
         "divergence_threshold": factor,
         "dtype": str(np.dtype(problem.dtype)),

@@ -99,6 +99,7 @@ def sweep(
     seed_batch_size: int | None = None,
     chunk_rounds: int | None = None,
     progress: bool | None = None,
+    quantiles: bool | None = None,
 ) -> list[SweepEntry]:
     """Simulate every configuration; batch the continuous hyperparameters by vmap.
 
@@ -107,7 +108,7 @@ def sweep(
       configs: list of dicts, e.g. from :func:`grid`; values must be JSON-friendly.
       build: ``config -> (problem, algorithm)``.
       num_rounds, record_every: ints, or functions of the config (e.g. rounds = 5e5 / H).
-      num_seeds, theta0, divergence_threshold, seed_batch_size, chunk_rounds, progress:
+      num_seeds, theta0, divergence_threshold, seed_batch_size, chunk_rounds, progress, quantiles:
         as in :func:`fedsa_jax.simulate`.
       out_dir: where finished configurations are saved; a rerun skips them.
 
@@ -124,7 +125,7 @@ def sweep(
         problem, algorithm = build(config)
         run = validate_run(key, problem, algorithm, _per_config(num_rounds, config), num_seeds,
                            theta0, _per_config(record_every, config), divergence_threshold,
-                           seed_batch_size, chunk_rounds, None, progress)
+                           seed_batch_size, chunk_rounds, None, progress, quantiles)
         path = None if out is None else out / f"{config_name(config)}.npz"
         if path is not None and path.exists():
             done = load(path)

@@ -46,6 +46,9 @@ Mitra, Pappas, QFedTD, IEEE L-CSS 2023 (channel model).
 
 from __future__ import annotations
 
+import dataclasses
+from math import lgamma
+
 import numpy as np
 
 from fedsa_jax import _validate
@@ -115,10 +118,14 @@ def fedlsa_bias(problem, step_size: float, num_local_steps: int, num_rounds: int
 
 
 def _binomial_inverse_mean(n: int, p: float, shift: int, power: int = 1) -> float:
-    """``E[1 / (shift + X)^power]`` for ``X ~ Binomial(n, p)``, ``shift >= 1``."""
-    from math import comb
-
-    return sum(comb(n, k) * p**k * (1 - p) ** (n - k) / (shift + k) ** power for k in range(n + 1))
+    """``E[1 / (shift + X)^power]`` for ``X ~ Binomial(n, p)``, ``shift >= 1`` (log-space
+    probabilities, so any n)."""
+    if p == 1.0:
+        return 1.0 / (shift + n) ** power
+    k = np.arange(n + 1)
+    log_pmf = (lgamma(n + 1) - np.array([lgamma(i + 1) + lgamma(n - i + 1) for i in k])
+               + k * np.log(p) + (n - k) * np.log1p(-p))
+    return float(np.sum(np.exp(log_pmf) / (shift + k) ** power))
 
 
 def _expected_weights(channel, N: int) -> tuple[float, float, float]:
@@ -146,6 +153,7 @@ def _round_maps(problem, algorithm):
     eta, H = float(cfg.step_size), int(cfg.num_local_steps)
     A, b, _ = _arrays(problem)
     N, d, _ = A.shape
+    cfg.channel.quantizer.check_dim(d)
     n_xi = N if name == "scafflsa" else 0  # control variates only where they exist
     D = 1 + d + (n_xi + N) * d
     if D > MAX_AUGMENTED_DIM:
@@ -408,21 +416,17 @@ def lsa_step_size_bound(A) -> float:
     return float(np.min(2 * lam.real / np.abs(lam) ** 2))
 
 
-def _mean_spectral_radius(problem, name: str, eta: float, H: int) -> float:
+def _mean_spectral_radius(problem, algorithm) -> float:
     """Spectral radius of one round of the exact mean recursion, on the state that
     persists across rounds: theta (FedLSA, QFedTD), or theta and the control
     variates restricted to ``sum_c xi_c = 0`` (SCAFFLSA keeps that sum at 0)."""
-    from fedsa_jax import algorithms
-
-    make = {"fedlsa": lambda: algorithms.fedlsa(eta, H), "scafflsa": lambda: algorithms.scafflsa(eta, H),
-            "qfedtd": lambda: algorithms.qfedtd(eta)}[name]
-    L_b, L_s, L_a, _, _, th, _ = _round_maps(problem, make())
+    L_b, L_s, L_a, H, _, th, _ = _round_maps(problem, algorithm)
     with np.errstate(over="ignore", invalid="ignore"):
         R = L_a @ np.linalg.matrix_power(L_s, H) @ L_b
     if not np.all(np.isfinite(R)):
         return np.inf
     N, d = problem.num_agents, problem.dim
-    if name != "scafflsa":
+    if algorithm.name != "scafflsa":
         return float(np.max(np.abs(np.linalg.eigvals(R[th, th]))))
     keep = np.arange(1, 1 + d + N * d)  # theta, xi_1..xi_N
     M = R[np.ix_(keep, keep)]
@@ -435,35 +439,56 @@ def _mean_spectral_radius(problem, name: str, eta: float, H: int) -> float:
     return float(np.max(np.abs(np.linalg.eigvals(Q.T @ M @ Q))))
 
 
-def max_stable_step_size(problem, algorithm: str = "fedlsa", num_local_steps: int = 1,
+def max_stable_step_size(problem, algorithm="fedlsa", num_local_steps: int | None = None,
                          grid_points: int = 200, tol: float = 1e-6) -> float:
     """Largest step size up to which the exact mean recursion of ``algorithm``
-    (``"fedlsa"``, ``"scafflsa"`` or ``"qfedtd"``) with H local steps contracts
-    (spectral radius of one round < 1 for every smaller step size).
+    contracts (spectral radius of one round < 1 for every smaller step size).
+
+    Args:
+      algorithm: ``"fedlsa"``, ``"scafflsa"`` or ``"qfedtd"`` (exact channel, H =
+        ``num_local_steps``, default 1), or an algorithm such as
+        ``fj.qfedtd(0.1, success_prob=0.5)``, whose H and channel are kept and whose
+        step size is varied (erasures with ``"divide_by_n"`` shrink the mean step
+        by p, so they raise the bound by about 1/p).
 
     Scans a log grid from ``1e-4 eta_lsa`` to ``100 eta_lsa`` (``eta_lsa`` =
-    :func:`lsa_step_size_bound` of ``mean_c A_bar[c]``), then bisects the first
-    crossing to relative precision ``tol``. For H = 1 FedLSA this is ``eta_lsa``.
-    Mean stability is necessary, not sufficient, for a bounded MSE; check
+    :func:`lsa_step_size_bound` of ``mean_c A_bar[c]``) up to its first unstable
+    point, then bisects to relative precision ``tol``. For H = 1 FedLSA this is
+    ``eta_lsa``. If the whole grid is stable it returns ``100 eta_lsa``, a lower
+    bound. Mean stability is necessary, not sufficient, for a bounded MSE; check
     :func:`exact_mse` at the chosen step size for that.
     """
-    _validate.choice("algorithm", algorithm, ("fedlsa", "scafflsa", "qfedtd"))
-    H = _validate.integer("num_local_steps", num_local_steps)
-    if algorithm == "qfedtd" and H != 1:
-        _validate.fail("num_local_steps", H, "QFedTD takes one local step per round (H=1)")
+    from fedsa_jax import algorithms
+
+    if isinstance(algorithm, algorithms.Algorithm):
+        if num_local_steps is not None:
+            _validate.fail("num_local_steps", num_local_steps, "leave it out: it is taken from the algorithm")
+        base_alg = algorithm
+    else:
+        _validate.choice("algorithm", algorithm, ("fedlsa", "scafflsa", "qfedtd"))
+        H = _validate.integer("num_local_steps", 1 if num_local_steps is None else num_local_steps)
+        if algorithm == "qfedtd" and H != 1:
+            _validate.fail("num_local_steps", H, "QFedTD takes one local step per round (H=1)")
+        base_alg = algorithms.qfedtd(1.0) if algorithm == "qfedtd" else getattr(algorithms, algorithm)(1.0, H)
+
+    def radius(eta):
+        config = dataclasses.replace(base_alg.config, step_size=eta)
+        return _mean_spectral_radius(problem, dataclasses.replace(base_alg, config=config))
+
     A, _, _ = _arrays(problem)
     base = lsa_step_size_bound(A.mean(0))
     if base == 0.0:
         _validate.fail("problem", "mean_c A_bar[c]", "has an eigenvalue with Re <= 0: no step size is stable")
-    radius = lambda eta: _mean_spectral_radius(problem, algorithm, eta, H)  # noqa: E731
     grid = base * np.logspace(-4, 2, grid_points)
-    stable = [radius(eta) < 1.0 for eta in grid]
-    if not stable[0]:
+    if radius(grid[0]) >= 1.0:
         return 0.0
-    if all(stable):
+    lo = grid[0]
+    for hi in grid[1:]:
+        if radius(hi) >= 1.0:
+            break
+        lo = hi
+    else:
         return float(grid[-1])
-    k = stable.index(False)
-    lo, hi = grid[k - 1], grid[k]
     while hi - lo > tol * lo:
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if radius(mid) < 1.0 else (lo, mid)

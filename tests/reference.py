@@ -120,6 +120,7 @@ def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="di
     import itertools
     from math import comb
 
+    assert name != "scafflsa" or (p == 1.0 and k is None), "SCAFFLSA is enumerated with an exact channel only"
     P = np.asarray(problem.transitions, float)
     r = np.asarray(problem.rewards, float)
     phi = np.asarray(problem.features, float)

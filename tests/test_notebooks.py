@@ -9,7 +9,7 @@ nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SMALL = {
-    "00_quickstart.ipynb": "SEEDS = 64\nROUNDS = 20\nAGENTS = 4",
+    "00_quickstart.ipynb": "SEEDS = 64\nROUNDS = 10\nAGENTS = 4\nH = 10",
     "01_heterogeneity_fedlsa_vs_scafflsa.ipynb": "SEEDS = 32\nROUNDS = 10\nAGENTS = 4\nH = 5\nETA = 0.1",
     "02_quantization_and_erasures.ipynb": "SEEDS = 32\nROUNDS = 12\nAGENTS = 4",
 }

@@ -64,12 +64,30 @@ def test_exact_td_mse_matches_monte_carlo(tiny_td, case):
     assert exact[-1] < 0.8 * exact[0]  # a converging curve, not a constant
 
 
-def test_exact_mse_gaussian_unchanged_by_channel_path(het_gaussian):
-    """p=1 with the identity quantizer goes through the channel-free path: same curve
-    as an erasure channel whose success probability is 1 - 1e-12 (continuity)."""
-    a = fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 3), 10)
-    b = fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 3, success_prob=1 - 1e-12), 10)
-    np.testing.assert_allclose(a, b, rtol=1e-9)
+@pytest.mark.parametrize("aggregation", ["divide_by_n", "divide_by_received"])
+def test_exact_gaussian_mse_with_lossy_channel_matches_monte_carlo(het_gaussian, aggregation):
+    alg = fj.fedlsa(0.15, 3, quantizer=fj.channel.rand_k(2), success_prob=0.5, aggregation=aggregation)
+    T, n = 30, 20000
+    theta0 = np.array([1.0, -1.0, 0.5])
+    res = fj.simulate(jax.random.key(8), het_gaussian, alg, T, n, theta0=theta0, record_every=3)
+    exact = fj.theory.exact_mse(het_gaussian, alg, T, theta0=theta0)
+    z = (res.mse_mean[1:] - exact[res.rounds][1:]) / res.mse_sem[1:]
+    assert np.max(np.abs(z)) < Z_TOL, z
+    # the channel terms matter: without them the curve is well outside the Monte Carlo band
+    lossless = fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.15, 3), T, theta0=theta0)
+    assert np.max(np.abs(res.mse_mean[1:] - lossless[res.rounds][1:]) / res.mse_sem[1:]) > 3 * Z_TOL
+
+
+def test_weights_for_many_agents(het_gaussian):
+    """Binomial weights in log space: no overflow for N > 1000."""
+    from fedsa_jax.theory import _binomial_inverse_mean
+
+    n, p = 3000, 0.3
+    assert _binomial_inverse_mean(n, p, 1) == pytest.approx(1 / (1 + n * p), rel=2e-3)
+    assert _binomial_inverse_mean(5, 1.0, 2, 2) == 1 / 49
+    big = fj.problems.random_gaussian_lsa(jax.random.key(1), num_agents=1500, dim=1)
+    m = fj.theory.exact_mean(big, fj.qfedtd(0.1, success_prob=0.5, aggregation="divide_by_received"), 3)
+    assert np.all(np.isfinite(m))
 
 
 def test_fedlsa_per_round_bias(het_gaussian):
@@ -105,6 +123,11 @@ def test_step_size_bounds(het_gaussian):
     scalar = fj.problems.gaussian_lsa(np.full((3, 1, 1), a), np.ones((3, 1)), noise_A=0.0, noise_b=0.0)
     for name in ("fedlsa", "scafflsa"):
         assert fj.theory.max_stable_step_size(scalar, name, 4) == pytest.approx(2 / a, rel=1e-5)
+    # erasures with divide_by_n shrink the mean step by p: the bound grows by 1/p
+    lossy = fj.theory.max_stable_step_size(het_gaussian, fj.qfedtd(0.1, success_prob=0.5))
+    assert lossy == pytest.approx(2 * closed, rel=1e-5)
+    with pytest.raises(ValueError, match="num_local_steps=2 is invalid: leave it out"):
+        fj.theory.max_stable_step_size(het_gaussian, fj.fedlsa(0.1, 3), 2)
     # the exact mean recursion grows just above the bound and contracts just below
     eta = fj.theory.max_stable_step_size(het_gaussian, "scafflsa", 5)
     far = np.ones(3) * 10
@@ -147,6 +170,8 @@ def test_theory_errors(tiny_td, het_gaussian):
         fj.theory.mixing_time(fj.problems.federated_td(P, r, Phi, 0.9), eps=1.5)
     with pytest.raises(ValueError, match="num_local_steps=3 is invalid.*QFedTD"):
         fj.theory.max_stable_step_size(het_gaussian, "qfedtd", 3)
+    with pytest.raises(ValueError, match="k=5 is invalid: expected k <= d = 3"):
+        fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 2, quantizer=fj.channel.rand_k(5)), 3)
     periodic = fj.problems.federated_td(np.array([[[0.0, 1.0], [1.0, 0.0]]]), np.zeros((1, 2)), np.eye(2), 0.5)
     with pytest.raises(ValueError, match="did not mix"):
         fj.theory.mixing_time(periodic, max_steps=50)
