@@ -215,7 +215,11 @@ def _initial(problem, theta0, D, th):
     d = problem.dim
     m = np.zeros(D)
     m[0] = 1.0
-    m[th] = np.zeros(d) if theta0 is None else np.asarray(theta0, np.float64)
+    if theta0 is not None:
+        theta0 = _validate.array("theta0", theta0, 1)
+        if theta0.shape != (d,):
+            _validate.fail("theta0", theta0, f"expected shape ({d},) to match the problem's dimension")
+        m[th] = theta0
     return m
 
 

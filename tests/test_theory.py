@@ -172,6 +172,10 @@ def test_theory_errors(tiny_td, het_gaussian):
         fj.theory.max_stable_step_size(het_gaussian, "qfedtd", 3)
     with pytest.raises(ValueError, match="k=5 is invalid: expected k <= d = 3"):
         fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 2, quantizer=fj.channel.rand_k(5)), 3)
+    with pytest.raises(ValueError, match="theta0=.* is invalid: expected shape \\(3,\\)"):
+        fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 2), 3, theta0=[1.0, 2.0])
+    with pytest.raises(ValueError, match="num_rounds=-1 is invalid"):
+        fj.theory.exact_mean(het_gaussian, fj.fedlsa(0.1, 2), -1)
     periodic = fj.problems.federated_td(np.array([[[0.0, 1.0], [1.0, 0.0]]]), np.zeros((1, 2)), np.eye(2), 0.5)
     with pytest.raises(ValueError, match="did not mix"):
         fj.theory.mixing_time(periodic, max_steps=50)
