@@ -58,7 +58,8 @@ def z_scores(res, target):
 
 
 def cached(path: Path, compute):
-    """``compute()`` (a dict of arrays), saved to / loaded from ``path``."""
+    """``compute()`` (a dict of arrays), saved to / loaded from ``path`` (whose name carries every
+    parameter the value depends on)."""
     if path.exists():
         with np.load(path) as f:
             return {k: f[k] for k in f.files}
@@ -105,7 +106,7 @@ def main(argv=None):
             exact = {}
             if N <= EXACT_MAX_AGENTS and not args.no_exact:
                 for name, res in panel.items():
-                    tag = f"exact_{name}_{het}_N{N}_H{H}.npz"
+                    tag = f"exact_{name}_{het}_N{N}_H{H}_eta{ETA}_T{rounds({'local_steps': H})}.npz"
                     exact[name] = cached(args.out / tag, lambda: {"mse": fj.theory.exact_mse(
                         problem, build({"problem_seed": 0, "agents": N, "heterogeneity": het, "algorithm": name,
                                         "local_steps": H})[1], rounds({"local_steps": H}))})["mse"]
@@ -131,8 +132,8 @@ def main(argv=None):
             summary["fig1"].append(row)
             ax = axes[i, j]
             level = float(bias @ bias)
-            floor = min(float(np.min(r.mse_quantiles[:, 0])) for r in panel.values())
-            # a bias far below every curve would squash the axis: say it in the title instead
+            floor = min(float(np.min(r.mse_mean)) for r in panel.values())
+            # a bias far below every mean curve would squash the axis: say it in the title instead
             shown = level > 0.1 * floor
             plotting.plot_mse({LABELS[k]: panel[k] for k in ("fedlsa", "scafflsa")}, ax=ax, band="quantiles",
                               theory={LABELS[k]: v for k, v in exact.items()},
@@ -196,7 +197,7 @@ def main(argv=None):
                         c = {"problem_seed": 0, "agents": N, "heterogeneity": het, "algorithm": name,
                              "local_steps": FIG2_H}
                         problem, alg = build(c)
-                        ex[N] = float(cached(args.out / f"exact2_{name}_{het}_N{N}_H{FIG2_H}.npz", lambda: {
+                        ex[N] = float(cached(args.out / f"exact2_{name}_{het}_N{N}_H{FIG2_H}_eta{ETA}_T{T2}_star.npz", lambda: {
                             "mse": fj.theory.exact_mse(problem, alg, T2, theta0=problem.theta_star)})["mse"][-1])
                 exact2[label] = ex
                 row["exact_final_mse"] = {str(k): v for k, v in ex.items()}

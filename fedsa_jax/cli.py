@@ -232,7 +232,7 @@ def cmd_run(args) -> int:
                 jax.random.key(args.seed), problem, alg, args.rounds, args.seeds,
                 record_every=min(args.record_every, args.rounds), chunk_rounds=args.chunk_rounds,
                 checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / alg.name,
-                progress=args.progress,
+                progress=args.progress, quantiles=True if args.band == "quantiles" else None,
             )
         except ValueError as err:
             print(f"fedsa-jax: error: {err}", file=sys.stderr)

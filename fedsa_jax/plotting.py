@@ -104,11 +104,13 @@ def plot_mse(
                 _validate.fail("band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))")
             ax.fill_between(xs, q[:, 0], q[:, 4], color=color, alpha=0.12, lw=0)
             ax.fill_between(xs, q[:, 1], q[:, 3], color=color, alpha=0.22, lw=0)
-    for k, (label, curve) in enumerate((theory or {}).items()):
+    named = False  # one legend entry "exact" for the curves drawn over results
+    for label, curve in (theory or {}).items():
         curve = np.asarray(curve, dtype=float)
         xs = np.arange(curve.shape[0]) * scale.get(label, 1.0)
         ax.plot(xs, curve, color="k", ls=":", lw=1.3, zorder=3,
-                label=("exact" if k == 0 else None) if label in colors else label)
+                label=label if label not in colors else (None if named else "exact"))
+        named = named or label in colors
     for j, (label, level) in enumerate((reference_lines or {}).items()):
         ax.axhline(level, color=f"C{len(results) + j}", ls="--", lw=1.2, label=label)
     if logy:

@@ -44,6 +44,7 @@ from jax.sharding import PartitionSpec as P
 from fedsa_jax import _checkpoint, _validate
 from fedsa_jax.algorithms._base import Algorithm
 from fedsa_jax.result import SimulationResult
+from fedsa_jax import __version__
 from fedsa_jax.stats import Moments, finalize, merge, seed_moments
 
 _num_traces = 0  # incremented each time a kernel is traced (tests check no retrace)
@@ -311,7 +312,7 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
         _validate.integer("chunk_rounds", chunk_rounds)
     if progress not in (None, True, False):
         _validate.fail("progress", progress, "expected True, False or None (on a terminal only)")
-    if quantiles not in (None, True, False):
+    if quantiles is not None and not isinstance(quantiles, bool):
         _validate.fail("quantiles", quantiles, "expected True, False or None (on when few rounds are recorded)")
     if quantiles is None:
         quantiles = T // r + 1 + (T % r > 0) <= QUANTILE_MAX_RECORDS  # = len(recorded_rounds(T, r))
@@ -355,7 +356,7 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
         problem_structure=problem.describe(), algorithm_structure=[a.describe() for a in algorithms],
         num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,
         padded=plan.padded, devices=num_devices, dtype=str(np.dtype(dtype)),
-        statistics=Moments._fields, quantiles=quantiles,  # other statistics: another checkpoint
+        statistics=Moments._fields, quantiles=quantiles, version=__version__,  # other statistics: refused
     )
     saved = _checkpoint.load(ckpt_dir) if ckpt_dir is not None else None
     if saved is not None and str(saved["fingerprint"]) != finger:
@@ -370,14 +371,14 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
     label = algorithms[0].name + (f" x{K}" if K > 1 else "")
     bar = tqdm(total=T * plan.num_batches, unit="round", desc=label, dynamic_ncols=True,
                disable=None if progress is None else not progress)  # None: off unless a terminal
-    done_moments: list[Moments] = []  # per batch, arrays (K, R, ...)
+    done: Moments | None = None  # finished batches, merged as they finish: arrays (K, R, ...)
     finals: list[np.ndarray] = []  # per batch, (K, seeds in batch, d)
     first_batch = 0
     if saved is not None:
         first_batch = int(saved["batch"])
-        for b in range(first_batch):
-            done_moments.append(Moments(*(saved[f"done{b}_{f}"] for f in Moments._fields)))
-            finals.append(saved[f"final{b}"])
+        if first_batch:
+            done = Moments(*(saved[f"done_{f}"] for f in Moments._fields))
+        finals = [saved[f"final{b}"] for b in range(first_batch)]
 
     def concat(parts):
         return Moments(*(np.concatenate([getattr(m, f) for m in parts], axis=1) for f in Moments._fields))
@@ -387,7 +388,7 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
         seed_ids = _global_array(ids, seeds_sharding)
         valid = _global_array((ids < min(n, (b + 1) * plan.batch)), seeds_sharding)
         carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithms_r, theta0_r, threshold,
-                               quantiles=quantiles)
+                           quantiles=quantiles)
         recorded = [jax.tree.map(lambda x: np.asarray(x)[:, None], m0)]
         if saved is not None and b == first_batch and "carry0" in saved:
             carry = _checkpoint.arrays_to_tree("carry", saved, carry)
@@ -405,18 +406,18 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
             bar.update(end - t)
             t = end
             if ckpt_dir is not None:
-                _save(ckpt_dir, finger, b, done_moments, finals, concat(recorded), carry if t < T else None)
-        done_moments.append(concat(recorded))
+                _save(ckpt_dir, finger, b, done, finals, concat(recorded), carry if t < T else None)
+        done = concat(recorded) if done is None else merge([done, concat(recorded)])
         theta = _to_host(carry.states.theta)
         finals.append(theta[:, : min(n, (b + 1) * plan.batch) - b * plan.batch])
         if ckpt_dir is not None:
-            _save(ckpt_dir, finger, b + 1, done_moments, finals, None, None)
+            _save(ckpt_dir, finger, b + 1, done, finals, None, None)
     bar.close()
 
     rounds = recorded_rounds(T, r)
     results = []
     for i, algorithm in enumerate(algorithms):
-        mine = [Moments(*(getattr(m, f)[i] for f in Moments._fields)) for m in done_moments]
+        mine = [Moments(*(getattr(done, f)[i] for f in Moments._fields))]
         merged = finalize(merge(mine))
         bits = algorithm.bits_per_message(d)
         delivered = sum(np.asarray(m.delivered_sum, np.float64) for m in mine) / n
@@ -450,8 +451,9 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
 
 def _save(directory, finger, batch, done, finals, current, carry) -> None:
     arrays: dict[str, np.ndarray] = {"fingerprint": np.array(finger), "batch": np.array(batch)}
-    for b, (m, th) in enumerate(zip(done, finals)):
-        arrays.update({f"done{b}_{f}": np.asarray(getattr(m, f)) for f in Moments._fields})
+    if done is not None:
+        arrays.update({f"done_{f}": np.asarray(getattr(done, f)) for f in Moments._fields})
+    for b, th in enumerate(finals):
         arrays[f"final{b}"] = th
     if carry is not None:
         arrays.update({f"cur_{f}": np.asarray(getattr(current, f)) for f in Moments._fields})
@@ -461,8 +463,6 @@ def _save(directory, finger, batch, done, finals, current, carry) -> None:
 
 def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devices, quantiles) -> dict[str, Any]:
     import jaxlib
-
-    from fedsa_jax import __version__
 
     return {
         "problem": problem.describe(),

@@ -71,6 +71,7 @@ def _same_run(result: SimulationResult, config, run, problem) -> bool:
         and c.get("theta0") == [float(x) for x in run.theta0]
         and c.get("divergence_threshold") == run.divergence_threshold
         and c.get("dtype") == str(np.dtype(problem.dtype))
+        and (not run.quantiles or not np.all(np.isnan(result.mse_quantiles)))  # quantiles asked for, and there
     )
 
 

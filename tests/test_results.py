@@ -136,6 +136,33 @@ def test_quantiles_off_and_default(run):
     assert fj.simulate(0, problem, alg, 20_000, 2, record_every=1, chunk_rounds=20_000).config["quantiles"] is False
     with pytest.raises(ValueError, match="quantiles='yes' is invalid"):
         fj.simulate(0, problem, alg, 2, 2, quantiles="yes")
+    with pytest.raises(ValueError, match="quantiles=1 is invalid"):
+        fj.simulate(0, problem, alg, 2, 2, quantiles=1)
+
+
+def test_sweep_reruns_a_result_saved_without_quantiles(run, tmp_path):
+    problem, alg, _ = run
+    build = lambda c: (problem, fj.fedlsa(c["eta"], 3))  # noqa: E731
+    configs = fj.grid(eta=[0.1, 0.2])
+    first = fj.sweep(0, configs, build, 4, 8, out_dir=tmp_path, quantiles=False)
+    assert all(np.all(np.isnan(e.result.mse_quantiles)) for e in first)
+    again = fj.sweep(0, configs, build, 4, 8, out_dir=tmp_path)  # default: quantiles on, so rerun
+    assert all(e.seconds > 0 and not np.any(np.isnan(e.result.mse_quantiles)) for e in again)
+    cached = fj.sweep(0, configs, build, 4, 8, out_dir=tmp_path)
+    assert all(e.seconds == 0 for e in cached)
+
+
+def test_cli_quantile_band_forces_quantiles(tmp_path, monkeypatch):
+    import importlib
+
+    from fedsa_jax import cli
+
+    sim_mod = importlib.import_module("fedsa_jax.simulate")
+    monkeypatch.setattr(sim_mod, "QUANTILE_MAX_RECORDS", 2)  # so the default would be off
+    out = tmp_path / "run"
+    assert cli.main(["run", "--agents", "2", "--local-steps", "2", "--rounds", "5", "--seeds", "8", "--states", "5",
+                     "--dim", "2", "--band", "quantiles", "--algorithms", "fedlsa", "--out", str(out)]) == 0
+    assert not np.any(np.isnan(fj.load(out / "result_fedlsa.npz").mse_quantiles))
 
 
 def test_samples_count_skipped_observations_only_for_markov(tiny_td):
