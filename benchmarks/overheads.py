@@ -13,23 +13,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import time
 
 import jax
 import numpy as np
 
 import fedsa_jax as fj
+from _bench import best_of, write_json
 from fedsa_jax import theory
-
-
-def best_of(fn, repeats=3):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def dense_exact_mse(problem, algorithm, T):
@@ -94,10 +84,7 @@ def main(argv=None):
                                   "dense_over_exact": t_dense / t_fast, "max_rel_diff": err, "mc_1000_seeds_s": t_mc}
         print(f"  {name:8s} N={N:3d} (D={D:4d})  exact_mse {t_fast:.3f} s   dense {t_dense:.3f} s ({t_dense / t_fast:5.1f}x)   "
               f"max rel diff {err:.1e}   Monte Carlo, 1000 seeds {t_mc:.3f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    return report
+    return write_json(args.json, report)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ grow with the number of states S.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 
 import jax
 
 import fedsa_jax as fj
+from _bench import write_json
 
 BASE = dict(seeds=1000, agents=10, dim=10, states=20)
 AXES = {
@@ -83,10 +83,7 @@ def main(argv=None):
                   f"(cost/step x{m['cost_per_step_vs_base']:.2f}, {m['seconds']:.3f} s, "
                   f"compile+run {m['first_call_s']:.1f} s)")
         out["axes"][axis] = rows
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-    return out
+    return write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ Every timing is the best of ``--repeats`` runs after one warm-up call.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -33,16 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedsa_jax as fj
+from _bench import best_of, write_json
 from fedsa_jax.simulate import seed_keys
-
-
-def best_of(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def numpy_fedlsa_td(problem, step_size, H, T, n, rng, dtype):
@@ -179,10 +170,7 @@ def main(argv=None):
           f"numpy/jax = {t_np / t_jax:.2f}x")
     print(f"  uniforms only, jax.random.uniform  {t_flat:8.3f} s   jax/draw = {t_jax / t_flat:.2f}x")
     print(f"  uniforms only, the kernel's draw   {t_draw:8.3f} s   jax/draw = {t_jax / t_draw:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-    return out
+    return write_json(args.json, out)
 
 
 if __name__ == "__main__":
