@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fedsa_jax as fj
-from fedsa_jax._io import atomic_write
+from fedsa_jax._io import atomic_savez, atomic_write
 from fedsa_jax import plotting
 
 ETA = 0.1
@@ -64,7 +64,7 @@ def cached(path: Path, compute):
         with np.load(path) as f:
             return {k: f[k] for k in f.files}
     value = compute()
-    atomic_write(path, lambda f: np.savez(f, **value))
+    atomic_savez(path, **value)
     return value
 
 

@@ -11,7 +11,6 @@ exactly, so the resumed run is bit-identical to an uninterrupted one.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fedsa_jax._io import atomic_write
+from fedsa_jax._io import atomic_savez
 
 FILENAME = "checkpoint.npz"
 
@@ -69,12 +68,7 @@ def arrays_to_tree(prefix: str, data, template: Any) -> Any:
 
 
 def save(directory: Path, arrays: dict[str, np.ndarray]) -> None:
-    def write(f):
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        f.write(buf.getvalue())
-
-    atomic_write(Path(directory) / FILENAME, write)
+    atomic_savez(Path(directory) / FILENAME, **arrays)
 
 
 def load(directory: Path) -> dict[str, np.ndarray] | None:

@@ -7,6 +7,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[object], None], mode: str = "wb") -> Path:
     """Write through ``write(fileobj)`` into a temporary file beside ``path``, fsync,
@@ -25,3 +27,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[object], None], mode:
             os.unlink(tmp)
         raise
     return path
+
+
+def atomic_savez(path: str | os.PathLike, **arrays) -> Path:
+    """``np.savez`` into ``path`` atomically (the archive is written straight to the temporary file)."""
+    return atomic_write(path, lambda f: np.savez(f, **arrays))

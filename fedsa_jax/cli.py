@@ -382,7 +382,7 @@ def cmd_sweep(args) -> int:
         if run["rounds"] is not None:
             return int(run["rounds"])
         o = options(config)
-        H = 1 if o.algorithm == "qfedtd" else o.local_steps
+        H = _make_algorithm(o.algorithm, o).config.num_local_steps
         return max(1, int(run["total_local_steps"]) // H)
 
     def record_every(config):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 from typing import Any
 
 import numpy as np
 
-from fedsa_jax._io import atomic_write
+from fedsa_jax._io import atomic_savez, atomic_write
 from fedsa_jax.stats import QUANTILE_LEVELS
 
 ARRAY_FIELDS = (
@@ -86,13 +85,8 @@ class SimulationResult:
     def save(self, path) -> None:
         """Write an ``.npz`` file (arrays + JSON config) atomically."""
 
-        def write(f):
-            buf = io.BytesIO()
-            arrays = {k: np.asarray(getattr(self, k)) for k in ARRAY_FIELDS}
-            np.savez(buf, config_json=np.array(json.dumps(self.config, sort_keys=True)), **arrays)
-            f.write(buf.getvalue())
-
-        atomic_write(path, write)
+        arrays = {k: np.asarray(getattr(self, k)) for k in ARRAY_FIELDS}
+        atomic_savez(path, config_json=np.array(json.dumps(self.config, sort_keys=True)), **arrays)
 
     def table(self) -> dict[str, np.ndarray]:
         """A tidy per-round table: column name -> ``(R,)`` array, one row per recorded round.

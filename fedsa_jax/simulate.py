@@ -351,7 +351,7 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
                  num_devices)
 
     ckpt_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
-    finger = _checkpoint.fingerprint(
+    finger = None if ckpt_dir is None else _checkpoint.fingerprint(  # hashes every leaf: only when needed
         problem, stacked, jax.random.key_data(key), theta0_np,
         problem_structure=problem.describe(), algorithm_structure=[a.describe() for a in algorithms],
         num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,

@@ -67,9 +67,12 @@ def seed_moments(theta, theta_star, threshold, valid, delivered, quantiles: bool
     theta_m2 = jnp.sum(jnp.where(okd, (theta - theta_mean) ** 2, 0.0), axis=0)
     diverged = jnp.sum(valid & ~ok).astype(jnp.int32)
     delivered_sum = jnp.sum(jnp.where(valid, delivered, 0).astype(err.dtype))
-    log_err = jnp.log10(jnp.maximum(jnp.where(ok, err, 1.0), jnp.finfo(err.dtype).tiny))
-    idx = jnp.clip(jnp.floor((log_err - HIST_LOW) * HIST_PER_DECADE), 0, HIST_BINS - 1).astype(jnp.int32)
-    hist = jnp.zeros(HIST_BINS if quantiles else 0, jnp.int32).at[idx].add(ok.astype(jnp.int32))
+    if quantiles:
+        log_err = jnp.log10(jnp.maximum(jnp.where(ok, err, 1.0), jnp.finfo(err.dtype).tiny))
+        idx = jnp.clip(jnp.floor((log_err - HIST_LOW) * HIST_PER_DECADE), 0, HIST_BINS - 1).astype(jnp.int32)
+        hist = jnp.zeros(HIST_BINS, jnp.int32).at[idx].add(ok.astype(jnp.int32))
+    else:
+        hist = jnp.zeros(0, jnp.int32)
     err_min = jnp.min(jnp.where(ok, err, jnp.inf))
     err_max = jnp.max(jnp.where(ok, err, -jnp.inf))
     return Moments(n.astype(jnp.int32), mean, m2, theta_mean, theta_m2, diverged, delivered_sum, hist,

@@ -128,6 +128,12 @@ def _binomial_inverse_mean(n: int, p: float, shift: int, power: int = 1) -> floa
     return float(np.sum(np.exp(log_pmf) / (shift + k) ** power))
 
 
+def _server_weight(channel, N: int) -> float:
+    """``E[w_c]``: ``p / N`` (``"divide_by_n"``) or ``E[1{c in R} / |R|] = (1 - (1 - p)^N) / N``."""
+    p = float(channel.success_prob)
+    return p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N
+
+
 def _expected_weights(channel, N: int) -> tuple[float, float, float]:
     """``E[w_c]``, ``E[1{c in R} / |R|]`` and ``E[1{c, j in R} / |R|]`` (j != c)."""
     if not channel.quantizer.unbiased:
@@ -135,8 +141,7 @@ def _expected_weights(channel, N: int) -> tuple[float, float, float]:
     p = float(channel.success_prob)
     same = p * _binomial_inverse_mean(N - 1, p, 1)
     other = p * p * _binomial_inverse_mean(N - 2, p, 2) if N > 1 else 0.0
-    server = p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N
-    return server, same, other
+    return _server_weight(channel, N), same, other
 
 
 def _round_maps(problem, algorithm):
@@ -326,7 +331,7 @@ def _weight_covariance(channel, N: int) -> tuple[float, float]:
         return 0.0, 0.0
     if channel.aggregation == "divide_by_n":
         return p * (1 - p) / N**2, 0.0
-    mean = (1.0 - (1.0 - p) ** N) / N
+    mean = _server_weight(channel, N)
     same = p * _binomial_inverse_mean(N - 1, p, 1, 2) - mean**2
     other = (p * p * _binomial_inverse_mean(N - 2, p, 2, 2) if N > 1 else 0.0) - mean**2
     return same, other
@@ -367,9 +372,7 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     D = L_b.shape[0]
     quant = _quantizer_covariance(channel.quantizer, d)
     c_same, c_other = _weight_covariance(channel, N)
-    p = float(channel.success_prob)
-    w_mean = p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N
-    w_sq = c_same + w_mean**2  # E[w_c^2]
+    w_sq = c_same + _server_weight(channel, N) ** 2  # E[w_c^2]
     loc_idx = np.concatenate([np.arange(D)[l] for l in loc])  # (N d,)
     xi_idx = loc_idx - N * d if name == "scafflsa" else None
     B = np.eye(d) - eta * A  # (N, d, d)

@@ -33,7 +33,7 @@ def test_run_exact_overlay_and_axes(tmp_path):
     import jax
 
     out = tmp_path / "run"
-    argv = ["run", "--agents", "3", "--local-steps", "4", "--step-size", "0.5", "--rounds", "6", "--seeds", "8",
+    argv = ["run", "--agents", "3", "--local-steps", "4", "--step-size", "0.5", "--rounds", "6", "--seeds", "2000",
             "--states", "5", "--dim", "3", "--dtype", "float64", "--exact", "--band", "quantiles", "--x-axis", "samples",
             "--out", str(out)]
     assert cli.main(argv) == 0
@@ -44,6 +44,7 @@ def test_run_exact_overlay_and_axes(tmp_path):
         exact = fj.theory.exact_mse(problem, cli._make_algorithm(name, args), 6)
         assert summary["runs"][name]["exact_final_mse"] == pytest.approx(exact[-1], rel=1e-12)
         res = fj.load(out / f"result_{name}.npz")
+        assert abs(res.mse_mean[-1] - exact[-1]) < 4.5 * res.mse_sem[-1]  # the run agrees with it
         csv = np.genfromtxt(out / f"result_{name}.csv", delimiter=",", names=True)
         np.testing.assert_array_equal(csv["mse_mean"], res.mse_mean)
 
@@ -95,12 +96,20 @@ def test_channel_options_and_qfedtd(tmp_path):
                          "--no-plot", "--out", str(tmp_path / quant)]) == 0
 
 
-def test_checkpoint_dir_resumes(tmp_path):
+def test_checkpoint_dir_resumes(tmp_path, monkeypatch):
+    import importlib
+
+    sim_mod = importlib.import_module("fedsa_jax.simulate")
     args = ["run", "--agents", "3", "--local-steps", "2", "--rounds", "8", "--seeds", "6", "--states", "10",
             "--chunk-rounds", "2", "--no-plot", "--no-progress", "--checkpoint-dir", str(tmp_path / "ck")]
     assert cli.main(args + ["--out", str(tmp_path / "a")]) == 0
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["fedlsa", "scafflsa"]
-    assert cli.main(args + ["--out", str(tmp_path / "b")]) == 0  # resumes from the finished checkpoints
+    def no_more_rounds(*a, **k):
+        raise AssertionError("a finished checkpoint must not run any round again")
+
+    with monkeypatch.context() as m:
+        m.setattr(sim_mod, "_advance", no_more_rounds)
+        assert cli.main(args + ["--out", str(tmp_path / "b")]) == 0  # resumes from the finished checkpoints
     a, b = fj.load(tmp_path / "a" / "result_scafflsa.npz"), fj.load(tmp_path / "b" / "result_scafflsa.npz")
     np.testing.assert_array_equal(a.final_theta, b.final_theta)
     rc = cli.main(args[:-2] + ["--step-size", "0.2", "--checkpoint-dir", str(tmp_path / "ck"),

@@ -59,7 +59,7 @@ def test_no_retrace(garnet):
     same_shape = fj.problems.garnet(jax.random.key(1), num_agents=3, num_states=6, dim=2)
     fj.simulate(key, same_shape, fj.fedlsa(0.1, 2), 4, 3, theta0=np.ones(2))
     assert sim_mod._num_traces == before
-    # and neither do more rounds, another record_every split of them, or smaller chunks
+    # and neither do more rounds (the round count is traced, not static)
     fj.simulate(key, garnet, fj.fedlsa(0.5, 2), 40, 3)
     assert sim_mod._num_traces == before
     # a structural change does compile again (the start and the advance kernels)
@@ -119,7 +119,7 @@ import resource, sys, jax
 import fedsa_jax as fj
 p = fj.problems.garnet(jax.random.key(0), num_agents=10, num_states=20, dim=10)
 T = int(sys.argv[1])
-fj.simulate(jax.random.key(1), p, fj.fedlsa(0.1, 10), T, 2000, record_every=T // 10)
+fj.simulate(jax.random.key(1), p, fj.fedlsa(0.1, 1), T, 2000, record_every=T // 10)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
@@ -132,8 +132,10 @@ def test_peak_host_memory_flat_in_rounds():
         out = subprocess.run([sys.executable, "-c", PEAK_RSS, str(T)], capture_output=True, text=True, check=True)
         return int(out.stdout.split()[-1]) * 1024  # ru_maxrss is in KiB on Linux
 
-    small, large = peak(20), peak(200)
-    assert large <= 1.1 * small + 20 * 2**20, (small, large)
+    # Keeping every seed's trajectory would take 2000 seeds x d=10 x T rounds x 4 bytes:
+    # 16 MB at T=200, 160 MB at T=2000; the allowed growth is well below the difference.
+    small, large = peak(200), peak(2000)
+    assert large <= 1.05 * small + 40 * 2**20, (small, large)
 
 
 def test_progress_bar(garnet, capsys):

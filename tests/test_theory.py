@@ -83,7 +83,9 @@ def test_weights_for_many_agents(het_gaussian):
     from fedsa_jax.theory import _binomial_inverse_mean
 
     n, p = 3000, 0.3
-    assert _binomial_inverse_mean(n, p, 1) == pytest.approx(1 / (1 + n * p), rel=2e-3)
+    # closed form: E[1 / (1 + X)] = (1 - (1 - p)^(n+1)) / ((n + 1) p)
+    assert _binomial_inverse_mean(n, p, 1) == pytest.approx((1 - (1 - p) ** (n + 1)) / ((n + 1) * p), rel=1e-10)
+    assert _binomial_inverse_mean(7, 0.4, 1) == pytest.approx((1 - 0.6**8) / (8 * 0.4), rel=1e-12)
     assert _binomial_inverse_mean(5, 1.0, 2, 2) == 1 / 49
     big = fj.problems.random_gaussian_lsa(jax.random.key(1), num_agents=1500, dim=1)
     m = fj.theory.exact_mean(big, fj.qfedtd(0.1, success_prob=0.5, aggregation="divide_by_received"), 3)
