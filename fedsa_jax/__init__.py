@@ -6,20 +6,25 @@ independent seeds vmapped and scanned into one jitted kernel.
 
 __version__ = "0.1.0"
 
-from fedsa_jax import channel, problems, theory
-from fedsa_jax.algorithms import Algorithm, fedlsa, qfedtd, scafflsa
-from fedsa_jax.result import SimulationResult, load
-from fedsa_jax.simulate import simulate
-from fedsa_jax.sweep import SweepEntry, grid, sweep
+from fedsa_jax import algorithms, channel, metrics, problems, theory
+from fedsa_jax.algorithms import Algorithm, RoundInfo, fedlsa, qfedtd, scafflsa
+from fedsa_jax.result import MetricStats, SimulationResult, load
+from fedsa_jax import simulate  # a callable module: fj.simulate(...) runs a simulation
+from fedsa_jax.sweep import SweepEntry, grid
+from fedsa_jax import sweep  # a callable module: fj.sweep(...) runs a sweep
 
 __all__ = [
     "Algorithm",
+    "MetricStats",
+    "RoundInfo",
     "SimulationResult",
     "SweepEntry",
+    "algorithms",
     "channel",
     "fedlsa",
     "grid",
     "load",
+    "metrics",
     "problems",
     "qfedtd",
     "scafflsa",

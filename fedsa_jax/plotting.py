@@ -59,8 +59,10 @@ def plot_mse(
     logy: bool = True,
     title: str | None = None,
     legend: bool = True,
+    metric: str | None = None,
+    max_seed_curves: int = 100,
 ):
-    """MSE ``E|theta_t - theta_star|^2`` of each result, one colour per result.
+    """MSE ``E|theta_t - theta_star|^2`` (or a recorded metric) of each result, one colour per result.
 
     Args:
       results: label -> result.
@@ -78,6 +80,9 @@ def plot_mse(
       logx: log x axis; default on for the bit axes only.
       logy: log MSE axis.
       legend: draw the legend.
+      metric: plot this recorded metric (``simulate(..., metrics=...)``) instead of the MSE.
+      max_seed_curves: results run with ``keep_seeds=K`` also show their first
+        ``min(K, max_seed_curves)`` seeds' curves, faint, under the mean.
 
     Returns:
       The matplotlib figure.
@@ -94,12 +99,20 @@ def plot_mse(
         last = res.rounds[-1]
         scale[label] = xs[-1] / last if last else 1.0
         n_ok = res.num_seeds - int(res.num_diverged[-1])
-        ax.plot(xs, res.mse_mean, color=color, lw=1.6, label=f"{label} ({n_ok} seeds)")
+        if metric is None:
+            mean, sem, q, seeds = res.mse_mean, res.mse_sem, res.mse_quantiles, res.seed_mse
+        elif metric in res.metrics:
+            m = res.metrics[metric]
+            mean, sem, q, seeds = m.mean, m.sem, m.quantiles, m.seeds
+        else:
+            _validate.fail("metric", metric, f"result {label!r} recorded the metrics {sorted(res.metrics)}")
+        ax.plot(xs, mean, color=color, lw=1.6, label=f"{label} ({n_ok} seeds)")
+        for k in range(min(seeds.shape[1], max_seed_curves)):
+            ax.plot(xs, seeds[:, k], color=color, lw=0.5, alpha=0.2, zorder=1)
         if band == "sem":
-            ax.fill_between(xs, _tiny(res.mse_mean - BAND_Z * res.mse_sem), res.mse_mean + BAND_Z * res.mse_sem,
-                            color=color, alpha=0.25, lw=0)
+            lower = mean - BAND_Z * sem
+            ax.fill_between(xs, _tiny(lower) if logy else lower, mean + BAND_Z * sem, color=color, alpha=0.25, lw=0)
         elif band == "quantiles":
-            q = res.mse_quantiles
             if np.all(np.isnan(q)):
                 _validate.fail("band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))")
             ax.fill_between(xs, q[:, 0], q[:, 4], color=color, alpha=0.12, lw=0)
@@ -118,7 +131,7 @@ def plot_mse(
     if logx if logx is not None else x.startswith("bits"):
         ax.set_xscale("log")
     ax.set_xlabel(X_LABELS[x], fontsize=9)
-    ax.set_ylabel(MSE_LABEL, fontsize=9)
+    ax.set_ylabel(MSE_LABEL if metric is None else metric, fontsize=9)
     ax.tick_params(labelsize=8)
     if title:
         ax.set_title(title, fontsize=10)

@@ -42,22 +42,26 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fedsa_jax import _checkpoint, _validate
-from fedsa_jax.algorithms._base import Algorithm
-from fedsa_jax.result import SimulationResult
+from fedsa_jax._module import make_callable
+from fedsa_jax.algorithms._base import COUNT_FIELDS, Algorithm
+from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult
 from fedsa_jax import __version__
-from fedsa_jax.stats import Moments, finalize, merge, seed_moments
+from fedsa_jax.stats import Moments, add_counts, finalize, merge, seed_moments
 
 _num_traces = 0  # incremented each time a kernel is traced (tests check no retrace)
 
 STEPS_PER_CHUNK = 5e7  # default chunk: about this many agent-local steps (seconds on a CPU)
 MAX_BLOCKS_PER_CHUNK = 256  # recorded rounds per chunk at most (the kernel's statistics buffer)
+MAX_BATCH = 2**24  # seeds per batch at most (the per-batch sums of counter digits are uint32)
 MEMORY_BUDGET = 2 * 2**30  # default bytes for one seed batch's states, per device
+MAX_RECORDS = 10**7  # recorded rounds at most (host statistics are O(records x d))
 QUANTILE_MAX_RECORDS = 10_000  # quantiles on by default up to this many recorded rounds (4 kB each)
 
 
 class Carry(NamedTuple):
     states: Any  # the algorithm's per-seed states, leading axis = seeds
-    delivered: jax.Array  # (B,) int32, uplink messages delivered so far
+    counters: jax.Array  # (B, C, 2) uint32: each seed's RoundInfo counts summed so far (64-bit, low/high words)
+    info: Any  # (B,) the last round's RoundInfo (zeros before the first round), for metrics
     rand: Any  # the next round's random numbers, drawn one round ahead
     t: jax.Array  # () uint32, rounds done
 
@@ -86,8 +90,24 @@ def _draw(algorithm, problem, round_keys, t):
     return jax.vmap(algorithm.randomness, in_axes=(0, None))(keys, problem)
 
 
-def _moments(carry: Carry, problem, threshold, valid, quantiles) -> Moments:
-    return seed_moments(carry.states.theta, problem.theta_star, threshold, valid, carry.delivered, quantiles)
+class Recording(NamedTuple):
+    """What the kernel records at each recorded round (static: part of the compiled program)."""
+
+    metrics: tuple = ()  # ((name, fn(state, problem, info) -> scalar), ...) for one seed
+    quantiles: bool = True
+    keep: int = 0  # per-seed values of the first `keep` seeds
+
+
+def _moments(carry: Carry, problem, threshold, valid, rec: Recording) -> Moments:
+    theta = carry.states.theta
+    err = jnp.sum((theta - problem.theta_star) ** 2, axis=-1)
+    columns = [err]
+    for _, fn in rec.metrics:
+        value = jax.vmap(fn, in_axes=(0, None, 0))(carry.states, problem, carry.info)
+        columns.append(jnp.asarray(value, err.dtype))
+    values = jnp.stack(columns, axis=1)
+    return seed_moments(theta, problem.theta_star, threshold, valid, values, carry.counters, rec.quantiles,
+                        rec.keep)
 
 
 def _initial_carry(key_data, seed_ids, problem, algorithm, theta0) -> Carry:
@@ -95,16 +115,20 @@ def _initial_carry(key_data, seed_ids, problem, algorithm, theta0) -> Carry:
     init_keys, round_keys = per_seed_keys(key, seed_ids)
     states = jax.vmap(algorithm.init, in_axes=(0, None, None))(init_keys, problem, theta0)
     t0 = jnp.uint32(0)
-    return Carry(states, jnp.zeros(seed_ids.shape, jnp.int32), _draw(algorithm, problem, round_keys, t0), t0)
+    rand = _draw(algorithm, problem, round_keys, t0)
+    info_like = jax.eval_shape(jax.vmap(algorithm.step_from, in_axes=(0, 0, None)), rand, states, problem)[1]
+    info = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), info_like)
+    counters = jnp.zeros(seed_ids.shape + (len(COUNT_FIELDS), 2), jnp.uint32)
+    return Carry(states, counters, info, rand, t0)
 
 
-def _start_one(key_data, seed_ids, valid, problem, algorithm, theta0, threshold, quantiles):
+def _start_one(key_data, seed_ids, valid, problem, algorithm, theta0, threshold, rec):
     carry = _initial_carry(key_data, seed_ids, problem, algorithm, theta0)
-    return carry, _moments(carry, problem, threshold, valid, quantiles)
+    return carry, _moments(carry, problem, threshold, valid, rec)
 
 
 def _advance_one(key_data, seed_ids, valid, carry, problem, algorithm, threshold, end_round, record_every,
-                 max_blocks, quantiles):
+                 max_blocks, rec):
     """Run rounds ``carry.t .. end_round``, recording moments after every multiple of
     ``record_every`` and at ``end_round``. Returns the carry, a ``(max_blocks, ...)``
     buffer of moments and how many entries are filled."""
@@ -114,17 +138,18 @@ def _advance_one(key_data, seed_ids, valid, carry, problem, algorithm, threshold
     def one_round(c: Carry) -> Carry:
         rand_next = _draw(algorithm, problem, round_keys, c.t + 1)
         states, info = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(c.rand, c.states, problem)
-        return Carry(states, c.delivered + info.num_delivered, rand_next, c.t + 1)
+        counts = jnp.stack([getattr(info, f) for f in COUNT_FIELDS], axis=-1)
+        return Carry(states, add_counts(c.counters, counts), info, rand_next, c.t + 1)
 
     def block(loop):
         c, i, buf = loop
         stop = jnp.minimum((c.t // record_every + 1) * record_every, end_round)
         c = jax.lax.while_loop(lambda c: c.t < stop, one_round, c)
-        stats = _moments(c, problem, threshold, valid, quantiles)
+        stats = _moments(c, problem, threshold, valid, rec)
         buf = jax.tree.map(lambda b, s: b.at[i].set(s), buf, stats)
         return c, i + 1, buf
 
-    like = jax.eval_shape(lambda c: _moments(c, problem, threshold, valid, quantiles), carry)
+    like = jax.eval_shape(lambda c: _moments(c, problem, threshold, valid, rec), carry)
     buf = jax.tree.map(lambda s: jnp.zeros((max_blocks,) + s.shape, s.dtype), like)
     carry, filled, buf = jax.lax.while_loop(lambda l: l[0].t < end_round, block, (carry, jnp.int32(0), buf))
     return carry, buf, filled
@@ -135,31 +160,68 @@ def _advance_one(key_data, seed_ids, valid, carry, problem, algorithm, threshold
 # over it: a sweep over step sizes or success probabilities is one compile.
 
 
-@functools.partial(jax.jit, static_argnames=("quantiles",))
-def _start(key_data, seed_ids, valid, problem, algorithms, theta0, threshold, *, quantiles):
+@functools.partial(jax.jit, static_argnames=("rec",))
+def _start(key_data, seed_ids, valid, problem, algorithms, theta0, threshold, *, rec):
     global _num_traces
     _num_traces += 1
-    one = functools.partial(_start_one, key_data, seed_ids, valid, problem, quantiles=quantiles)
+    one = functools.partial(_start_one, key_data, seed_ids, valid, problem, rec=rec)
     return jax.vmap(one, in_axes=(0, None, None))(algorithms, theta0, threshold)
 
 
-@functools.partial(jax.jit, static_argnames=("record_every", "max_blocks", "quantiles"))
+@functools.partial(jax.jit, static_argnames=("record_every", "max_blocks", "rec"))
 def _advance(key_data, seed_ids, valid, carry, problem, algorithms, threshold, end_round, *,
-             record_every, max_blocks, quantiles):
+             record_every, max_blocks, rec):
     global _num_traces
     _num_traces += 1
 
     def one(c, a):
         return _advance_one(key_data, seed_ids, valid, c, problem, a, threshold, end_round, record_every,
-                            max_blocks, quantiles)
+                            max_blocks, rec)
 
     return jax.vmap(one)(carry, algorithms)
 
 
+PROBLEM_MEMBERS = ("num_agents", "dim", "dtype", "agent_params", "init_sampler", "randomness", "observe",
+                   "direction", "A_bar", "b_bar", "theta_star", "local_theta_star", "describe")
+
+
 def _check_problem(problem) -> None:
-    for attr in ("agent_params", "randomness", "observe", "direction", "init_sampler", "theta_star"):
-        if not hasattr(problem, attr):
-            _validate.fail("problem", type(problem).__name__, "expected a problem from fedsa_jax.problems")
+    missing = [m for m in PROBLEM_MEMBERS if not hasattr(problem, m)]
+    if missing:
+        _validate.fail("problem", type(problem).__name__, f"lacks {', '.join(missing)} of the problem protocol "
+                       "(fj.problems.Problem)")
+
+
+def _check_algorithm(problem, algorithm: Algorithm, theta0: np.ndarray, metrics) -> None:
+    """Trace one seed's init and one round (abstractly: nothing runs or compiles) and check the
+    contract of :class:`~fedsa_jax.algorithms.Algorithm` and of the metrics."""
+    from fedsa_jax import metrics as metrics_mod
+    from fedsa_jax.algorithms._base import RoundInfo
+
+    where = f"algorithm {algorithm.name!r} on problem {problem.describe().get('family', type(problem).__name__)!r}"
+    d, dtype = problem.dim, jnp.dtype(problem.dtype)
+    key = jax.random.key(0)
+    state = jax.eval_shape(algorithm.init, key, problem, jnp.asarray(theta0, dtype))
+    theta = getattr(state, "theta", None)
+    if theta is None or getattr(theta, "shape", None) != (d,) or theta.dtype != dtype:
+        got = "no field theta" if theta is None else f"theta {getattr(theta, 'shape', '?')} {theta.dtype}"
+        _validate.fail("algorithm", algorithm.name, f"{where}: init_fn must return a state with a field theta of "
+                       f"shape ({d},) and dtype {dtype} (the server iterate); got {got}")
+    out = jax.eval_shape(algorithm.step, key, state, problem)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], RoundInfo)):
+        _validate.fail("algorithm", algorithm.name, f"{where}: step_fn must return (state, RoundInfo) "
+                       f"(build the info with fj.algorithms.round_info); got {type(out).__name__}")
+    new_state, info = out
+    same = jax.tree.structure(new_state) == jax.tree.structure(state) and all(
+        (a.shape, a.dtype) == (b.shape, b.dtype) for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(state)))
+    if not same:
+        _validate.fail("algorithm", algorithm.name, f"{where}: step_fn must return a state with the structure, "
+                       f"shapes and dtypes of its input; got {jax.tree.map(lambda a: a.shape, new_state)} "
+                       f"for {jax.tree.map(lambda a: a.shape, state)}")
+    bad = [f for f in RoundInfo._fields if getattr(info, f).shape != ()]
+    if bad:
+        _validate.fail("algorithm", algorithm.name, f"{where}: RoundInfo fields {bad} must be scalars (one seed)")
+    metrics_mod.check(metrics, state, problem, info, where)
 
 
 class _Plan(NamedTuple):
@@ -182,12 +244,12 @@ def _plan(problem, algorithm, theta0, n, r, num_configs, seed_batch_size, chunk_
         batch = max(1, int(MEMORY_BUDGET * num_devices // (4 * per_seed * num_configs)))
     else:
         batch = seed_batch_size
-    batch = min(batch, n)
+    batch = min(batch, n, MAX_BATCH)
     padded = -(-batch // num_devices) * num_devices
     num_batches = -(-n // batch)
     if chunk_rounds is None:
         # Not capped by T, so that the number of rounds never changes the compiled program.
-        per_round = padded * problem.num_agents * algorithm.config.num_local_steps * algorithm.config.skip
+        per_round = padded * problem.num_agents * algorithm.num_local_steps * algorithm.skip
         per_round *= num_configs
         blocks = min(MAX_BLOCKS_PER_CHUNK, max(1, int(STEPS_PER_CHUNK // max(per_round * r, 1))))
     else:
@@ -223,6 +285,9 @@ def simulate(
     record_every: int = 1,
     divergence_threshold: float = 1e10,
     *,
+    metrics=None,
+    keep_seeds: int = 0,
+    on_record=None,
     seed_batch_size: int | None = None,
     chunk_rounds: int | None = None,
     checkpoint_dir=None,
@@ -233,8 +298,10 @@ def simulate(
 
     Args:
       key: JAX threefry PRNG key (or an int seed). ``rbg`` keys are refused.
-      problem: a problem from :mod:`fedsa_jax.problems`.
-      algorithm: e.g. ``fj.fedlsa(0.1, 10)``, ``fj.scafflsa(0.1, 10)``, ``fj.qfedtd(0.6, q, 0.6)``.
+      problem: a problem from :mod:`fedsa_jax.problems`, or any object following
+        the protocol :class:`fedsa_jax.problems.Problem`.
+      algorithm: e.g. ``fj.fedlsa(0.1, 10)``, ``fj.scafflsa(0.1, 10)``,
+        ``fj.qfedtd(0.6, q, 0.6)``, or your own :class:`~fedsa_jax.Algorithm`.
       num_rounds: communication rounds T >= 1.
       num_seeds: independent runs >= 1.
       theta0: ``(d,)`` initial iterate (default 0).
@@ -243,32 +310,53 @@ def simulate(
       divergence_threshold: a seed counts as diverged at a recorded round if its
         iterate is non-finite or ``|theta - theta_star|^2`` exceeds this times
         ``1 + |theta_star|^2 + |theta0 - theta_star|^2``.
+      metrics: ``{"name": fn}`` with ``fn(state, problem) -> scalar`` for one seed,
+        or a built-in name (``"client_drift"``, ``"control_variate_error"``, see
+        :mod:`fedsa_jax.metrics`); recorded at every recorded round like the MSE
+        (``result.metrics["name"].mean``, ``.sem``, ``.quantiles``).
+      keep_seeds: keep the squared error and the metrics of the first K seeds at
+        every recorded round (``result.seed_mse (R, K)``, ``metrics[...].seeds``),
+        for spaghetti plots and bootstrap intervals; at most
+        ``KEEP_SEEDS_MAX_VALUES`` values in all.
+      on_record: ``fn(record)`` called on the host after each chunk with a
+        :class:`Record` of the rounds just recorded (statistics over every seed
+        run so far), e.g. to stream curves to an experiment tracker.
       seed_batch_size: seeds run together (default: as many as fit in
         ``MEMORY_BUDGET`` bytes per device); more seeds run in batches, one after
         the other, with identical results.
       chunk_rounds: rounds per call of the compiled kernel (default: about
         ``STEPS_PER_CHUNK`` agent-steps; at most ``MAX_BLOCKS_PER_CHUNK`` recorded
-        rounds); the progress bar and checkpoints advance per chunk. Results do
-        not depend on it.
+        rounds); the progress bar, checkpoints and ``on_record`` advance per chunk.
+        Results do not depend on it.
       checkpoint_dir: if given, an atomic checkpoint is written there after each
         chunk, and a call with the same arguments resumes from it (bit-identical
         to an uninterrupted run). A checkpoint of another configuration is refused.
       progress: show a progress bar (default: only on a terminal).
-      quantiles: record quantiles of the squared error over seeds
+      quantiles: record quantiles over seeds of the squared error and the metrics
         (``result.mse_quantiles``, from a histogram of ``4 * HIST_BINS`` bytes per
-        recorded round); default: when at most ``QUANTILE_MAX_RECORDS`` rounds are
-        recorded. Off, ``mse_quantiles`` is NaN.
+        value and recorded round); default: when at most ``QUANTILE_MAX_RECORDS``
+        rounds are recorded. Off, they are NaN.
 
     Returns:
       :class:`~fedsa_jax.result.SimulationResult`.
 
+    Before anything compiles, one seed's ``init`` and one round are traced
+    abstractly: a state without ``theta (d,)``, a step that does not return
+    ``(state, RoundInfo)`` with the same state structure, a problem lacking part
+    of the protocol or a metric that is not a real scalar raise a ``ValueError``
+    naming the algorithm, the problem or the metric.
+
     The kernel is compiled once per (problem structure, algorithm structure,
-    batch size, record_every, chunk size, dtype): the number of rounds and
-    continuous hyperparameters such as the step size are traced values.
+    metrics, batch size, record_every, chunk size, dtype): the number of rounds
+    and continuous hyperparameters such as the step size are traced values.
     """
     run = validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0, record_every, divergence_threshold,
-                       seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles)
+                       seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles,
+                       metrics=metrics, keep_seeds=keep_seeds, on_record=on_record)
     return _execute(run, problem, [algorithm])[0]
+
+
+KEEP_SEEDS_MAX_VALUES = 2**24  # keep_seeds x recorded rounds x (1 + metrics), float64 on the host
 
 
 class Run(NamedTuple):
@@ -285,26 +373,51 @@ class Run(NamedTuple):
     checkpoint_dir: Any
     progress: bool | None
     quantiles: bool
+    metrics: tuple = ()
+    keep_seeds: int = 0
+    on_record: Any = None
+
+
+class Record(NamedTuple):
+    """What ``on_record`` receives after each chunk: the rounds just recorded, with statistics
+    over the ``num_seeds`` seeds run so far (all of them once the last seed batch runs)."""
+
+    algorithm: str
+    config_index: int  # position in a sweep group (0 for simulate)
+    batch: int  # seed batch (0-based) of ``num_batches``
+    num_batches: int
+    num_seeds: int
+    rounds: np.ndarray  # (k,)
+    mse_mean: np.ndarray  # (k,)
+    mse_sem: np.ndarray  # (k,)
+    num_diverged: np.ndarray  # (k,)
+    metrics: dict  # name -> (mean (k,), sem (k,))
+    counts: dict  # communications, messages_delivered, bits_sent, bits_delivered, samples -> (k,) seed means
 
 
 def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, record_every=1,
                  divergence_threshold=1e10, seed_batch_size=None, chunk_rounds=None, checkpoint_dir=None,
-                 progress=None, quantiles=None) -> Run:
+                 progress=None, quantiles=None, *, metrics=None, keep_seeds=0, on_record=None) -> Run:
     """Check every argument of a run before anything is compiled."""
+    from fedsa_jax import metrics as metrics_mod
+
     key = _validate.prng_key("key", key)
     _check_problem(problem)
     if not isinstance(algorithm, Algorithm):
-        _validate.fail("algorithm", type(algorithm).__name__, "expected fj.fedlsa, fj.scafflsa or fj.qfedtd")
+        _validate.fail("algorithm", type(algorithm).__name__,
+                       "expected an fj.Algorithm (fj.fedlsa, fj.scafflsa, fj.qfedtd, ... or your own)")
     T = _validate.integer("num_rounds", num_rounds)
     n = _validate.integer("num_seeds", num_seeds)
     r = _validate.integer("record_every", record_every)
-    if T * problem.num_agents >= 2**31:  # the per-seed count of delivered messages is int32
-        _validate.fail("num_rounds", num_rounds, f"expected num_rounds * num_agents < 2**31 "
-                       f"(num_agents={problem.num_agents}); split the run")
     if n >= 2**31:  # seed indices are uint32 fold_in data
         _validate.fail("num_seeds", num_seeds, "expected fewer than 2**31 seeds")
+    if T >= 2**32 - 1:  # the round counter is uint32
+        _validate.fail("num_rounds", num_rounds, "expected fewer than 2**32 - 1 rounds; split the run")
     if r > T:
         _validate.fail("record_every", record_every, f"expected an integer in [1, num_rounds={T}]")
+    if T // r + 1 > MAX_RECORDS:
+        _validate.fail("record_every", record_every, f"num_rounds / record_every = {T // r} recorded rounds is "
+                       f"more than MAX_RECORDS = {MAX_RECORDS}; record less often")
     factor = _validate.real("divergence_threshold", divergence_threshold, 0.0, low_open=True)
     if seed_batch_size is not None:
         _validate.integer("seed_batch_size", seed_batch_size)
@@ -314,8 +427,9 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
         _validate.fail("progress", progress, "expected True, False or None (on a terminal only)")
     if quantiles is not None and not isinstance(quantiles, bool):
         _validate.fail("quantiles", quantiles, "expected True, False or None (on when few rounds are recorded)")
+    num_records = T // r + 1 + (T % r > 0)  # = len(recorded_rounds(T, r))
     if quantiles is None:
-        quantiles = T // r + 1 + (T % r > 0) <= QUANTILE_MAX_RECORDS  # = len(recorded_rounds(T, r))
+        quantiles = num_records <= QUANTILE_MAX_RECORDS
     d = problem.dim
     if theta0 is None:
         theta0_np = np.zeros(d)
@@ -323,16 +437,29 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
         theta0_np = _validate.array("theta0", theta0, 1)
         if theta0_np.shape != (d,):
             _validate.fail("theta0", theta0, f"expected shape ({d},) to match the problem's dimension")
-    algorithm.config.channel.quantizer.check_dim(d)
+    algorithm.channel.quantizer.check_dim(d)
+    resolved = metrics_mod.resolve(metrics)
+    keep = _validate.integer("keep_seeds", keep_seeds, 0)
+    if keep > n:
+        _validate.fail("keep_seeds", keep_seeds, f"expected an integer in [0, num_seeds={n}]")
+    if keep * num_records * (1 + len(resolved)) > KEEP_SEEDS_MAX_VALUES:
+        _validate.fail("keep_seeds", keep_seeds, f"keep_seeds x recorded rounds ({num_records}) x (1 + metrics) "
+                       f"must be <= {KEEP_SEEDS_MAX_VALUES}; record less often or keep fewer seeds")
+    if on_record is not None and not callable(on_record):
+        _validate.fail("on_record", on_record, "expected a function fn(record) or None")
     if checkpoint_dir is not None and jax.process_count() > 1:
         _validate.fail("checkpoint_dir", checkpoint_dir, "checkpoints are written by single-process runs only")
-    return Run(key, T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles)
+    _check_algorithm(problem, algorithm, theta0_np, resolved)
+    return Run(key, T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles,
+               resolved, keep, on_record)
 
 
 def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
     """Run algorithms of one structure (stacked along a config axis) on validated inputs."""
     key, T, n, r, theta0_np, factor = run[:6]
-    seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles = run[6:]
+    seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles = run[6:11]
+    rec = Recording(run.metrics, quantiles, run.keep_seeds)
+    metric_names = [name for name, _ in run.metrics]
     K = len(algorithms)
     stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *algorithms)
     theta_star = np.asarray(problem.theta_star, np.float64)
@@ -349,6 +476,9 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
     threshold = put(np.asarray(min(factor * scale, float(jnp.finfo(dtype).max)), dtype))
     plan = _plan(problem, algorithms[0], jnp.asarray(theta0_np, dtype), n, r, K, seed_batch_size, chunk_rounds,
                  num_devices)
+    if run.keep_seeds > plan.batch:
+        _validate.fail("keep_seeds", run.keep_seeds, f"expected at most the seed batch size ({plan.batch}); "
+                       "pass a larger seed_batch_size")
 
     ckpt_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     finger = None if ckpt_dir is None else _checkpoint.fingerprint(  # hashes every leaf: only when needed
@@ -357,13 +487,15 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
         num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,
         padded=plan.padded, devices=num_devices, dtype=str(np.dtype(dtype)),
         statistics=Moments._fields, quantiles=quantiles, version=__version__,  # other statistics: refused
+        metrics=metric_names, keep_seeds=run.keep_seeds,
     )
     saved = _checkpoint.load(ckpt_dir) if ckpt_dir is not None else None
     if saved is not None and str(saved["fingerprint"]) != finger:
         _validate.fail(
             "checkpoint_dir", str(ckpt_dir),
             "it holds a checkpoint of a different configuration (problem, algorithm, key, rounds, seeds, "
-            "record_every, theta0, batch size, device count or package version); use another directory or delete it",
+            "record_every, theta0, metrics, batch size, device count or package version); use another directory "
+            "or delete it",
         )
 
     from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
@@ -383,30 +515,54 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
     def concat(parts):
         return Moments(*(np.concatenate([getattr(m, f) for m in parts], axis=1) for f in Moments._fields))
 
+    all_rounds = recorded_rounds(T, r)
+
+    def report(b, rows, current):
+        """Call on_record with the rows just recorded, merged with the finished batches."""
+        seeds = min(n, (b + 1) * plan.batch)
+        for i, algorithm in enumerate(algorithms):
+            mine = Moments(*(getattr(current, f)[i, rows] for f in Moments._fields))
+            if done is not None:
+                mine = merge([Moments(*(getattr(done, f)[i, rows] for f in Moments._fields)), mine])
+            stats = finalize(merge([mine]), seeds)
+            run.on_record(Record(
+                algorithm=algorithm.name, config_index=i, batch=b, num_batches=plan.num_batches, num_seeds=seeds,
+                rounds=all_rounds[rows], mse_mean=stats["val_mean"][:, 0], mse_sem=stats["val_sem"][:, 0],
+                num_diverged=stats["num_diverged"],
+                metrics={m: (stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1])
+                         for j, m in enumerate(metric_names)},
+                counts=dict(zip(COUNT_NAMES, stats["counts"].T)),
+            ))
+
     for b in range(first_batch, plan.num_batches):
         ids = np.arange(b * plan.batch, b * plan.batch + plan.padded, dtype=np.uint32)
         seed_ids = _global_array(ids, seeds_sharding)
         valid = _global_array((ids < min(n, (b + 1) * plan.batch)), seeds_sharding)
-        carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithms_r, theta0_r, threshold,
-                           quantiles=quantiles)
+        carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithms_r, theta0_r, threshold, rec=rec)
         recorded = [jax.tree.map(lambda x: np.asarray(x)[:, None], m0)]
         if saved is not None and b == first_batch and "carry0" in saved:
             carry = _checkpoint.arrays_to_tree("carry", saved, carry)
             recorded = [Moments(*(saved[f"cur_{f}"] for f in Moments._fields))]
+        elif run.on_record is not None:
+            report(b, slice(0, 1), concat(recorded))
         t = int(carry.t[0])
         bar.update(b * T + t - bar.n)
         while t < T:
             end = min(t + plan.chunk_rounds, T)
             carry, buf, filled = _advance(
                 key_data, seed_ids, valid, carry, problem_r, algorithms_r, threshold, jnp.uint32(end),
-                record_every=r, max_blocks=plan.max_blocks, quantiles=quantiles,
+                record_every=r, max_blocks=plan.max_blocks, rec=rec,
             )
             k = int(np.asarray(filled)[0])
             recorded.append(jax.tree.map(lambda x: np.asarray(x)[:, :k], buf))
             bar.update(end - t)
             t = end
+            current = concat(recorded)
             if ckpt_dir is not None:
-                _save(ckpt_dir, finger, b, done, finals, concat(recorded), carry if t < T else None)
+                _save(ckpt_dir, finger, b, done, finals, current, carry if t < T else None)
+            if run.on_record is not None:
+                rows_so_far = current.n_ok.shape[1]
+                report(b, slice(rows_so_far - k, rows_so_far), current)
         done = concat(recorded) if done is None else merge([done, concat(recorded)])
         theta = _to_host(carry.states.theta)
         finals.append(theta[:, : min(n, (b + 1) * plan.batch) - b * plan.batch])
@@ -414,33 +570,35 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
             _save(ckpt_dir, finger, b + 1, done, finals, None, None)
     bar.close()
 
-    rounds = recorded_rounds(T, r)
     results = []
     for i, algorithm in enumerate(algorithms):
-        mine = [Moments(*(getattr(done, f)[i] for f in Moments._fields))]
-        merged = finalize(merge(mine))
-        bits = algorithm.bits_per_message(d)
-        delivered = sum(np.asarray(m.delivered_sum, np.float64) for m in mine) / n
+        stats = finalize(merge([Moments(*(getattr(done, f)[i] for f in Moments._fields))]), n)
+        counts = dict(zip(COUNT_NAMES, stats["counts"].T))
+        kept = stats["kept"]  # (R, K, V)
+        q = stats["val_quantiles"]  # (R, V, 5)
         result = SimulationResult(
-            rounds=rounds,
-            mse_mean=merged["mse_mean"],
-            mse_sem=merged["mse_sem"],
-            theta_mean=merged["theta_mean"],
-            theta_sem=merged["theta_sem"],
-            num_diverged=merged["num_diverged"],
-            mse_quantiles=merged["mse_quantiles"],
+            rounds=all_rounds,
+            mse_mean=stats["val_mean"][:, 0],
+            mse_sem=stats["val_sem"][:, 0],
+            theta_mean=stats["theta_mean"],
+            theta_sem=stats["theta_sem"],
+            num_diverged=stats["num_diverged"],
+            mse_quantiles=q[:, 0],
             final_theta=np.concatenate([f[i] for f in finals]).astype(dtype),
             theta_star=theta_star.astype(dtype),
-            bits_sent=rounds.astype(np.float64) * problem.num_agents * bits,
-            bits_delivered=delivered * bits,
-            config=run_config(key, problem, algorithm, T, n, r, theta0_np, factor, plan, num_devices, quantiles),
+            config=run_config(key, problem, algorithm, T, n, r, theta0_np, factor, plan, num_devices, quantiles,
+                              metric_names, run.keep_seeds),
+            seed_mse=kept[:, :, 0],
+            metrics={m: MetricStats(stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1], q[:, j + 1],
+                                    kept[:, :, j + 1]) for j, m in enumerate(metric_names)},
+            **counts,
         )
         worst = int(result.num_diverged.max())
         if worst:
             warnings.warn(
                 f"{algorithm.name} ({algorithm.describe()}): up to {worst} of {n} seeds diverged (first at round "
                 f"{int(result.rounds[np.argmax(result.num_diverged > 0)])}); they are counted in "
-                "result.num_diverged and left out of mse_mean, mse_sem and theta_mean. "
+                "result.num_diverged and left out of mse_mean, mse_sem, theta_mean and the metrics. "
                 "A smaller step_size usually fixes this.",
                 RuntimeWarning,
                 stacklevel=3,
@@ -461,7 +619,8 @@ def _save(directory, finger, batch, done, finals, current, carry) -> None:
     _checkpoint.save(directory, arrays)
 
 
-def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devices, quantiles) -> dict[str, Any]:
+def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devices, quantiles, metrics=(),
+               keep_seeds=0) -> dict[str, Any]:
     import jaxlib
 
     return {
@@ -471,6 +630,8 @@ def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devic
         "num_seeds": n,
         "record_every": r,
         "quantiles": quantiles,
+        "metrics": list(metrics),
+        "keep_seeds": keep_seeds,
         "theta0": [float(x) for x in theta0],
         "divergence_threshold": factor,
         "dtype": str(np.dtype(problem.dtype)),
@@ -487,3 +648,6 @@ def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devic
         "process_count": jax.process_count(),
         "platform": jax.default_backend(),
     }
+
+
+make_callable(__name__, simulate)  # fj.simulate(...) calls simulate; `import fedsa_jax.simulate` is this module

@@ -41,46 +41,83 @@ QUANTILE_LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
 class Moments(NamedTuple):
+    """One recorded round's statistics of a batch of seeds. The per-seed *values* are the
+    squared error ``|theta - theta_star|^2`` (column 0) and the recorded metrics."""
+
     n_ok: jax.Array  # () int32, non-diverged valid seeds
-    err_mean: jax.Array  # () mean of |theta - theta_star|^2
-    err_m2: jax.Array  # () sum of squared deviations
+    val_mean: jax.Array  # (V,) mean of each value over non-diverged seeds
+    val_m2: jax.Array  # (V,) sum of squared deviations
     theta_mean: jax.Array  # (d,)
     theta_m2: jax.Array  # (d,)
     num_diverged: jax.Array  # () int32
-    delivered_sum: jax.Array  # () cumulative uplink messages delivered, summed over valid seeds
-    err_hist: jax.Array  # (HIST_BINS,) or (0,) int32 counts of non-diverged squared errors per log bin
-    err_min: jax.Array  # () smallest non-diverged squared error (+inf if none)
-    err_max: jax.Array  # () largest (-inf if none)
+    count_digits: jax.Array  # (C, 8) uint32: base-256 digits of the valid seeds' summed 64-bit counters
+    val_hist: jax.Array  # (V, HIST_BINS) or (V, 0) int32 counts of non-diverged values per log bin
+    val_min: jax.Array  # (V,) smallest non-diverged value (+inf if none)
+    val_max: jax.Array  # (V,) largest (-inf if none)
+    kept: jax.Array  # (K, V) the values of the batch's first K seeds (``keep_seeds``)
 
 
-def seed_moments(theta, theta_star, threshold, valid, delivered, quantiles: bool = True) -> Moments:
-    """Moments over the leading (seed) axis of ``theta (n, d)``, valid seeds only
-    (``quantiles=False``: an empty histogram)."""
-    err = jnp.sum((theta - theta_star) ** 2, axis=-1)
+COUNTER_DIGITS = 8  # a 64-bit counter as 8 base-256 digits; a digit's sum over 2**24 seeds fits in uint32
+
+
+def add_counts(counters: jax.Array, increments: jax.Array) -> jax.Array:
+    """Add ``increments (..., C)`` (int32, >= 0) to 64-bit counters ``(..., C, 2)`` held as uint32
+    ``(low, high)`` words: exact for any number of rounds, without ``jax_enable_x64``."""
+    inc = increments.astype(jnp.uint32)
+    low = counters[..., 0] + inc
+    high = counters[..., 1] + (low < inc).astype(jnp.uint32)  # carry on wrap-around
+    return jnp.stack([low, high], axis=-1)
+
+
+def _counter_digits(counters: jax.Array, valid: jax.Array) -> jax.Array:
+    """``(C, 8)`` uint32 sums over valid seeds of the base-256 digits of ``counters (B, C, 2)``."""
+    shifts = jnp.arange(4, dtype=jnp.uint32) * 8
+    digits = (counters[..., None] >> shifts) & jnp.uint32(0xFF)  # (B, C, 2, 4)
+    digits = digits.reshape(counters.shape[:-1] + (COUNTER_DIGITS,))
+    return jnp.sum(jnp.where(valid[:, None, None], digits, jnp.uint32(0)), axis=0, dtype=jnp.uint32)
+
+
+def counter_totals(count_digits) -> np.ndarray:
+    """Exact float64 totals ``(..., C)`` from :class:`Moments`' ``count_digits`` (summed over batches)."""
+    d = np.asarray(count_digits, np.float64)
+    return np.sum(d * 256.0 ** np.arange(COUNTER_DIGITS), axis=-1)
+
+
+def seed_moments(theta, theta_star, threshold, valid, values, counters, quantiles: bool = True,
+                 keep: int = 0) -> Moments:
+    """Moments over the leading (seed) axis of ``theta (n, d)`` and ``values (n, V)`` (column 0:
+    the squared error, which decides divergence), valid seeds only; ``counters (n, C, 2)``;
+    ``quantiles=False``: empty histograms; ``keep``: the first ``keep`` seeds' values."""
+    err = values[:, 0]
     ok = valid & jnp.isfinite(err) & (err <= threshold)
     n = jnp.sum(ok)
     n_f = jnp.maximum(n, 1).astype(err.dtype)
-    mean = jnp.sum(jnp.where(ok, err, 0.0)) / n_f
-    m2 = jnp.sum(jnp.where(ok, (err - mean) ** 2, 0.0))
-    okd = ok[:, None]
-    theta_mean = jnp.sum(jnp.where(okd, theta, 0.0), axis=0) / n_f
-    theta_m2 = jnp.sum(jnp.where(okd, (theta - theta_mean) ** 2, 0.0), axis=0)
+    okv = ok[:, None]
+
+    def mean_m2(x):
+        mean = jnp.sum(jnp.where(okv, x, 0.0), axis=0) / n_f
+        return mean, jnp.sum(jnp.where(okv, (x - mean) ** 2, 0.0), axis=0)
+
+    val_mean, val_m2 = mean_m2(values)
+    theta_mean, theta_m2 = mean_m2(theta)
     diverged = jnp.sum(valid & ~ok).astype(jnp.int32)
-    delivered_sum = jnp.sum(jnp.where(valid, delivered, 0).astype(err.dtype))
+    V = values.shape[1]
     if quantiles:
-        log_err = jnp.log10(jnp.maximum(jnp.where(ok, err, 1.0), jnp.finfo(err.dtype).tiny))
-        idx = jnp.clip(jnp.floor((log_err - HIST_LOW) * HIST_PER_DECADE), 0, HIST_BINS - 1).astype(jnp.int32)
-        hist = jnp.zeros(HIST_BINS, jnp.int32).at[idx].add(ok.astype(jnp.int32))
+        log_v = jnp.log10(jnp.maximum(jnp.where(okv, values, 1.0), jnp.finfo(values.dtype).tiny))
+        idx = jnp.clip(jnp.floor((log_v - HIST_LOW) * HIST_PER_DECADE), 0, HIST_BINS - 1).astype(jnp.int32)
+        rows = jnp.broadcast_to(jnp.arange(V), idx.shape)
+        hist = jnp.zeros((V, HIST_BINS), jnp.int32).at[rows, idx].add(okv.astype(jnp.int32))
     else:
-        hist = jnp.zeros(0, jnp.int32)
-    err_min = jnp.min(jnp.where(ok, err, jnp.inf))
-    err_max = jnp.max(jnp.where(ok, err, -jnp.inf))
-    return Moments(n.astype(jnp.int32), mean, m2, theta_mean, theta_m2, diverged, delivered_sum, hist,
-                   err_min, err_max)
+        hist = jnp.zeros((V, 0), jnp.int32)
+    val_min = jnp.min(jnp.where(okv, values, jnp.inf), axis=0)
+    val_max = jnp.max(jnp.where(okv, values, -jnp.inf), axis=0)
+    return Moments(n.astype(jnp.int32), val_mean, val_m2, theta_mean, theta_m2, diverged,
+                   _counter_digits(counters, valid), hist, val_min, val_max, values[:keep])
 
 
 def merge(parts: list[Moments]) -> Moments:
-    """Combine batches' moments (numpy, float64; arrays may carry a leading round axis)."""
+    """Combine batches' moments (numpy, float64; arrays may carry leading axes). ``kept`` comes
+    from the first part (the batch holding the first seeds)."""
     n = sum(np.asarray(p.n_ok, np.float64) for p in parts)
     safe = np.maximum(n, 1.0)
 
@@ -94,15 +131,16 @@ def merge(parts: list[Moments]) -> Moments:
                  for p, k, m in zip(parts, ns, means))
         return mean, m2
 
-    err_mean, err_m2 = pooled("err_mean", "err_m2")
+    val_mean, val_m2 = pooled("val_mean", "val_m2")
     theta_mean, theta_m2 = pooled("theta_mean", "theta_m2")
     return Moments(
-        n_ok=n, err_mean=err_mean, err_m2=err_m2, theta_mean=theta_mean, theta_m2=theta_m2,
+        n_ok=n, val_mean=val_mean, val_m2=val_m2, theta_mean=theta_mean, theta_m2=theta_m2,
         num_diverged=sum(np.asarray(p.num_diverged, np.int64) for p in parts),
-        delivered_sum=sum(np.asarray(p.delivered_sum, np.float64) for p in parts),
-        err_hist=sum(np.asarray(p.err_hist, np.int64) for p in parts),
-        err_min=np.min([np.asarray(p.err_min, np.float64) for p in parts], axis=0),
-        err_max=np.max([np.asarray(p.err_max, np.float64) for p in parts], axis=0),
+        count_digits=sum(np.asarray(p.count_digits, np.float64) for p in parts),
+        val_hist=sum(np.asarray(p.val_hist, np.int64) for p in parts),
+        val_min=np.min([np.asarray(p.val_min, np.float64) for p in parts], axis=0),
+        val_max=np.max([np.asarray(p.val_max, np.float64) for p in parts], axis=0),
+        kept=np.asarray(parts[0].kept, np.float64),
     )
 
 
@@ -133,21 +171,29 @@ def hist_quantiles(hist: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels=QUAN
         return np.clip(out, np.asarray(lo)[..., None], np.asarray(hi)[..., None])
 
 
-def finalize(m: Moments) -> dict[str, np.ndarray]:
-    """Means and standard errors; NaN where no seed is left."""
+def finalize(m: Moments, num_seeds) -> dict[str, np.ndarray]:
+    """Means and standard errors (NaN where no seed is left), per-value quantiles (NaN for a
+    value that went negative: the histogram is logarithmic) and the counters' means over
+    ``num_seeds`` seeds."""
     n = np.asarray(m.n_ok, np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mse_sem = np.sqrt(m.err_m2 / (n - 1) / n)
-        nd = n.reshape(n.shape + (1,) * (np.ndim(m.theta_mean) - n.ndim))
-        theta_sem = np.sqrt(m.theta_m2 / (nd - 1) / nd)
-    none = n == 0
-    mse_mean = np.where(none, np.nan, m.err_mean)
-    theta_mean = np.where(none.reshape(nd.shape), np.nan, m.theta_mean)
+
+    def with_sem(mean, m2):
+        nd = n.reshape(n.shape + (1,) * (np.ndim(mean) - n.ndim))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            sem = np.sqrt(m2 / (nd - 1) / nd)
+        return np.where(nd == 0, np.nan, mean), np.where(nd > 1, sem, np.nan)
+
+    val_mean, val_sem = with_sem(m.val_mean, m.val_m2)
+    theta_mean, theta_sem = with_sem(m.theta_mean, m.theta_m2)
+    quantiles = hist_quantiles(m.val_hist, m.val_min, m.val_max)
+    quantiles = np.where((np.asarray(m.val_min) < 0)[..., None], np.nan, quantiles)
     return {
-        "mse_mean": mse_mean,
-        "mse_sem": np.where(n > 1, mse_sem, np.nan),  # undefined from fewer than 2 seeds
+        "val_mean": val_mean,
+        "val_sem": val_sem,  # undefined from fewer than 2 seeds
         "theta_mean": theta_mean,
-        "theta_sem": np.where(nd > 1, theta_sem, np.nan),
+        "theta_sem": theta_sem,
         "num_diverged": np.asarray(m.num_diverged, np.int64),
-        "mse_quantiles": hist_quantiles(m.err_hist, m.err_min, m.err_max),
+        "val_quantiles": quantiles,
+        "counts": counter_totals(m.count_digits) / num_seeds,
+        "kept": np.asarray(m.kept, np.float64),
     }

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from fedsa_jax import _checkpoint, _validate
+from fedsa_jax._module import make_callable
 from fedsa_jax._io import atomic_write
 from fedsa_jax.result import SimulationResult, load
 from fedsa_jax.simulate import _execute, validate_run
@@ -170,3 +171,6 @@ def _write_index(out: Path, entries: list[SweepEntry]) -> None:
         for e in entries
     ]
     atomic_write(out / "sweep.json", lambda f: f.write(json.dumps(rows, indent=2)), mode="w")
+
+
+make_callable(__name__, sweep)  # fj.sweep(...) calls sweep; `import fedsa_jax.sweep` is this module

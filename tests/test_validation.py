@@ -65,7 +65,8 @@ BAD = [
     ("num_rounds", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 0, 4)),
     ("num_seeds", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 0)),
     ("num_seeds", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 2**31)),
-    ("num_rounds", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 2**30, 4)),  # x 2 agents
+    ("num_rounds", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 2**32, 4)),  # uint32 counter
+    ("record_every", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 2**30, 4)),  # 2**30 records
     ("record_every", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 4, record_every=6)),
     ("theta0", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 4, theta0=np.ones(3))),
     ("theta0", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 4, theta0=[np.nan, 0])),

@@ -1,18 +1,41 @@
-"""Federated SA algorithms: one file each, written for one agent and one seed."""
+"""Federated SA algorithms, one file each, written for one agent and one seed, and the public
+building blocks to write your own (see :class:`Algorithm` and the README, "Write your own algorithm")."""
 
-from fedsa_jax.algorithms._base import Algorithm, LocalStepsConfig, RoundInfo
+from fedsa_jax.algorithms._base import (
+    Algorithm,
+    LocalStepsConfig,
+    RoundInfo,
+    RoundRandomness,
+    describe_value,
+    init_samplers,
+    initial_theta,
+    local_updates,
+    observations_per_step,
+    round_info,
+    run_agents,
+    server_update,
+)
 from fedsa_jax.algorithms.fedlsa import FedLSAState, fedlsa
 from fedsa_jax.algorithms.qfedtd import QFedTDState, qfedtd
 from fedsa_jax.algorithms.scafflsa import SCAFFLSAState, scafflsa
 
 __all__ = [
     "Algorithm",
-    "LocalStepsConfig",
     "FedLSAState",
+    "LocalStepsConfig",
     "QFedTDState",
     "RoundInfo",
+    "RoundRandomness",
     "SCAFFLSAState",
+    "describe_value",
     "fedlsa",
+    "init_samplers",
+    "initial_theta",
+    "local_updates",
+    "observations_per_step",
     "qfedtd",
+    "round_info",
+    "run_agents",
     "scafflsa",
+    "server_update",
 ]

@@ -23,6 +23,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedsa_jax import _validate
 from fedsa_jax.channel import Channel, Delivery, channel, transmit
@@ -31,14 +32,54 @@ from fedsa_jax.channel import Channel, Delivery, channel, transmit
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """An algorithm: ``init(key, problem, theta0) -> state`` and
-    ``step(key, state, problem) -> (state, info)`` for one seed
-    (``= step_from(randomness(key, problem), state, problem)``)."""
+    """An algorithm for one seed: ``init(key, problem, theta0) -> state`` and
+    ``step(key, state, problem) -> (state, info)``.
+
+    Args:
+      config: any frozen dataclass registered as a pytree
+        (``jax.tree_util.register_dataclass``): continuous hyperparameters are
+        leaves (traced: changing or vmapping them does not recompile), structural
+        ones are static fields. The driver reads three optional fields:
+        ``num_local_steps`` (default 1: observations per agent and round),
+        ``skip`` (default 1: Markov steps per kept observation) and ``channel``
+        (default: exact, :func:`fedsa_jax.channel.channel`). Every field is
+        recorded in ``result.config["algorithm"]``.
+      name: a short name (result files, legends).
+      init_fn: ``init_fn(key, problem, theta0, config) -> state``, a pytree whose
+        field ``theta (d,)`` (dtype ``problem.dtype``) is the server iterate scored
+        by the MSE.
+      step_fn: ``step_fn(rand, state, problem, config) -> (state, RoundInfo)``: one
+        communication round from the round's random numbers ``rand``
+        (:class:`RoundRandomness`, drawn by :meth:`randomness`). The new state has
+        the structure, shapes and dtypes of the old one. Build the
+        :class:`RoundInfo` with :func:`round_info` for the usual round (every agent
+        sends one message) or by hand.
+
+    Both functions are written for one seed (agents are vmapped inside, see
+    :func:`run_agents`); make them module-level functions so that two equal
+    algorithms hit the same compiled kernel.
+    """
 
     config: Any
     name: str = dataclasses.field(metadata=dict(static=True))
     init_fn: Callable = dataclasses.field(metadata=dict(static=True))
     step_fn: Callable = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def num_local_steps(self) -> int:
+        """``config.num_local_steps`` (default 1)."""
+        return int(getattr(self.config, "num_local_steps", 1))
+
+    @property
+    def skip(self) -> int:
+        """``config.skip`` (default 1)."""
+        return int(getattr(self.config, "skip", 1))
+
+    @property
+    def channel(self) -> Channel:
+        """``config.channel`` (default: exact)."""
+        ch = getattr(self.config, "channel", None)
+        return channel() if ch is None else ch
 
     def init(self, key: jax.Array, problem, theta0: jax.Array):
         return self.init_fn(key, problem, theta0, self.config)
@@ -47,7 +88,7 @@ class Algorithm:
         """One round's random numbers: all agents' observations in one block, and a
         key for the channel (two independent streams split from ``key``)."""
         k_obs, k_channel = jax.random.split(key)
-        obs = problem.randomness(k_obs, problem.num_agents, self.config.num_local_steps, self.config.skip)
+        obs = problem.randomness(k_obs, problem.num_agents, self.num_local_steps, self.skip)
         return RoundRandomness(obs, k_channel)
 
     def step_from(self, rand, state, problem):
@@ -57,17 +98,42 @@ class Algorithm:
         return self.step_from(self.randomness(key, problem), state, problem)
 
     def bits_per_message(self, dim: int) -> int:
-        return self.config.channel.quantizer.bits(dim)
+        return self.channel.quantizer.bits(dim)
 
     def describe(self) -> dict[str, Any]:
-        cfg = self.config
-        return {
-            "algorithm": self.name,
-            "step_size": float(cfg.step_size),
-            "num_local_steps": cfg.num_local_steps,
-            "skip": cfg.skip,
-            "channel": cfg.channel.describe(),
-        }
+        """``{"algorithm": name, <every config field>: value}``, JSON-friendly."""
+        out: dict[str, Any] = {"algorithm": self.name}
+        out.update(describe_value(self.config))
+        if not hasattr(self.config, "channel"):
+            out["channel"] = self.channel.describe()
+        return out
+
+
+def describe_value(value: Any) -> Any:
+    """A JSON-friendly description: objects with ``describe()`` use it, dataclasses
+    become dicts of their fields, numbers and arrays become floats and lists,
+    functions their qualified names."""
+    if hasattr(value, "describe") and callable(value.describe) and not isinstance(value, type):
+        return value.describe()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: describe_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):
+        return [describe_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): describe_value(v) for k, v in value.items()}
+    if callable(value):
+        return getattr(value, "__qualname__", None) or repr(value)
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 (anything else is described by its repr)
+        return repr(value)
+    if arr.dtype.kind in "biuf":
+        return arr.item() if arr.ndim == 0 else arr.tolist()
+    return repr(value)
 
 
 class RoundRandomness(NamedTuple):
@@ -87,10 +153,23 @@ class LocalStepsConfig:
 
 
 class RoundInfo(NamedTuple):
-    """Per-round diagnostics (same structure for every algorithm)."""
+    """What one round did, for one seed: a diagnostic and the round's counts.
 
-    client_drift: jax.Array  # mean_c |theta^c_{t,H} - theta_{t+1}|^2 (0 for QFedTD)
-    num_delivered: jax.Array  # () int32, uplink messages delivered this round
+    The driver sums the counts over rounds (exactly, in 64-bit counters) and
+    reports their means over seeds as ``result.communications``,
+    ``messages_delivered``, ``bits_sent``, ``bits_delivered`` and ``samples``:
+    an algorithm that communicates at random reports what it actually sent.
+    """
+
+    client_drift: jax.Array  # () mean_c |theta^c_{t,H} - theta_{t+1}|^2 (0 without local steps)
+    messages_sent: jax.Array  # () int32, uplink messages sent this round
+    messages_delivered: jax.Array  # () int32, uplink messages delivered this round
+    bits_sent: jax.Array  # () int32, uplink bits sent this round
+    bits_delivered: jax.Array  # () int32, uplink bits delivered this round
+    observations: jax.Array  # () int32, observations drawn by all agents this round
+
+
+COUNT_FIELDS = RoundInfo._fields[1:]  # what the driver sums
 
 
 # Local steps unrolled per scan iteration. With the fused PRNG, unroll 2..10 measured the same on a
@@ -125,9 +204,36 @@ def server_update(key: jax.Array, theta: jax.Array, local: jax.Array, ch: Channe
     return theta + jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0), delivery
 
 
-def round_info(local: jax.Array, theta: jax.Array, delivery: Delivery) -> RoundInfo:
+def observations_per_step(problem, skip: int) -> int:
+    """Observations an agent draws per kept observation: ``skip`` along a Markov chain
+    (``problem.sampling == "markov"``: the chain moves ``skip`` steps), else 1 (discarding
+    i.i.d. draws is free)."""
+    return skip if getattr(problem, "sampling", None) == "markov" else 1
+
+
+def round_info(local: jax.Array, theta: jax.Array, delivery: Delivery, config, problem) -> RoundInfo:
+    """:class:`RoundInfo` of the usual round: every agent ran ``num_local_steps`` local steps
+    (``local (N, d)``, its last iterate) and sent one message of
+    ``channel.quantizer.bits(d)`` bits; ``delivery`` says which arrived.
+
+    ``config``'s optional fields ``num_local_steps``, ``skip`` and ``channel`` take their
+    defaults (1, 1, exact) when absent.
+    """
+    N, d = local.shape
+    H = int(getattr(config, "num_local_steps", 1))
+    skip = int(getattr(config, "skip", 1))
+    ch = getattr(config, "channel", None)
+    bits = channel().quantizer.bits(d) if ch is None else ch.quantizer.bits(d)
     drift = jnp.mean(jnp.sum((local - theta) ** 2, axis=-1))
-    return RoundInfo(drift, jnp.sum(delivery.delivered).astype(jnp.int32))
+    delivered = jnp.sum(delivery.delivered).astype(jnp.int32)
+    return RoundInfo(
+        client_drift=drift,
+        messages_sent=jnp.int32(N),
+        messages_delivered=delivered,
+        bits_sent=jnp.int32(N * bits),
+        bits_delivered=delivered * jnp.int32(bits),
+        observations=jnp.int32(N * H * observations_per_step(problem, skip)),
+    )
 
 
 def init_samplers(key: jax.Array, problem) -> jax.Array:
@@ -157,7 +263,7 @@ def local_updates(problem, params, obs, theta, step_size, control=None):
     return theta
 
 
-def run_agents(rand, problem, samplers, theta, step_size, skip, controls=None):
+def run_agents(rand, problem, samplers, theta, step_size, skip=1, controls=None):
     """All agents' local rounds from the common ``theta`` (vmapped over agents).
 
     ``rand``: the random numbers of all agents' H observations, one block

@@ -65,7 +65,7 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     eta = jnp.asarray(config.step_size, problem.dtype)
     local, sampler = run_agents(rand.obs, problem, state.sampler, state.theta, eta, config.skip)
     theta, delivery = server_update(rand.channel, state.theta, local, config.channel)
-    return FedLSAState(theta, sampler), round_info(local, theta, delivery)
+    return FedLSAState(theta, sampler), round_info(local, theta, delivery, config, problem)
 
 
 def fedlsa(

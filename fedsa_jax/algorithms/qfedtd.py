@@ -66,7 +66,7 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
     else:
         delivery = transmit(rand.channel, g, ch)
         theta = state.theta + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
-    info = round_info(state.theta[None], state.theta, delivery)  # no local drift: one step
+    info = round_info(jnp.broadcast_to(state.theta, g.shape), state.theta, delivery, config, problem)  # no drift
     return QFedTDState(theta, sampler), info
 
 

@@ -85,7 +85,7 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     n_delivered = jnp.maximum(jnp.sum(delivered), 1).astype(problem.dtype)
     increment = increment - jnp.where(delivered, jnp.sum(increment, axis=0) / n_delivered, 0.0)
     xi = state.xi + increment
-    return SCAFFLSAState(theta, xi, sampler), round_info(local, theta, delivery)
+    return SCAFFLSAState(theta, xi, sampler), round_info(local, theta, delivery, config, problem)
 
 
 def scafflsa(

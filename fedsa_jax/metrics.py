@@ -1,0 +1,106 @@
+"""Quantities recorded next to the MSE: ``fj.simulate(..., metrics={"name": fn})``.
+
+A metric is a function ``fn(state, problem) -> scalar`` of **one seed's** state
+(the algorithm's state pytree, whose ``theta`` is the server iterate). At every
+recorded round the driver evaluates it on every seed and records its mean,
+standard error and (with quantiles on, for nonnegative metrics) quantiles over
+the non-diverged seeds, exactly like the MSE: ``result.metrics["name"].mean``.
+
+Built in, by name:
+
+* ``"client_drift"``: ``mean_c |theta^c_{t,H} - theta_{t+1}|^2``, how far the
+  agents' local iterates moved from the new server iterate in the last round
+  (from :class:`~fedsa_jax.algorithms.RoundInfo`; 0 at round 0);
+* ``"control_variate_error"``: ``mean_c |xi_c - xi_c*|^2`` with the ideal control
+  variates ``xi_c* = A_bar[c] theta_star - b_bar[c]``, for algorithms whose state
+  holds control variates ``xi (N, d)`` (SCAFFLSA, Scaffnew). With
+  ``|theta_t - theta_star|^2`` it makes up the Lyapunov function of the SCAFFLSA
+  analysis (Mangold et al., NeurIPS 2024, Sec. 5).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from fedsa_jax import _validate
+
+
+def client_drift(state, problem, info) -> jax.Array:
+    del state, problem
+    return info.client_drift
+
+
+def control_variate_error(state, problem, info) -> jax.Array:
+    del info
+    xi_star = jnp.einsum("cij,j->ci", problem.A_bar, problem.theta_star) - problem.b_bar
+    return jnp.mean(jnp.sum((state.xi - xi_star) ** 2, axis=-1))
+
+
+BUILTIN: dict[str, Callable] = {
+    "client_drift": client_drift,
+    "control_variate_error": control_variate_error,
+}
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+RESERVED = ("mse", "theta", "round", "rounds")
+
+
+def _user(fn: Callable) -> Callable:
+    """``fn(state, problem)`` as the driver's ``(state, problem, info)``; cached so that the same
+    user function gives the same (hashable, equal) wrapper and the kernel is not recompiled."""
+    wrapped = _wrappers.get(fn)
+    if wrapped is None:
+
+        def wrapped(state, problem, info):
+            del info
+            return fn(state, problem)
+
+        _wrappers[fn] = wrapped
+    return wrapped
+
+
+_wrappers: dict[Callable, Callable] = {}
+
+
+def resolve(metrics: Mapping[str, Any] | None) -> tuple[tuple[str, Callable], ...]:
+    """``{"name": fn or builtin name}`` (or a list of builtin names) -> ``((name, fn3), ...)``."""
+    if metrics is None:
+        return ()
+    if isinstance(metrics, (list, tuple)):
+        metrics = {m: m for m in metrics}
+    if not isinstance(metrics, Mapping):
+        _validate.fail("metrics", metrics, "expected a dict {name: fn(state, problem) -> scalar} or a list of "
+                       f"built-in names ({', '.join(BUILTIN)})")
+    out = []
+    for name, fn in metrics.items():
+        if not isinstance(name, str) or not NAME.match(name) or name in RESERVED:
+            _validate.fail("metrics", name, "metric names are letters, digits and '_' starting with a letter "
+                           f"(not {', '.join(RESERVED)})")
+        if isinstance(fn, str):
+            if fn not in BUILTIN:
+                _validate.fail(f"metrics[{name!r}]", fn, f"expected a function or a built-in metric: "
+                               f"{', '.join(BUILTIN)}")
+            out.append((name, BUILTIN[fn]))
+        elif callable(fn):
+            out.append((name, _user(fn)))
+        else:
+            _validate.fail(f"metrics[{name!r}]", fn, "expected a function fn(state, problem) -> scalar "
+                           f"or a built-in name ({', '.join(BUILTIN)})")
+    return tuple(out)
+
+
+def check(metrics, state_like, problem, info_like, where: str) -> None:
+    """Trace every metric on one seed's abstract state: it must give a real scalar."""
+    for name, fn in metrics:
+        try:
+            out = jax.eval_shape(fn, state_like, problem, info_like)
+        except AttributeError as e:
+            _validate.fail(f"metrics[{name!r}]", name, f"cannot be evaluated on {where}: {e}")
+        if not hasattr(out, "shape") or out.shape != () or not jnp.issubdtype(out.dtype, jnp.number) \
+                or jnp.issubdtype(out.dtype, jnp.complexfloating):
+            _validate.fail(f"metrics[{name!r}]", name, f"must return a real scalar for one seed; on {where} it "
+                           f"returned {getattr(out, 'shape', type(out).__name__)} "
+                           f"{getattr(out, 'dtype', '')}".rstrip())
