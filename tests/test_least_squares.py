@@ -41,6 +41,11 @@ def test_systems_match_numpy(ls3):
     pooled = np.linalg.lstsq(np.concatenate([x * s for x, s in zip(X, w)]),
                              np.concatenate([t * s for t, s in zip(y, w)]), rcond=None)[0]
     np.testing.assert_allclose(p.theta_star, pooled, rtol=1e-10)
+    # the mean recursion and FedLSA's closed-form bias read the same systems
+    bias = fj.theory.fedlsa_bias(p, 0.1, 3)
+    limit = fj.theory.exact_mean(p, fj.fedlsa(0.1, 3), 500)[-1]
+    np.testing.assert_allclose(limit - np.asarray(p.theta_star), bias, rtol=1e-8)
+    assert np.linalg.norm(bias) > 1e-3
     # an agent with fewer rows than d has no local solution; integer data are converted
     q = fj.problems.least_squares([np.eye(2, dtype=int), [[1, 1]]], [np.array([1, 2]), [3]])
     assert np.all(np.isnan(q.local_theta_star[1])) and q.A_bar.dtype == np.float64
