@@ -22,6 +22,11 @@ second moment ``S = E[Y Y^T]`` follows ``S <- L S L^T + E[w w^T]``, with
   sum over states of ``mu_c(s) phi(s) phi(s)^T E_{s'|s}[(r_c(s) - u^T theta^c)^2]``,
   ``u = phi(s) - gamma phi(s')``, minus the mean part; it needs only ``E[u|s]`` and
   ``E[u u^T|s]``, enumerated once;
+* any problem with ``finite_support()`` (least squares, the noise-free
+  ``fj.problems.expected(problem)``, user problems): ``E[w_c w_c^T]`` is the finite
+  sum over agent c's support points of ``w_k E[(A_k x - b_k)(A_k x - b_k)^T]``
+  (linear in ``E[x]`` and ``E[x x^T]``, see ``fj.problems.FiniteSupport``), minus
+  the mean part;
 * the uplink channel (FedLSA, QFedTD): random aggregation weights (erasures) and
   quantizer errors of mean zero add ``sum_{c,j} Cov(w_c, w_j) E[m_c m_j^T] +
   sum_c E[w_c^2] V(E[m_c m_c^T])`` to the theta block, V linear for ``identity``
@@ -257,16 +262,25 @@ def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
 def _noise_model(problem):
     """``cov(m, X) -> (N, d, d)``: the covariance of the local direction
     ``b_c(Z) - A_c(Z) x`` around ``b_bar[c] - A_bar[c] x``, averaged over an iterate
-    ``x`` with ``E[x] = m[c]``, ``E[x x^T] = X[c]``, Z independent of x.
+    ``x`` with ``E[x] = m[c]``, ``E[x x^T] = X[c]``, Z independent of x:
+    ``E[(A(Z) x - b(Z))(...)^T] - E[(A_bar x - b_bar)(...)^T]``, linear in ``(m, X)``.
 
-    Gaussian LSA: ``noise_A[c]^2 tr(X[c]) + noise_b[c]^2`` times I.
-    Generative TD, ``Z = (s, s')``, ``s ~ mu_c``, ``s' ~ P_c(s, .)``, ``u = phi(s) - gamma phi(s')``:
-    ``E[(b(Z) - A(Z) x)(...)^T] = sum_s mu_c(s) phi(s) phi(s)^T E_{s'|s}[(r_c(s) - u^T x)^2]``,
-    from which the mean part ``(b_bar - A_bar x)(...)^T`` is removed; the inner
-    expectation needs only ``E[u | s]`` and ``E[u u^T | s]`` (finite support, enumerated once).
+    * A problem with ``finite_support()`` (least squares, :func:`~fedsa_jax.problems.expected`,
+      user problems): the first term is the finite sum of
+      :class:`~fedsa_jax.problems.FiniteSupport` over each agent's support points.
+    * Gaussian LSA: ``noise_A[c]^2 tr(X[c]) + noise_b[c]^2`` times I.
+    * Generative TD, ``Z = (s, s')``, ``s ~ mu_c``, ``s' ~ P_c(s, .)``, ``u = phi(s) - gamma phi(s')``:
+      ``E[(b(Z) - A(Z) x)(...)^T] = sum_s mu_c(s) phi(s) phi(s)^T E_{s'|s}[(r_c(s) - u^T x)^2]``,
+      from which the mean part is removed; the inner expectation needs only ``E[u | s]``
+      and ``E[u u^T | s]`` (finite support, enumerated once).
     """
     A, b, _ = _arrays(problem)
     N, d, _ = A.shape
+    mean_part = _explicit_second_moment(np.ones((N, 1)), A[:, None], b[:, None])
+    if hasattr(problem, "finite_support"):
+        _require_iid(problem)
+        second = _support_second_moment(problem, A, b)
+        return lambda m, X: second(m, X) - mean_part(m, X)
     if hasattr(problem, "noise_A"):
         sA = np.broadcast_to(np.asarray(problem.noise_A, np.float64), (N,))
         sb = np.broadcast_to(np.asarray(problem.noise_b, np.float64), (N,))
@@ -277,7 +291,9 @@ def _noise_model(problem):
 
         return cov
     if not hasattr(problem, "transitions"):
-        _validate.fail("problem", type(problem).__name__, "exact second moments cover Gaussian LSA and federated TD")
+        _validate.fail("problem", type(problem).__name__,
+                       "exact second moments cover Gaussian LSA, federated TD and problems with a "
+                       "finite_support() method (fj.problems.FiniteSupport)")
     _require_iid(problem)
     P = np.asarray(problem.transitions, np.float64)  # (N, S, S)
     r = np.asarray(problem.rewards, np.float64)  # (N, S)
@@ -293,17 +309,75 @@ def _noise_model(problem):
     S = P.shape[-1]
     weight = (mu[:, :, None, None] * pp[None]).reshape(N, S, d * d)  # mu_c(s) phi(s) phi(s)^T
     u2 = u2.reshape(N, S, d * d)
-    bb = b[:, :, None] * b[:, None, :]
-    At = np.swapaxes(A, 1, 2)
 
     def cov(m, X):  # batched matmuls over agents (einsum is several times slower here)
         q = r**2 - 2 * r * (u1 @ m[:, :, None])[..., 0] + (u2 @ X.reshape(N, d * d, 1))[..., 0]  # (N, S)
         second = (q[:, None, :] @ weight).reshape(N, d, d)
-        Am = (A @ m[:, :, None])[..., 0]
-        mean_part = bb - b[:, :, None] * Am[:, None, :] - Am[:, :, None] * b[:, None, :] + A @ X @ At
-        return second - mean_part
+        return second - mean_part(m, X)
 
     return cov
+
+
+def _explicit_second_moment(w, Az, bz):
+    """``(m, X) -> sum_k w_k (A_k X A_k^T - A_k m b_k^T - b_k m^T A_k^T + b_k b_k^T)`` per agent,
+    i.e. ``E[(A(Z) x - b(Z))(...)^T]`` for explicit ``A (N, K, d, d)``, ``b (N, K, d)``,
+    weights ``w (N, K)``. With one point of weight 1 it is the mean part, computed by the
+    same operations, so a noise-free problem's covariance is exactly 0."""
+    At = np.swapaxes(Az, -1, -2)
+    bb = np.einsum("ck,cki,ckj->cij", w, bz, bz)
+    wb = w[:, :, None, None] * bz[..., None]  # (N, K, d, 1)
+
+    def second(m, X):
+        Am = Az @ m[:, None, :, None]  # (N, K, d, 1)
+        cross = np.sum(Am * np.swapaxes(wb, -1, -2), axis=1)  # sum_k w A_k m b_k^T
+        return np.sum(w[:, :, None, None] * (Az @ X[:, None] @ At), axis=1) - cross - np.swapaxes(cross, 1, 2) + bb
+
+    return second
+
+
+def _support_second_moment(problem, A, b):
+    """``E[(A(Z) x - b(Z))(...)^T]`` from ``problem.finite_support()``, after checking
+    that its weights are a law per agent and reproduce ``A_bar`` and ``b_bar``."""
+    sup = problem.finite_support()
+    N, d, _ = A.shape
+    name = f"{type(problem).__name__}.finite_support()"
+    w = np.asarray(sup.weights, np.float64)
+    bz = np.asarray(sup.b, np.float64)
+    if w.ndim != 2 or w.shape[0] != N or bz.shape != w.shape + (d,):
+        _validate.fail(name, f"weights {w.shape}, b {bz.shape}", f"expected weights (N={N}, K) and b (N, K, d={d})")
+    if sup.A is not None:
+        Az = np.asarray(sup.A, np.float64)
+        if Az.shape != w.shape + (d, d) or sup.left is not None or sup.right is not None:
+            _validate.fail(name, f"A {Az.shape}", f"expected A of shape {w.shape + (d, d)} and no left/right")
+        mean_A = np.einsum("ck,ckij->cij", w, Az)
+    else:
+        if sup.left is None or sup.right is None:
+            _validate.fail(name, "A=None", "expected A, or both left and right (A(z) = left right^T)")
+        left, right = np.asarray(sup.left, np.float64), np.asarray(sup.right, np.float64)
+        if left.shape != bz.shape or right.shape != bz.shape:
+            _validate.fail(name, f"left {left.shape}, right {right.shape}", f"expected both of shape {bz.shape}")
+        mean_A = np.einsum("ck,cki,ckj->cij", w, left, right)
+    tol = np.sqrt(np.finfo(problem.dtype).eps)
+    if np.any(w < 0) or not np.allclose(w.sum(1), 1.0, rtol=0, atol=tol):
+        _validate.fail(name, "weights", "expected nonnegative weights summing to 1 for every agent")
+    scale = max(1.0, float(np.max(np.abs(A))), float(np.max(np.abs(b))))
+    if not (np.allclose(mean_A, A, rtol=0, atol=tol * scale)
+            and np.allclose(np.einsum("ck,cki->ci", w, bz), b, rtol=0, atol=tol * scale)):
+        _validate.fail(name, "the support's means", "expected sum_k weights A(z_k) = A_bar and sum_k weights b(z_k) "
+                       "= b_bar for every agent")
+    if sup.A is not None:
+        return _explicit_second_moment(w, Az, bz)
+    wl = w[:, :, None] * left
+    bb = np.swapaxes(w[:, :, None] * bz, 1, 2) @ bz  # sum_k w b b^T
+
+    def second(m, X):
+        v = (right @ m[:, :, None])[..., 0]  # (N, K): r_k^T m
+        q = np.sum((right @ X) * right, axis=-1)  # r_k^T X r_k
+        ll = np.swapaxes(wl * q[..., None], 1, 2) @ left  # sum_k w q l l^T
+        lb = np.swapaxes(wl * v[..., None], 1, 2) @ bz  # sum_k w v l b^T
+        return ll - lb - np.swapaxes(lb, 1, 2) + bb
+
+    return second
 
 
 def _quantizer_covariance(quantizer, d: int):
@@ -344,8 +418,10 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     local step maps ``S <- L_s S L_s^T + E[w w^T]``: the local noise
     ``w_c = eta ((b_c(Z) - A_c(Z) x_c) - (b_bar[c] - A_bar[c] x_c))`` has mean zero given
     the state and is independent across agents, and its covariance is linear in S
-    (:func:`_noise_model`): Gaussian noise, or generative TD sampling with the
-    finite support of ``(s, s')`` enumerated.
+    (:func:`_noise_model`): Gaussian noise, generative TD sampling with the
+    finite support of ``(s, s')`` enumerated, or the problem's own
+    ``finite_support()`` (least squares, ``fj.problems.expected``, user problems).
+    Other problems are refused with a ``ValueError``.
 
     The uplink channel enters FedLSA and QFedTD exactly: with random weights
     ``w_c`` (erasures) and quantizer error ``e_c`` (mean zero given the message,

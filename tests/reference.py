@@ -107,35 +107,43 @@ def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
     return federated_loop(problem, algorithm, T, theta0, agent_round)
 
 
-def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="divide_by_n", k=None):
-    """Exact ``E|theta_t - theta_star|^2`` of generative federated TD by brute force.
-
-    The second moment of ``Y = (1, theta, xi_1..xi_N, x_1..x_N)`` is pushed through
-    every joint outcome of a round's randomness (each agent's ``(s, s')`` at each
-    local step; the delivery pattern; each agent's rand-k coordinate subset), each
-    outcome's affine map weighted by its probability. Independent of
-    ``fedsa_jax.theory`` (no shared code); only for tiny problems. QFedTD is FedLSA
-    with H = 1 (its local iterate is ``theta + eta g``).
-    """
-    import itertools
-    from math import comb
-
-    assert name != "scafflsa" or (p == 1.0 and k is None), "SCAFFLSA is enumerated with an exact channel only"
+def td_support(problem):
+    """Generative federated TD's observations: per agent, ``(prob, A(Z), b(Z))`` for every
+    pair ``Z = (s, s')`` of positive probability ``mu_c(s) P_c(s, s')``."""
     P = np.asarray(problem.transitions, float)
     r = np.asarray(problem.rewards, float)
     phi = np.asarray(problem.features, float)
     mu = np.asarray(problem.stationary, float)
     gamma = float(problem.gamma)
-    theta_star = np.asarray(problem.theta_star, float)
     N, S, _ = P.shape
-    d = phi.shape[1]
+    return [[(mu[c, s] * P[c, s, t], np.outer(phi[s], phi[s] - gamma * phi[t]), r[c, s] * phi[s])
+             for s in range(S) for t in range(S) if mu[c, s] * P[c, s, t] > 0] for c in range(N)]
+
+
+def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="divide_by_n", k=None,
+                   support=None):
+    """Exact ``E|theta_t - theta_star|^2`` of a problem with i.i.d. observations of finite
+    support (default: generative federated TD, :func:`td_support`) by brute force.
+
+    The second moment of ``Y = (1, theta, xi_1..xi_N, x_1..x_N)`` is pushed through
+    every joint outcome of a round's randomness (each agent's observation at each
+    local step, from ``support[c] = [(prob, A(Z), b(Z)), ...]``; the delivery pattern;
+    each agent's rand-k coordinate subset), each outcome's affine map weighted by its
+    probability. Independent of ``fedsa_jax.theory`` (no shared code); only for tiny
+    problems. QFedTD is FedLSA with H = 1 (its local iterate is ``theta + eta g``).
+    """
+    import itertools
+    from math import comb
+
+    assert name != "scafflsa" or (p == 1.0 and k is None), "SCAFFLSA is enumerated with an exact channel only"
+    obs = td_support(problem) if support is None else support
+    theta_star = np.asarray(problem.theta_star, float)
+    N, d = problem.num_agents, problem.dim
     D = 1 + d + 2 * N * d
     th = np.arange(1, 1 + d)
     xi = [np.arange(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(N)]
     loc = [np.arange(1 + d + (N + c) * d, 1 + d + (N + c + 1) * d) for c in range(N)]
     I = np.eye(d)
-    obs = [[(mu[c, s] * P[c, s, t], np.outer(phi[s], phi[s] - gamma * phi[t]), r[c, s] * phi[s])
-            for s in range(S) for t in range(S) if mu[c, s] * P[c, s, t] > 0] for c in range(N)]
     if k is None:
         masks = [(1.0, np.ones(d))]
     else:

@@ -1,20 +1,13 @@
 """Shared pieces of the problem families: exact fixed points and alias sampling.
 
-A federated LSA problem is a frozen dataclass registered as a JAX pytree (arrays
-are leaves, structural options are static), with this interface used by the
-algorithms, all written for **one agent** (the algorithms vmap over agents):
-
-* ``agent_params()``: pytree of per-agent arrays, leading axis ``num_agents``;
-* ``init_sampler(key, params)``: the agent's observation-stream state (the Markov
-  chain's current state; a dummy for i.i.d. sampling);
-* ``randomness(key, num_agents, num_obs, skip)``: all agents' random numbers for
-  one round, drawn in one block (no per-step or per-agent key splitting);
-* ``observe(params, sampler, rand, skip)``: one agent's observations for the
-  round from its random numbers, and the new sampler state;
-* ``direction(params, obs, theta)``: ``A_c(Z) theta - b_c(Z)`` for one observation.
+Public (exported from :mod:`fedsa_jax.problems`): :func:`fixed_points`,
+:func:`alias_tables` and :func:`alias_draw`, the pieces a user-written problem
+needs; the interface itself is :class:`fedsa_jax.problems.Problem`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,20 +16,43 @@ import numpy as np
 from fedsa_jax import _validate
 
 
-def fixed_points(A_bar: np.ndarray, b_bar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fixed_points(A_bar, b_bar, name: str = "A_bar", value: Any = None, hint: str = "") -> tuple[np.ndarray, np.ndarray]:
     """``theta_star`` of the averaged system and each agent's ``local_theta_star``.
 
-    Raises ``ValueError`` if ``mean_c A_bar[c]`` is singular. A singular local
-    system gives NaN in that agent's row of ``local_theta_star``.
+    ``theta_star`` solves ``(mean_c A_bar[c]) theta = mean_c b_bar[c]``;
+    ``local_theta_star[c]`` solves ``A_bar[c] theta = b_bar[c]``. Both by linear
+    solves in float64 numpy (cast them to the problem's dtype afterwards).
+
+    Args:
+      A_bar: ``(N, d, d)`` mean matrices.
+      b_bar: ``(N, d)`` mean vectors.
+      name, value: the argument named in the error and the value shown (default:
+        ``A_bar`` itself); a constructor names its own input, e.g. ``"features"``.
+      hint: appended to the error message.
+
+    Returns:
+      ``(theta_star (d,), local_theta_star (N, d))``.
+
+    Raises ``ValueError`` naming ``name`` if ``mean_c A_bar[c]`` is singular
+    (condition number above 1e12). A singular local system gives NaN in that
+    agent's row of ``local_theta_star``.
+
+    Example:
+      >>> import numpy as np, fedsa_jax as fj
+      >>> star, local = fj.problems.fixed_points(np.stack([np.eye(2), 3 * np.eye(2)]), np.ones((2, 2)))
+      >>> star.tolist(), local.tolist()
+      ([0.5, 0.5], [[1.0, 1.0], [0.3333333333333333, 0.3333333333333333]])
     """
+    A_bar = np.asarray(A_bar, np.float64)
+    b_bar = np.asarray(b_bar, np.float64)
     A_mean = A_bar.mean(axis=0)
     cond = np.linalg.cond(A_mean)
     if not np.isfinite(cond) or cond > 1e12:
         _validate.fail(
-            "A_bar",
-            A_bar,
+            name,
+            A_bar if value is None else value,
             f"mean over agents of A_bar is singular (condition number {cond:.3g}); "
-            "the averaged system must have a unique solution theta_star",
+            "the averaged system must have a unique solution theta_star" + hint,
         )
     theta_star = np.linalg.solve(A_mean, b_bar.mean(axis=0))
     local = np.full_like(b_bar, np.nan)
@@ -47,10 +63,19 @@ def fixed_points(A_bar: np.ndarray, b_bar: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 def alias_tables(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Walker/Vose alias tables for each row of ``probs (..., S)``.
+    """Walker/Vose alias tables for each row of ``probs (..., S)`` (host side, numpy).
 
-    Drawing ``i = floor(S u)``, then ``i`` if ``S u - i < prob[i]`` else ``alias[i]``,
-    samples the row's law exactly with one uniform and O(1) work, whatever S.
+    Drawing ``i = floor(S u)`` from one uniform u, then ``i`` if ``S u - i < prob[i]``
+    else ``alias[i]``, samples the row's law exactly with O(1) work, whatever S
+    (:func:`alias_draw` does it in JAX). Rows need not be normalised.
+
+    Returns:
+      ``(prob, alias)``, both of shape ``probs.shape``: float64 thresholds and int32
+      indices. Store them flat on the problem (``.ravel()``) and read row r at
+      offset ``r * S`` with :func:`alias_draw`.
+
+    Reference: M. D. Vose, "A linear algorithm for generating random numbers with a
+    given distribution", IEEE Trans. Software Eng., 1991.
     """
     probs = np.asarray(probs, dtype=np.float64)
     flat = probs.reshape(-1, probs.shape[-1])
@@ -72,7 +97,8 @@ def alias_tables(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def alias_draw(prob: jax.Array, alias: jax.Array, offset: jax.Array, u: jax.Array, S: int) -> jax.Array:
-    """Draw from the alias table stored at ``prob[offset:offset+S]``, ``alias[...]``.
+    """Draw from the alias table stored at ``prob[offset:offset+S]``, ``alias[...]``
+    (tables from :func:`alias_tables`, flattened) with the uniform ``u`` in ``[0, 1)``.
 
     ``prob`` and ``alias`` are flat tables shared by all agents and rows (not
     vmapped): under vmap only the indices are batched, so XLA emits one plain

@@ -1,0 +1,194 @@
+"""The problem protocol: what every algorithm, the driver and the exact theory read.
+
+A federated LSA problem has N agents; agent c has a mean system
+``A_bar[c] (d, d)``, ``b_bar[c] (d,)`` and an oracle of unbiased noisy draws
+``A_c(Z), b_c(Z)`` (``E[A_c(Z)] = A_bar[c]``, ``E[b_c(Z)] = b_bar[c]``). The
+algorithms only ever use the *direction* ``A_c(Z) theta - b_c(Z)`` at one
+``theta``, so a problem never has to form ``A_c(Z)``.
+
+Any object with the members of :class:`Problem` works with every algorithm,
+:func:`fedsa_jax.simulate` and :func:`fedsa_jax.theory.exact_mean`; with the
+optional ``finite_support()`` (:class:`FiniteSupport`) also with
+:func:`fedsa_jax.theory.exact_mse`. :func:`missing_members` names what an object
+lacks. The built-in families
+(:func:`~fedsa_jax.problems.gaussian_lsa`, :func:`~fedsa_jax.problems.federated_td`,
+:func:`~fedsa_jax.problems.least_squares`, :func:`~fedsa_jax.problems.expected`)
+are written this way; ``problems/regression.py`` (least squares) is the short example to copy.
+
+Pytree: a problem is a frozen dataclass registered with
+``jax.tree_util.register_dataclass``. Its arrays are leaves: they enter the
+compiled kernel as arguments, so new values (another data set of the same
+shapes) never recompile. Structural options (a sampling mode, a number of
+states used as a Python ``int``) are static fields,
+``dataclasses.field(metadata=dict(static=True))``: they are part of the treedef,
+must be hashable, are compared by the jit cache (a new value compiles a new
+kernel) and may be used in Python control flow. Anything the kernel reads must
+be one or the other; derived quantities (``num_agents``, ``dim``, ``dtype``) are
+properties of the leaves' shapes.
+
+Example (a scalar problem, ``A_c(Z) = a_c``, ``b_c(Z) = b_c + z``, z standard
+normal)::
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class Scalar:
+        A_bar: jax.Array             # (N, 1, 1)
+        b_bar: jax.Array             # (N, 1)
+        theta_star: jax.Array        # (1,)
+        local_theta_star: jax.Array  # (N, 1)
+        num_agents = property(lambda self: self.A_bar.shape[0])
+        dim = property(lambda self: 1)
+        dtype = property(lambda self: self.A_bar.dtype)
+        def agent_params(self): return (self.A_bar, self.b_bar)
+        def init_sampler(self, key, params): return jnp.zeros((), jnp.int32)
+        def randomness(self, key, num_agents, num_obs, skip=1):
+            return jax.random.normal(key, (num_agents, num_obs), self.dtype)
+        def observe(self, params, sampler, rand, skip=1): return rand, sampler
+        def direction(self, params, z, theta): return params[0] @ theta - params[1] - z
+        def describe(self): return {"family": "scalar", "num_agents": self.num_agents}
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import jax
+import numpy as np
+
+
+@runtime_checkable
+class Problem(Protocol):
+    """A federated LSA problem, as read by the algorithms, the driver and the theory.
+
+    **What runs inside the kernel** (pure JAX; jit- and vmap-friendly, no Python
+    control flow on leaf values). ``init_sampler``, ``observe`` and ``direction``
+    are written for **one agent**: the algorithms ``vmap`` over agents the leading
+    axis N of ``agent_params()``, of the samplers and of the round's
+    ``randomness(...)`` block, with the problem itself *unbatched* (closed over),
+    so tables stored on the problem are read with plain gathers. The driver then
+    vmaps over seeds (``randomness`` and the carried samplers; the problem
+    again unbatched) and scans rounds.
+
+    **What runs on the host**: the arrays ``A_bar``, ``b_bar``, ``theta_star``,
+    ``local_theta_star`` and ``describe()`` are read with numpy by the driver
+    (``theta_star`` also inside the kernel, for the squared error) and by
+    :mod:`fedsa_jax.theory`.
+
+    Optional members, used when present:
+
+    * ``finite_support() -> FiniteSupport``: for observations with finitely many
+      values per agent; makes :func:`fedsa_jax.theory.exact_mse` exact for the
+      problem (see :class:`FiniteSupport`).
+    * ``sampling: str``: ``"generative"`` (the default when absent: observations
+      independent across local steps and rounds) or anything else (e.g.
+      ``"markov"``), for which the exact recursions refuse the problem.
+    """
+
+    A_bar: jax.Array
+    """``(N, d, d)`` agents' mean matrices ``E[A_c(Z)]``."""
+    b_bar: jax.Array
+    """``(N, d)`` agents' mean vectors ``E[b_c(Z)]``."""
+    theta_star: jax.Array
+    """``(d,)`` solution of ``mean_c(A_bar[c]) theta = mean_c(b_bar[c])`` (see :func:`fixed_points`)."""
+    local_theta_star: jax.Array
+    """``(N, d)`` solutions of ``A_bar[c] theta = b_bar[c]`` (NaN rows where singular)."""
+
+    @property
+    def num_agents(self) -> int:
+        """N, a Python int (from a leaf's shape)."""
+
+    @property
+    def dim(self) -> int:
+        """d, a Python int."""
+
+    @property
+    def dtype(self) -> Any:
+        """Floating dtype of the iterates (``float32``, or ``float64`` under x64)."""
+
+    def agent_params(self) -> Any:
+        """Pytree of per-agent values, every leaf with leading axis N; the algorithms
+        vmap over it and hand agent c's slice to ``init_sampler``, ``observe`` and
+        ``direction`` as ``params``. Keep it small (an agent index, offsets): big
+        shared tables stay on the problem and are gathered from unbatched."""
+
+    def init_sampler(self, key: jax.Array, params: Any) -> Any:
+        """One agent's initial observation-stream state (a pytree, e.g. the current
+        state of a Markov chain; ``jnp.zeros((), jnp.int32)`` for i.i.d. draws).
+        Called once per agent and seed; carried across rounds by the algorithm."""
+
+    def randomness(self, key: jax.Array, num_agents: int, num_obs: int, skip: int = 1) -> Any:
+        """All agents' random numbers for one round, drawn in **one block** from
+        ``key`` (no per-agent or per-step key splitting): a pytree whose leaves
+        have leading axes ``(num_agents, ...)``; ``num_obs`` (= H) observations are
+        kept per agent, each after ``skip`` draws of a Markov stream (i.i.d. problems
+        may ignore ``skip``). ``num_agents``, ``num_obs``, ``skip`` are Python ints.
+        The driver draws round t+1's block during round t."""
+
+    def observe(self, params: Any, sampler: Any, rand: Any, skip: int = 1) -> tuple[Any, Any]:
+        """``(obs, new_sampler)`` for one agent and one round: ``rand`` is that agent's
+        slice of the block; ``obs`` is a pytree whose leaves have leading axis
+        ``num_obs`` (the local scan iterates over it)."""
+
+    def direction(self, params: Any, obs: Any, theta: jax.Array) -> jax.Array:
+        """``A_c(Z) theta - b_c(Z)`` of shape ``(d,)`` for one agent and one
+        observation (``obs`` without its leading axis)."""
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-serialisable description (``"family"`` and the structure); stored in
+        result files and the checkpoint fingerprint."""
+
+
+_ABSENT = object()
+REQUIRED_MEMBERS = (
+    "num_agents", "dim", "dtype", "agent_params", "init_sampler", "randomness", "observe", "direction",
+    "A_bar", "b_bar", "theta_star", "local_theta_star", "describe",
+)
+_METHODS = ("agent_params", "init_sampler", "randomness", "observe", "direction", "describe")
+
+
+def missing_members(problem: Any) -> list[str]:
+    """Names of the :class:`Problem` members ``problem`` lacks (methods that are
+    not callable count as missing), in protocol order; ``[]`` for a complete one.
+
+    Example:
+      >>> import numpy as np, fedsa_jax as fj
+      >>> fj.problems.missing_members(fj.problems.gaussian_lsa(np.eye(2)[None], np.ones((1, 2))))
+      []
+      >>> fj.problems.missing_members(object())[:3]
+      ['num_agents', 'dim', 'dtype']
+    """
+    missing = []
+    for name in REQUIRED_MEMBERS:
+        value = getattr(problem, name, _ABSENT)
+        if value is _ABSENT or (name in _METHODS and not callable(value)):
+            missing.append(name)
+    return missing
+
+
+class FiniteSupport(NamedTuple):
+    """The law of a problem's observations when each agent's Z takes finitely many
+    values: the optional ``problem.finite_support()`` returns it (numpy arrays,
+    host side) and :func:`fedsa_jax.theory.exact_mse` then computes the local
+    noise covariance exactly.
+
+    Agent c's observation is support point k with probability ``weights[c, k]``
+    (pad agents with fewer points with weight 0). ``A_c(z_k)`` is given either
+    explicitly (``A``) or as a rank-one product ``left[c, k] right[c, k]^T``
+    (``A=None``), and ``b_c(z_k) = b[c, k]``. The theory uses
+
+        E[(A(Z) x - b(Z))(A(Z) x - b(Z))^T] = sum_k w_k (A_k X A_k^T - A_k m b_k^T - b_k m^T A_k^T + b_k b_k^T),
+
+    averaged over an iterate x with ``E[x] = m``, ``E[x x^T] = X`` (linear in
+    ``(m, X)``); in rank-one form ``A_k X A_k^T = (r_k^T X r_k) l_k l_k^T`` and
+    ``A_k m = (r_k^T m) l_k``, at O(K d^2) per agent and no ``(d, d)`` per point.
+    The weights must sum to 1 per agent and reproduce ``A_bar`` and ``b_bar``.
+
+    Examples: least squares (``w = 1/n_c`` per row, ``left = right = x_i``,
+    ``b = y_i x_i``); a noise-free problem (one point, ``A = A_bar``, ``b = b_bar``).
+    """
+
+    weights: np.ndarray  # (N, K)
+    b: np.ndarray  # (N, K, d)
+    A: np.ndarray | None = None  # (N, K, d, d), or None with left and right
+    left: np.ndarray | None = None  # (N, K, d)
+    right: np.ndarray | None = None  # (N, K, d)
