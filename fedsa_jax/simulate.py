@@ -181,15 +181,17 @@ def _advance(key_data, seed_ids, valid, carry, problem, algorithms, threshold, e
     return jax.vmap(one)(carry, algorithms)
 
 
-PROBLEM_MEMBERS = ("num_agents", "dim", "dtype", "agent_params", "init_sampler", "randomness", "observe",
-                   "direction", "A_bar", "b_bar", "theta_star", "local_theta_star", "describe")
-
-
 def _check_problem(problem) -> None:
-    missing = [m for m in PROBLEM_MEMBERS if not hasattr(problem, m)]
+    from fedsa_jax.problems import missing_members
+
+    missing = missing_members(problem)
     if missing:
         _validate.fail("problem", type(problem).__name__, f"lacks {', '.join(missing)} of the problem protocol "
                        "(fj.problems.Problem)")
+    leaves = jax.tree.leaves(problem)
+    if len(leaves) == 1 and leaves[0] is problem:
+        _validate.fail("problem", type(problem).__name__, "must be a pytree (a frozen dataclass registered with "
+                       "jax.tree_util.register_dataclass), so that its arrays enter the kernel as inputs")
 
 
 def _check_algorithm(problem, algorithm: Algorithm, theta0: np.ndarray, metrics) -> None:
@@ -198,6 +200,13 @@ def _check_algorithm(problem, algorithm: Algorithm, theta0: np.ndarray, metrics)
     from fedsa_jax import metrics as metrics_mod
     from fedsa_jax.algorithms._base import RoundInfo
 
+    def signature(tree):
+        leaves, treedef = jax.tree.flatten(tree)
+        return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+
+    seen = (signature(problem), signature(algorithm), theta0.shape, metrics)
+    if seen in _checked:  # the same structures passed before (e.g. a sweep's configurations)
+        return
     where = f"algorithm {algorithm.name!r} on problem {problem.describe().get('family', type(problem).__name__)!r}"
     d, dtype = problem.dim, jnp.dtype(problem.dtype)
     key = jax.random.key(0)
@@ -222,6 +231,10 @@ def _check_algorithm(problem, algorithm: Algorithm, theta0: np.ndarray, metrics)
     if bad:
         _validate.fail("algorithm", algorithm.name, f"{where}: RoundInfo fields {bad} must be scalars (one seed)")
     metrics_mod.check(metrics, state, problem, info, where)
+    _checked.add(seen)
+
+
+_checked: set = set()  # structures that passed _check_algorithm
 
 
 class _Plan(NamedTuple):

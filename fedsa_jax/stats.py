@@ -94,8 +94,11 @@ def seed_moments(theta, theta_star, threshold, valid, values, counters, quantile
     n_f = jnp.maximum(n, 1).astype(err.dtype)
     okv = ok[:, None]
 
-    def mean_m2(x):
-        mean = jnp.sum(jnp.where(okv, x, 0.0), axis=0) / n_f
+    first = jnp.argmax(ok)  # deviations from one seed's value: identical seeds give a mean exactly
+
+    def mean_m2(x):  # equal to it and a sum of squared deviations of exactly 0
+        shift = jnp.where(n > 0, x[first], 0.0)
+        mean = shift + jnp.sum(jnp.where(okv, x - shift, 0.0), axis=0) / n_f
         return mean, jnp.sum(jnp.where(okv, (x - mean) ** 2, 0.0), axis=0)
 
     val_mean, val_m2 = mean_m2(values)
@@ -126,7 +129,8 @@ def merge(parts: list[Moments]) -> Moments:
         ns = [np.asarray(p.n_ok, np.float64).reshape(np.shape(p.n_ok) + (1,) * (m.ndim - np.ndim(p.n_ok)))
               for p, m in zip(parts, means)]
         tot = safe.reshape(safe.shape + (1,) * (means[0].ndim - safe.ndim))
-        mean = sum(k * m for k, m in zip(ns, means)) / tot
+        base = np.where(ns[0] > 0, means[0], 0.0)  # pooled as deviations from one part's mean: equal means
+        mean = base + sum(k * (m - base) for k, m in zip(ns, means)) / tot  # pool exactly
         m2 = sum(np.asarray(getattr(p, m2_name), np.float64) + k * (m - mean) ** 2
                  for p, k, m in zip(parts, ns, means))
         return mean, m2

@@ -9,6 +9,7 @@ import dataclasses
 import types
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,10 +86,10 @@ def test_custom_algorithm_equals_fedlsa_seed_by_seed(garnet):
     key = jax.random.key(5)
     ref = fj.simulate(key, garnet, fj.fedlsa(0.2, 4), 8, 16)
     mine = fj.simulate(key, garnet, my_alg(0.2, 4), 8, 16)
-    np.testing.assert_allclose(mine.final_theta, ref.final_theta, rtol=1e-13, atol=1e-14)
-    np.testing.assert_allclose(mine.mse_mean, ref.mse_mean, rtol=1e-12)
-    for f in ("communications", "messages_delivered", "bits_sent", "bits_delivered", "samples"):
-        np.testing.assert_array_equal(getattr(mine, f), getattr(ref, f))
+    fields = ("final_theta", "mse_mean", "mse_sem", "theta_mean", "communications", "messages_delivered",
+              "bits_sent", "bits_delivered", "samples")
+    chex.assert_trees_all_close({f: getattr(mine, f) for f in fields}, {f: getattr(ref, f) for f in fields},
+                                rtol=1e-12, atol=1e-14)
     np.testing.assert_array_equal(ref.communications, ref.rounds * 3)
     np.testing.assert_array_equal(ref.samples, ref.rounds * 3 * 4)
     # momentum changes the trajectory (the test above is not vacuous)
@@ -226,6 +227,7 @@ def test_metrics_and_kept_seeds_against_hand_stepping(garnet):
         cv = [np.mean(np.sum((np.asarray(s.xi) - xi_star) ** 2, -1)) for s in states]
         err = [np.sum((np.asarray(s.theta) - ts) ** 2) for s in states]
         if seed < K:
+            chex.assert_shape([res.seed_mse, res.metrics["cv"].seeds], (len(res.rounds), K))
             np.testing.assert_allclose(res.seed_mse[:, seed], np.take(err, res.rounds), rtol=1e-12)
             np.testing.assert_allclose(res.metrics["drift"].seeds[:, seed], np.take(drift, res.rounds), rtol=1e-12)
             np.testing.assert_allclose(res.metrics["cv"].seeds[:, seed], np.take(cv, res.rounds), rtol=1e-12)
