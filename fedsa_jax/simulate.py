@@ -100,7 +100,8 @@ class Recording(NamedTuple):
 
 def _moments(carry: Carry, problem, threshold, valid, rec: Recording) -> Moments:
     theta = carry.states.theta
-    err = jnp.sum((theta - problem.theta_star) ** 2, axis=-1)
+    error = getattr(carry.states, "error", None)  # theta - theta_star, where the algorithm carries it
+    err = jnp.sum((theta - problem.theta_star if error is None else error) ** 2, axis=-1)
     columns = [err]
     for _, fn in rec.metrics:
         value = jax.vmap(fn, in_axes=(0, None, 0))(carry.states, problem, carry.info)
@@ -216,6 +217,10 @@ def _check_algorithm(problem, algorithm: Algorithm, theta0: np.ndarray, metrics)
         got = "no field theta" if theta is None else f"theta {getattr(theta, 'shape', '?')} {theta.dtype}"
         _validate.fail("algorithm", algorithm.name, f"{where}: init_fn must return a state with a field theta of "
                        f"shape ({d},) and dtype {dtype} (the server iterate); got {got}")
+    error = getattr(state, "error", None)
+    if error is not None and (getattr(error, "shape", None) != (d,) or error.dtype != dtype):
+        _validate.fail("algorithm", algorithm.name, f"{where}: the state's field error (theta - theta_star) must "
+                       f"have shape ({d},) and dtype {dtype}")
     out = jax.eval_shape(algorithm.step, key, state, problem)
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], RoundInfo)):
         _validate.fail("algorithm", algorithm.name, f"{where}: step_fn must return (state, RoundInfo) "

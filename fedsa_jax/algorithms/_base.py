@@ -47,7 +47,8 @@ class Algorithm:
       name: a short name (result files, legends).
       init_fn: ``init_fn(key, problem, theta0, config) -> state``, a pytree whose
         field ``theta (d,)`` (dtype ``problem.dtype``) is the server iterate scored
-        by the MSE.
+        by the MSE. A state may also carry ``error = theta - theta_star`` (d,),
+        updated accurately (:class:`ErrorCoordinates`); the MSE then uses it.
       step_fn: ``step_fn(rand, state, problem, config) -> (state, RoundInfo)``: one
         communication round from the round's random numbers ``rand``
         (:class:`RoundRandomness`, drawn by :meth:`randomness`). The new state has
@@ -243,7 +244,39 @@ def init_samplers(key: jax.Array, problem) -> jax.Array:
 
 
 def initial_theta(problem, theta0: jax.Array) -> jax.Array:
+    """``theta0`` in the problem's dtype."""
     return jnp.asarray(theta0, problem.dtype)
+
+
+def initial_error(problem, theta0: jax.Array) -> jax.Array:
+    """``theta0 - theta_star`` in the problem's dtype (exactly 0 when started at ``theta_star``)."""
+    return initial_theta(problem, theta0) - problem.theta_star
+
+
+class ErrorCoordinates:
+    """``problem`` seen from ``theta_star``: ``direction(params, obs, e)`` is the direction at
+    ``theta_star + e``, from the problem's ``error_direction`` when it has one (accurate in
+    ``e``: the residual at the optimum comes from float64 values), else from ``direction``.
+
+    The built-in algorithms run their local steps and aggregation on the error
+    ``e = theta - theta_star`` through this view: the updates are the same affine maps
+    (they commute with the shift by ``theta_star``), but in float32 an increment
+    ``eta (A theta - b)`` far below the resolution of ``theta`` is kept, since it is
+    added to ``e``, not to ``theta``. Their states carry ``error`` (used for the MSE) and
+    ``theta = theta_star + error`` (what users, metrics and plots see).
+    """
+
+    def __init__(self, problem):
+        self.problem = problem
+
+    def __getattr__(self, name):
+        return getattr(self.problem, name)
+
+    def direction(self, params, obs, error):
+        p = self.problem
+        if hasattr(p, "error_direction"):
+            return p.error_direction(params, obs, error)
+        return p.direction(params, obs, p.theta_star + error)
 
 
 def local_updates(problem, params, obs, theta, step_size, control=None):

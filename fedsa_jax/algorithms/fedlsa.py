@@ -39,10 +39,11 @@ import jax.numpy as jnp
 
 from fedsa_jax.algorithms._base import (
     Algorithm,
+    ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
     init_samplers,
-    initial_theta,
+    initial_error,
     local_steps_config,
     round_info,
     run_agents,
@@ -51,21 +52,26 @@ from fedsa_jax.algorithms._base import (
 
 
 class FedLSAState(NamedTuple):
-    theta: jax.Array  # (d,) server iterate theta_t
+    theta: jax.Array  # (d,) server iterate theta_t = theta_star + error
+    error: jax.Array  # (d,) theta_t - theta_star, what the rounds update (ErrorCoordinates)
     sampler: jax.Array  # (N,) each agent's observation-stream state
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> FedLSAState:
     del config
-    return FedLSAState(initial_theta(problem, theta0), init_samplers(key, problem))
+    error = initial_error(problem, theta0)
+    return FedLSAState(problem.theta_star + error, error, init_samplers(key, problem))
 
 
 def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsConfig):
-    """One communication round for one seed, from its random numbers ``rand``."""
+    """One communication round for one seed, from its random numbers ``rand`` (in error
+    coordinates, :class:`~fedsa_jax.algorithms.ErrorCoordinates`)."""
     eta = jnp.asarray(config.step_size, problem.dtype)
-    local, sampler = run_agents(rand.obs, problem, state.sampler, state.theta, eta, config.skip)
-    theta, delivery = server_update(rand.channel, state.theta, local, config.channel)
-    return FedLSAState(theta, sampler), round_info(local, theta, delivery, config, problem)
+    view = ErrorCoordinates(problem)
+    local, sampler = run_agents(rand.obs, view, state.sampler, state.error, eta, config.skip)
+    error, delivery = server_update(rand.channel, state.error, local, config.channel)
+    state = FedLSAState(problem.theta_star + error, error, sampler)
+    return state, round_info(local, error, delivery, config, problem)
 
 
 def fedlsa(

@@ -28,10 +28,11 @@ import jax.numpy as jnp
 
 from fedsa_jax.algorithms._base import (
     Algorithm,
+    ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
     init_samplers,
-    initial_theta,
+    initial_error,
     local_steps_config,
     round_info,
 )
@@ -39,35 +40,39 @@ from fedsa_jax.channel import Delivery, transmit
 
 
 class QFedTDState(NamedTuple):
-    theta: jax.Array  # (d,) server iterate theta_k
+    theta: jax.Array  # (d,) server iterate theta_k = theta_star + error
+    error: jax.Array  # (d,) theta_k - theta_star, what the rounds update (ErrorCoordinates)
     sampler: jax.Array  # (N,) each agent's chain state
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> QFedTDState:
     del config
-    return QFedTDState(initial_theta(problem, theta0), init_samplers(key, problem))
+    error = initial_error(problem, theta0)
+    return QFedTDState(problem.theta_star + error, error, init_samplers(key, problem))
 
 
 def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsConfig):
-    """One round (one TD step per agent) for one seed."""
+    """One round (one TD step per agent) for one seed, in error coordinates
+    (:class:`~fedsa_jax.algorithms.ErrorCoordinates`)."""
     alpha = jnp.asarray(config.step_size, problem.dtype)
+    view = ErrorCoordinates(problem)
 
     def direction(rand_c, params, sampler):
         obs, sampler = problem.observe(params, sampler, rand_c, 1)
         first = jax.tree.map(lambda x: x[0], obs)
-        return -problem.direction(params, first, state.theta), sampler  # g = b(Z) - A(Z) theta
+        return -view.direction(params, first, state.error), sampler  # g = b(Z) - A(Z) theta
 
     g, sampler = jax.vmap(direction)(rand.obs, problem.agent_params(), state.sampler)
     ch = config.channel
     if ch.trivial:
         N = g.shape[0]
         delivery = Delivery(g, jnp.ones((N,), bool), jnp.full((N,), 1.0 / N, g.dtype))
-        theta = state.theta + alpha * g.mean(axis=0)
+        error = state.error + alpha * g.mean(axis=0)
     else:
         delivery = transmit(rand.channel, g, ch)
-        theta = state.theta + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
-    info = round_info(jnp.broadcast_to(state.theta, g.shape), state.theta, delivery, config, problem)  # no drift
-    return QFedTDState(theta, sampler), info
+        error = state.error + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
+    info = round_info(jnp.broadcast_to(state.error, g.shape), state.error, delivery, config, problem)  # no drift
+    return QFedTDState(problem.theta_star + error, error, sampler), info
 
 
 def qfedtd(step_size: float, quantizer=None, success_prob: float = 1.0,

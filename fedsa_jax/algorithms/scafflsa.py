@@ -38,10 +38,11 @@ import jax.numpy as jnp
 
 from fedsa_jax.algorithms._base import (
     Algorithm,
+    ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
     init_samplers,
-    initial_theta,
+    initial_error,
     local_steps_config,
     round_info,
     run_agents,
@@ -50,16 +51,17 @@ from fedsa_jax.algorithms._base import (
 
 
 class SCAFFLSAState(NamedTuple):
-    theta: jax.Array  # (d,) server iterate
+    theta: jax.Array  # (d,) server iterate theta_star + error
+    error: jax.Array  # (d,) theta - theta_star, what the rounds update (ErrorCoordinates)
     xi: jax.Array  # (N, d) control variates, sum over agents is 0
     sampler: jax.Array  # (N,)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> SCAFFLSAState:
     del config
-    theta = initial_theta(problem, theta0)
+    error = initial_error(problem, theta0)
     xi = jnp.zeros((problem.num_agents, problem.dim), problem.dtype)
-    return SCAFFLSAState(theta, xi, init_samplers(key, problem))
+    return SCAFFLSAState(problem.theta_star + error, error, xi, init_samplers(key, problem))
 
 
 def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStepsConfig):
@@ -67,12 +69,12 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     eta = jnp.asarray(config.step_size, problem.dtype)
     H = config.num_local_steps
     local, sampler = run_agents(
-        rand.obs, problem, state.sampler, state.theta, eta, config.skip, controls=state.xi
+        rand.obs, ErrorCoordinates(problem), state.sampler, state.error, eta, config.skip, controls=state.xi
     )
-    theta, delivery = server_update(rand.channel, state.theta, local, config.channel)
+    error, delivery = server_update(rand.channel, state.error, local, config.channel)
     if config.channel.trivial:
         delivered = jnp.ones((local.shape[0], 1), bool)
-        increment = (theta - local) / (eta * H)
+        increment = (error - local) / (eta * H)
     else:
         delivered = delivery.delivered[:, None]
         count = jnp.maximum(jnp.sum(delivery.delivered), 1).astype(problem.dtype)
@@ -85,7 +87,8 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     n_delivered = jnp.maximum(jnp.sum(delivered), 1).astype(problem.dtype)
     increment = increment - jnp.where(delivered, jnp.sum(increment, axis=0) / n_delivered, 0.0)
     xi = state.xi + increment
-    return SCAFFLSAState(theta, xi, sampler), round_info(local, theta, delivery, config, problem)
+    state = SCAFFLSAState(problem.theta_star + error, error, xi, sampler)
+    return state, round_info(local, error, delivery, config, problem)
 
 
 def scafflsa(

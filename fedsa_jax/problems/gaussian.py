@@ -34,6 +34,7 @@ class GaussianParams(NamedTuple):
     b_bar: jax.Array  # (d,)
     noise_A: jax.Array  # ()
     noise_b: jax.Array  # ()
+    residual_star: jax.Array  # (d,) A_bar theta_star - b_bar (from float64)
 
 
 @jax.tree_util.register_dataclass
@@ -48,6 +49,7 @@ class GaussianLSA:
     noise_b: jax.Array  # (N,)
     theta_star: jax.Array  # (d,)
     local_theta_star: jax.Array  # (N, d)
+    residual_star: jax.Array  # (N, d) A_bar[c] theta_star - b_bar[c], computed in float64
 
     @property
     def num_agents(self) -> int:
@@ -62,7 +64,7 @@ class GaussianLSA:
         return self.A_bar.dtype
 
     def agent_params(self) -> GaussianParams:
-        return GaussianParams(self.A_bar, self.b_bar, self.noise_A, self.noise_b)
+        return GaussianParams(self.A_bar, self.b_bar, self.noise_A, self.noise_b, self.residual_star)
 
     def init_sampler(self, key: jax.Array, params: GaussianParams) -> jax.Array:
         del key, params
@@ -88,6 +90,14 @@ class GaussianLSA:
             + params.noise_A * norm * z_A
             - params.noise_b * z_b
         )
+
+    def error_direction(self, params: GaussianParams, obs: jax.Array, error: jax.Array) -> jax.Array:
+        """The direction at ``theta_star + error``, accurate in ``error``:
+        ``A_bar error + (A_bar theta_star - b_bar) + noise_A |theta| z_A - noise_b z_b``."""
+        z_A, z_b = obs[0], obs[1]
+        theta = self.theta_star + error
+        norm = jnp.sqrt(jnp.sum(theta * theta))
+        return params.A_bar @ error + params.residual_star + params.noise_A * norm * z_A - params.noise_b * z_b
 
     def describe(self) -> dict[str, Any]:
         return {"family": "gaussian_lsa", "num_agents": self.num_agents, "dim": self.dim}
@@ -130,7 +140,8 @@ def gaussian_lsa(A_bar, b_bar, noise_A=0.0, noise_b=0.0, dtype=None) -> Gaussian
     sb = _per_agent("noise_b", noise_b, N)
     theta_star, local = fixed_points(A, b)
     cast = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
-    return GaussianLSA(cast(A), cast(b), cast(sA), cast(sb), cast(theta_star), cast(local))
+    residual = np.einsum("cij,j->ci", A, theta_star) - b
+    return GaussianLSA(cast(A), cast(b), cast(sA), cast(sb), cast(theta_star), cast(local), cast(residual))
 
 
 def random_gaussian_lsa(

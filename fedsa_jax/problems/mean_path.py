@@ -30,6 +30,7 @@ from fedsa_jax.problems.protocol import FiniteSupport, missing_members
 class MeanSystem(NamedTuple):
     A_bar: jax.Array  # (d, d) one agent's
     b_bar: jax.Array  # (d,)
+    residual_star: jax.Array  # (d,) A_bar theta_star - b_bar (from float64)
 
 
 @jax.tree_util.register_dataclass
@@ -41,6 +42,7 @@ class ExpectedProblem:
     b_bar: jax.Array  # (N, d)
     theta_star: jax.Array  # (d,)
     local_theta_star: jax.Array  # (N, d)
+    residual_star: jax.Array  # (N, d) A_bar[c] theta_star - b_bar[c], computed in float64
     # JSON text of the original problem's describe(): a static field must be hashable.
     of: str = dataclasses.field(default="{}", metadata=dict(static=True))
 
@@ -57,7 +59,7 @@ class ExpectedProblem:
         return self.A_bar.dtype
 
     def agent_params(self) -> MeanSystem:
-        return MeanSystem(self.A_bar, self.b_bar)
+        return MeanSystem(self.A_bar, self.b_bar, self.residual_star)
 
     def init_sampler(self, key: jax.Array, params: MeanSystem) -> jax.Array:
         del key, params
@@ -77,6 +79,11 @@ class ExpectedProblem:
         """``A_bar[c] theta - b_bar[c]``."""
         del obs
         return params.A_bar @ theta - params.b_bar
+
+    def error_direction(self, params: MeanSystem, obs: jax.Array, error: jax.Array) -> jax.Array:
+        """``A_bar[c] error + (A_bar[c] theta_star - b_bar[c])``: the direction at ``theta_star + error``."""
+        del obs
+        return params.A_bar @ error + params.residual_star
 
     def finite_support(self) -> FiniteSupport:
         """One point per agent, ``(A_bar[c], b_bar[c])`` with weight 1: zero noise."""
@@ -120,7 +127,8 @@ def expected(problem) -> ExpectedProblem:
         _validate.fail("problem", type(problem).__name__, f"not a problem: it lacks {', '.join(missing)}")
     dt = problem.dtype
     f = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
+    A, b, ts = (np.asarray(x, np.float64) for x in (problem.A_bar, problem.b_bar, problem.theta_star))
     return ExpectedProblem(
-        A_bar=f(problem.A_bar), b_bar=f(problem.b_bar), theta_star=f(problem.theta_star),
-        local_theta_star=f(problem.local_theta_star), of=json.dumps(problem.describe(), default=_plain),
+        A_bar=f(A), b_bar=f(b), theta_star=f(ts), local_theta_star=f(problem.local_theta_star),
+        residual_star=f(np.einsum("cij,j->ci", A, ts) - b), of=json.dumps(problem.describe(), default=_plain),
     )

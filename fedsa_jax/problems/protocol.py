@@ -76,6 +76,13 @@ class Problem(Protocol):
 
     Optional members, used when present:
 
+    * ``error_direction(params, obs, error) -> (d,)``: the direction at
+      ``theta_star + error``, i.e. ``A_c(Z) error + (A_c(Z) theta_star - b_c(Z))``,
+      with the residual at the optimum computed from float64 values, so that it is
+      accurate *relative to* ``error``. The built-in algorithms iterate on
+      ``error = theta - theta_star`` (see :mod:`fedsa_jax.algorithms`): in float32,
+      updates ``eta (A theta - b)`` far below the resolution of ``theta`` itself are
+      then kept. Without it they use ``direction(params, obs, theta_star + error)``.
     * ``finite_support() -> FiniteSupport``: for observations with finitely many
       values per agent; makes :func:`fedsa_jax.theory.exact_mse` exact for the
       problem (see :class:`FiniteSupport`).

@@ -59,6 +59,7 @@ class Row(NamedTuple):
 
     x: jax.Array  # (d,)
     y: jax.Array  # ()
+    residual_star: jax.Array  # () x^T theta_star - y (from float64)
 
 
 @jax.tree_util.register_dataclass
@@ -75,6 +76,7 @@ class LeastSquares:
     b_bar: jax.Array  # (N, d)
     theta_star: jax.Array  # (d,)
     local_theta_star: jax.Array  # (N, d)
+    residuals_star: jax.Array  # (sum_c n_c,) x_i^T theta_star - y_i, computed in float64
 
     @property
     def num_agents(self) -> int:
@@ -105,12 +107,18 @@ class LeastSquares:
         del skip
         i = jnp.minimum((u * params.count.astype(u.dtype)).astype(jnp.int32), params.count - 1)
         i = params.offset + i
-        return Row(self.rows[i], self.targets[i]), sampler
+        return Row(self.rows[i], self.targets[i], self.residuals_star[i]), sampler
 
     def direction(self, params: RowTable, obs: Row, theta: jax.Array) -> jax.Array:
         """``A_c(Z) theta - b_c(Z) = (x^T theta - y) x``."""
         del params
         return (jnp.dot(obs.x, theta) - obs.y) * obs.x
+
+    def error_direction(self, params: RowTable, obs: Row, error: jax.Array) -> jax.Array:
+        """The direction at ``theta_star + error``, accurate in ``error``:
+        ``(x^T error + (x^T theta_star - y)) x``."""
+        del params
+        return (jnp.dot(obs.x, error) + obs.residual_star) * obs.x
 
     def finite_support(self) -> FiniteSupport:
         """Each row with probability ``1/n_c``, ``A = x x^T`` in rank-one form,
@@ -200,4 +208,5 @@ def least_squares(features, targets, dtype=None) -> LeastSquares:
         rows=f(np.concatenate(Xs)), targets=f(np.concatenate(ys)),
         offsets=jnp.asarray(np.cumsum(counts) - counts, jnp.int32), counts=jnp.asarray(counts, jnp.int32),
         A_bar=f(A), b_bar=f(b), theta_star=f(theta_star), local_theta_star=f(local),
+        residuals_star=f(np.concatenate(Xs) @ theta_star - np.concatenate(ys)),
     )

@@ -67,6 +67,7 @@ class FederatedTD:
     mu_alias: jax.Array  # (N*S,)
     P_prob: jax.Array  # (N*S*S,) alias tables of the rows of P_c, flat
     P_alias: jax.Array  # (N*S*S,)
+    values_star: jax.Array  # (S,) Phi theta_star, computed in float64 (for error_direction)
     sampling: str = dataclasses.field(default="generative", metadata=dict(static=True))
 
     @property
@@ -128,6 +129,15 @@ class FederatedTD:
         phi = self.features[obs.state]
         psi = phi - self.gamma * self.features[obs.next_state]
         return (jnp.dot(psi, theta) - obs.reward) * phi  # dot: batched GEMV, faster than sum(*)
+
+    def error_direction(self, c: jax.Array, obs: TDObservation, error: jax.Array) -> jax.Array:
+        """The direction at ``theta_star + error``, accurate in ``error``:
+        ``(psi^T error + v(s) - gamma v(s') - r(s)) phi(s)`` with the TD error at the optimum
+        from ``v = Phi theta_star`` (computed in float64)."""
+        phi = self.features[obs.state]
+        psi = phi - self.gamma * self.features[obs.next_state]
+        at_star = self.values_star[obs.state] - self.gamma * self.values_star[obs.next_state] - obs.reward
+        return (jnp.dot(psi, error) + at_star) * phi
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -197,6 +207,6 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
         transitions=f(P), rewards=f(r), features=f(Phi), gamma=f(g), stationary=f(mu),
         A_bar=f(A), b_bar=f(b), theta_star=f(theta_star), local_theta_star=f(local),
         mu_prob=f(mu_prob.ravel()), mu_alias=i(mu_alias.ravel()),
-        P_prob=f(P_prob.ravel()), P_alias=i(P_alias.ravel()),
+        P_prob=f(P_prob.ravel()), P_alias=i(P_alias.ravel()), values_star=f(Phi @ theta_star),
         sampling=sampling,
     )
