@@ -45,8 +45,8 @@ def real(
         x = float(value)
     except (TypeError, ValueError):
         fail(name, value, "expected a real number")
-    lo = "(" if low_open else "["
-    hi = ")" if high_open else "]"
+    lo = "(" if low_open or low == -np.inf else "["
+    hi = ")" if high_open or high == np.inf else "]"
     allowed = f"expected a finite real number in {lo}{low}, {high}{hi}"
     if not np.isfinite(x):
         fail(name, value, allowed)
@@ -55,8 +55,30 @@ def real(
     return x
 
 
+DTYPES_ALLOWED = ("expected a real array of float32 or float64 (integers and bools are converted; "
+                  "float16, bfloat16 and complex values are refused: too coarse, or not real)")
+
+
+def check_dtype(name: str, value: Any) -> None:
+    """Refuse arrays of float16, bfloat16, complex or non-numeric dtype, naming ``name``."""
+    dt = getattr(value, "dtype", None)
+    if dt is None:
+        try:
+            dt = np.asarray(value).dtype
+        except (TypeError, ValueError):
+            fail(name, value, DTYPES_ALLOWED)
+    dt = np.dtype(dt)
+    if dt.kind in "biu" or dt in (np.dtype(np.float32), np.dtype(np.float64)):
+        return
+    if dt.kind == "f" and dt.itemsize > 8:  # long double: converted to float64 like a Python float
+        return
+    fail(name, f"array of dtype {dt}", DTYPES_ALLOWED)
+
+
 def array(name: str, value: Any, ndim: int | tuple[int, ...], dtype=np.float64) -> np.ndarray:
-    """Convert to a finite numpy array with the given number of dimensions."""
+    """Convert to a finite numpy array with the given number of dimensions (refusing
+    float16, bfloat16, complex and non-numeric values, see :func:`check_dtype`)."""
+    check_dtype(name, value)
     try:
         arr = np.asarray(value, dtype=dtype)
     except (TypeError, ValueError):
@@ -75,9 +97,12 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def float_dtype(name: str, value: Any, default_from: Any = None) -> np.dtype:
-    """Resolve a floating dtype; float64 needs ``jax_enable_x64``."""
+def float_dtype(name: str, value: Any, default_from: Any = None, source: str | None = None) -> np.dtype:
+    """Resolve a floating dtype; float64 needs ``jax_enable_x64``. Inferred from the array
+    argument ``source`` (its dtype ``default_from``) when ``value`` is None."""
     if value is None:
+        if default_from is not None and source is not None:
+            check_dtype(source, np.empty(0, default_from))
         base = np.result_type(default_from) if default_from is not None else np.float64
         if not np.issubdtype(base, np.floating):
             base = np.float64

@@ -242,6 +242,17 @@ def _check_algorithm(problem, algorithm: Algorithm, theta0: np.ndarray, metrics)
 _checked: set = set()  # structures that passed _check_algorithm
 
 
+def _check_underflow(algorithm: Algorithm, dtype) -> None:
+    """Refuse a nonzero hyperparameter (step size, probability, ...) that is 0 in the working dtype."""
+    tiny = float(np.finfo(dtype).tiny)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(algorithm.config)[0]:
+        x = np.asarray(leaf)
+        if x.dtype.kind == "f" and np.any((x != 0) & (x.astype(dtype) == 0)):
+            name = ".".join(str(getattr(k, "name", getattr(k, "key", k))) for k in path)
+            _validate.fail(name or "algorithm", leaf, f"underflows to 0 in {np.dtype(dtype)}; expected 0 or "
+                           f"|value| >= {tiny:.3g} (or run in float64)")
+
+
 class _Plan(NamedTuple):
     batch: int  # seeds per batch (before padding)
     padded: int  # per batch, a multiple of the device count
@@ -436,7 +447,12 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
     if T // r + 1 > MAX_RECORDS:
         _validate.fail("record_every", record_every, f"num_rounds / record_every = {T // r} recorded rounds is "
                        f"more than MAX_RECORDS = {MAX_RECORDS}; record less often")
-    factor = _validate.real("divergence_threshold", divergence_threshold, 0.0, low_open=True)
+    try:
+        factor = float(divergence_threshold)
+    except (TypeError, ValueError):
+        factor = np.nan
+    if not factor > 0:  # inf allowed: then only non-finite iterates count as diverged
+        _validate.fail("divergence_threshold", divergence_threshold, "expected a real number > 0 (inf: no threshold)")
     if seed_batch_size is not None:
         _validate.integer("seed_batch_size", seed_batch_size)
     if chunk_rounds is not None:
@@ -456,6 +472,7 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
         if theta0_np.shape != (d,):
             _validate.fail("theta0", theta0, f"expected shape ({d},) to match the problem's dimension")
     algorithm.channel.quantizer.check_dim(d)
+    _check_underflow(algorithm, problem.dtype)
     resolved = metrics_mod.resolve(metrics)
     keep = _validate.integer("keep_seeds", keep_seeds, 0)
     if keep > n:

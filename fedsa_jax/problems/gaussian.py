@@ -128,7 +128,7 @@ def gaussian_lsa(A_bar, b_bar, noise_A=0.0, noise_b=0.0, dtype=None) -> Gaussian
       >>> p.theta_star.shape
       (2,)
     """
-    dt = _validate.float_dtype("dtype", dtype, default_from=getattr(A_bar, "dtype", None))
+    dt = _validate.float_dtype("dtype", dtype, default_from=getattr(A_bar, "dtype", None), source="A_bar")
     A = _validate.array("A_bar", A_bar, 3)
     b = _validate.array("b_bar", b_bar, 2)
     N, d, d2 = A.shape

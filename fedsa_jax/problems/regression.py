@@ -177,12 +177,12 @@ def least_squares(features, targets, dtype=None) -> LeastSquares:
       >>> np.allclose(p.theta_star, 1.0)
       True
     """
+    Xs = _agent_arrays("features", features, 2)  # refuses float16, bfloat16, complex, non-numeric
+    ys = _agent_arrays("targets", targets, 1)
     dt = _validate.float_dtype(
         "dtype", dtype, default_from=np.result_type(*(getattr(X, "dtype", np.float64) for X in features))
         if isinstance(features, (Sequence, np.ndarray)) and len(features) else None,
     )
-    Xs = _agent_arrays("features", features, 2)
-    ys = _agent_arrays("targets", targets, 1)
     N = len(Xs)
     if N < 1:
         _validate.fail("features", "[]", "expected at least one agent")

@@ -173,7 +173,7 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
     in float64 (linear solves), then cast to ``dtype``.
     """
     sampling = _validate.choice("sampling", sampling, SAMPLING_MODES)
-    dt = _validate.float_dtype("dtype", dtype, default_from=getattr(features, "dtype", None))
+    dt = _validate.float_dtype("dtype", dtype, default_from=getattr(features, "dtype", None), source="features")
     P = _validate.array("transitions", transitions, (2, 3))
     if P.ndim == 2:
         P = P[None]
