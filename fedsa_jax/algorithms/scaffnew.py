@@ -75,10 +75,11 @@ from fedsa_jax.algorithms._base import (
     control_variate_update,
     init_samplers,
     initial_theta,
+    local_steps_config,
     observations_per_step,
     server_update,
 )
-from fedsa_jax.channel import Channel, channel
+from fedsa_jax.channel import Channel
 
 
 @jax.tree_util.register_dataclass
@@ -182,9 +183,7 @@ def scaffnew(
       ...                   metrics=["control_variate_error"])
       >>> res.communications[-1]  # about 20 rounds x 10 steps x 0.2 x 4 agents = 160
     """
-    eta = _validate.real("step_size", step_size, 0.0, low_open=True)
+    base = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation)
     p = _validate.real("comm_prob", comm_prob, 0.0, 1.0, low_open=True)
-    H = _validate.integer("num_local_steps", num_local_steps)
-    k = _validate.integer("skip", skip)
-    config = ScaffnewConfig(eta, p, channel(quantizer, success_prob, aggregation), H, k)
+    config = ScaffnewConfig(base.step_size, p, base.channel, base.num_local_steps, base.skip)
     return Algorithm(config, "scaffnew", init, step)
