@@ -162,7 +162,8 @@ def _round_maps(problem, algorithm):
     The maps are those of the mean: the aggregation matrix uses expected channel
     weights, exact for the mean and for second moments only with an exact channel
     (checked by the callers). Scaffnew's local-step matrix is the coin's mixture
-    ``(1 - p) L_local + p L_comm L_local`` (:func:`_scaffnew_comm`).
+    ``(1 - p) L_local + p L_comm L_local`` of a local step and a local step followed by
+    a communication.
     """
     name = algorithm.name
     if name not in ("fedlsa", "scafflsa", "qfedtd", "scaffnew"):

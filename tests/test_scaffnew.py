@@ -169,12 +169,10 @@ def test_no_heterogeneity_bias_and_control_variates_reach_their_floor(het_gaussi
     bias = theory.fedlsa_bias(het_gaussian, eta, H)
     assert np.linalg.norm(bias) > 1e-2  # a heterogeneous problem: FedLSA is biased
     np.testing.assert_allclose(theory.exact_mean(het_gaussian, alg, 200)[-1], star, rtol=1e-9, atol=1e-12)
-    key = jax.random.key(9)
-    res = fj.simulate(key, het_gaussian, alg, T, n, record_every=5, metrics=["control_variate_error"])
+    res = fj.simulate(jax.random.key(9), het_gaussian, alg, T, n, record_every=5, metrics=["control_variate_error"])
     assert np.max(np.abs(res.theta_mean[-1] - star) / res.theta_sem[-1]) < Z_TOL
-    fed = fj.simulate(key, het_gaussian, fj.fedlsa(eta, H), T, n, record_every=T)
-    assert np.max(np.abs(fed.theta_mean[-1] - star - bias) / fed.theta_sem[-1]) < Z_TOL
-    assert np.max(np.abs(fed.theta_mean[-1] - star) / fed.theta_sem[-1]) > 2 * Z_TOL
+    # power: FedLSA's limit (theta_star + bias, tests/test_algorithms.py) would be far outside that band
+    assert np.max(np.abs(bias) / res.theta_sem[-1]) > 3 * Z_TOL
     # mean_c E|xi_c - xi_c*|^2 read off the exact second moments
     A, b = np.asarray(het_gaussian.A_bar), np.asarray(het_gaussian.b_bar)
     xi_star = np.einsum("cij,j->ci", A, star) - b
