@@ -181,7 +181,7 @@ def scaffnew(
       >>> problem = fj.problems.garnet(jax.random.key(0), num_agents=4, heterogeneity="heterogeneous")
       >>> res = fj.simulate(jax.random.key(1), problem, fj.scaffnew(0.1, 0.2, 10), 20, 64,
       ...                   metrics=["control_variate_error"])
-      >>> res.communications[-1]  # about 20 rounds x 10 steps x 0.2 x 4 agents = 160
+      >>> sent = res.communications[-1]  # about 20 rounds x 10 steps x 0.2 x 4 agents = 160
     """
     base = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation)
     p = _validate.real("comm_prob", comm_prob, 0.0, 1.0, low_open=True)
