@@ -1,13 +1,13 @@
 """fedsa_jax: Monte Carlo simulation of federated linear stochastic approximation in JAX.
 
-FedLSA, SCAFFLSA (and, through the channel, QFedTD) with agents, local steps and
+FedLSA, SCAFFLSA, Scaffnew (and, through the channel, QFedTD) with agents, local steps and
 independent seeds vmapped and scanned into one jitted kernel.
 """
 
 __version__ = "0.1.0"
 
 from fedsa_jax import algorithms, channel, metrics, problems, theory
-from fedsa_jax.algorithms import Algorithm, RoundInfo, fedlsa, qfedtd, scafflsa
+from fedsa_jax.algorithms import Algorithm, RoundInfo, fedlsa, qfedtd, scafflsa, scaffnew
 from fedsa_jax.result import MetricStats, SimulationResult, load
 from fedsa_jax import simulate  # a callable module: fj.simulate(...) runs a simulation
 from fedsa_jax.sweep import SweepEntry, grid
@@ -28,6 +28,7 @@ __all__ = [
     "problems",
     "qfedtd",
     "scafflsa",
+    "scaffnew",
     "simulate",
     "sweep",
     "theory",

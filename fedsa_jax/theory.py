@@ -34,11 +34,21 @@ second moment ``S = E[Y Y^T]`` follows ``S <- L S L^T + E[w w^T]``, with
 
 ``E|theta_t - theta_star|^2`` is read off S. Everything runs in float64 numpy.
 
+**Scaffnew** (ProxSkip) carries its agents' iterates ``x_c`` and control variates
+``xi_c`` across rounds, and ``x_sync`` (the last synchronised iterate) at the end of
+Y: no broadcast; each local step is the local map above followed, with probability p
+(a coin independent of the state), by the communication
+``xi_c <- xi_c + (p / eta)(xbar - x_c)``, ``x_c <- xbar``, ``x_sync <- xbar`` with
+``xbar = mean_j x_j`` (exact channel); a round of H local steps ends with
+``theta <- mean_c x_c``. One local step therefore maps the mean by
+``((1 - p) I + p L_comm) L_s`` and the second moment by the same mixture of
+``L_s S L_s^T + E[w w^T]`` and ``L_comm (L_s S L_s^T + E[w w^T]) L_comm^T``.
+
 Uplink channels keep the mean dynamics linear for every algorithm: in
 :func:`exact_mean` the server step uses the expected aggregation weights
 ``E[w_c]`` (``p / N`` for ``"divide_by_n"``, ``(1 - (1 - p)^N) / N`` for
-``"divide_by_received"``) and SCAFFLSA's control variate step the expected
-products ``E[1{c in R} 1{j in R} / |R|]``.
+``"divide_by_received"``) and the control variate steps of SCAFFLSA and Scaffnew
+the expected products ``E[1{c in R} 1{j in R} / |R|]``.
 
 Also: :func:`fedlsa_bias` (limit and per-round), :func:`fedlsa_round_bias`,
 :func:`lsa_step_size_bound` and :func:`max_stable_step_size` (mean stability),
@@ -46,7 +56,8 @@ Also: :func:`fedlsa_bias` (limit and per-round), :func:`fedlsa_round_bias`,
 
 References: Mangold et al., SCAFFLSA, NeurIPS 2024, arXiv:2402.04114, Sec. 3-4
 (FedLSA bias, rho_bar_H, Markovian skipping) and Sec. 5 (SCAFFLSA); Dal Fabbro,
-Mitra, Pappas, QFedTD, IEEE L-CSS 2023 (channel model).
+Mitra, Pappas, QFedTD, IEEE L-CSS 2023 (channel model); Mishchenko, Malinovsky,
+Stich, Richtárik, ProxSkip, ICML 2022, arXiv:2202.09357 (Scaffnew).
 """
 
 from __future__ import annotations
@@ -151,58 +162,87 @@ def _expected_weights(channel, N: int) -> tuple[float, float, float]:
 
 def _round_maps(problem, algorithm):
     """Broadcast, local-step and aggregation matrices on Y, and index helpers (Y has
-    no control-variate block for FedLSA and QFedTD).
+    no control-variate block for FedLSA and QFedTD; Scaffnew's ends with ``x_sync``).
 
-    The aggregation matrix uses expected channel weights: exact for the mean,
-    and for second moments only with an exact channel (checked by the callers).
+    The maps are those of the mean: the aggregation matrix uses expected channel
+    weights, exact for the mean and for second moments only with an exact channel
+    (checked by the callers). Scaffnew's local-step matrix is the coin's mixture
+    ``(1 - p) L_local + p L_comm L_local`` of a local step and a local step followed by
+    a communication.
     """
     name = algorithm.name
-    if name not in ("fedlsa", "scafflsa", "qfedtd"):
-        _validate.fail("algorithm", name, "exact recursions cover 'fedlsa', 'scafflsa' and 'qfedtd'")
+    if name not in ("fedlsa", "scafflsa", "qfedtd", "scaffnew"):
+        _validate.fail("algorithm", name, "exact recursions cover 'fedlsa', 'scafflsa', 'qfedtd' and 'scaffnew'")
     cfg = algorithm.config
     eta, H = float(cfg.step_size), int(cfg.num_local_steps)
     A, b, _ = _arrays(problem)
     N, d, _ = A.shape
     cfg.channel.quantizer.check_dim(d)
-    n_xi = N if name == "scafflsa" else 0  # control variates only where they exist
-    D = 1 + d + (n_xi + N) * d
+    n_xi = N if name in ("scafflsa", "scaffnew") else 0  # control variates only where they exist
+    n_sync = 1 if name == "scaffnew" else 0  # Scaffnew's last synchronised iterate x_sync
+    D = 1 + d + (n_xi + N + n_sync) * d
     if D > MAX_AUGMENTED_DIM:
         _validate.fail(
             "problem", f"N={N}, d={d}",
             f"the exact recursion's state for {name} has {D} coordinates (1 + d + N d"
-            f"{', plus N d control variates' if n_xi else ''}) > MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}",
+            f"{', plus N d control variates' if n_xi else ''}{', plus d' if n_sync else ''})"
+            f" > MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}",
         )
     th = slice(1, 1 + d)
     xi = [slice(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(n_xi)]
     loc = [slice(1 + d + (n_xi + c) * d, 1 + d + (n_xi + c + 1) * d) for c in range(N)]
     I = np.eye(d)
-    w_server, w_same, w_other = _expected_weights(cfg.channel, N)
+    w_server = _expected_weights(cfg.channel, N)[0]
 
     L_b = np.eye(D)
-    for c in range(N):
-        L_b[loc[c], loc[c]] = 0.0
-        L_b[loc[c], th] = I
     L_s = np.eye(D)
     for c in range(N):
         # QFedTD's message is the TD direction, i.e. its local iterate is theta + eta g: same map.
         L_s[loc[c], loc[c]] = I - eta * A[c]
         L_s[loc[c], 0] = eta * b[c]
-        if name == "scafflsa":
+        if n_xi:
             L_s[loc[c], xi[c]] = eta * I
+    if name == "scaffnew":
+        # The agents keep their iterates across rounds (no broadcast); theta <- mean_c x_c ends a round.
+        p = float(cfg.comm_prob)
+        sync = slice(D - d, D)
+        L_c = np.eye(D)  # communication, in mean: x_sync <- x_sync + sum_j E[w_j] m_j, m_j = x_j - x_sync
+        L_c[sync, sync] = (1.0 - N * w_server) * I
+        for c in range(N):
+            L_c[sync, loc[c]] = w_server * I
+        for c in range(N):
+            L_c[loc[c]] = L_c[sync]  # every agent restarts from the new x_sync
+        _control_variate_rows(L_c, xi, loc, sync, cfg.channel, N, eta / p)
+        L_s = ((1.0 - p) * np.eye(D) + p * L_c) @ L_s
+        L_a = np.eye(D)
+        L_a[th, th] = 0.0
+        for c in range(N):
+            L_a[th, loc[c]] = I / N
+        return L_b, L_s, L_a, H, eta, th, loc
+    for c in range(N):
+        L_b[loc[c], loc[c]] = 0.0
+        L_b[loc[c], th] = I
     # Aggregation on the messages m_c = theta^c - theta: theta <- theta + sum_c E[w_c] m_c.
     L_a = np.eye(D)
     L_a[th, th] = (1.0 - N * w_server) * I
     for c in range(N):
         L_a[th, loc[c]] = w_server * I
     if name == "scafflsa":
-        # xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / (eta H)
-        p = float(cfg.channel.success_prob)
-        for c in range(N):
-            for j in range(N):
-                coef = (w_same - p if j == c else w_other) / (eta * H)
-                L_a[xi[c], loc[j]] += coef * I
-                L_a[xi[c], th] -= coef * I
+        _control_variate_rows(L_a, xi, loc, th, cfg.channel, N, eta * H)
     return L_b, L_s, L_a, H, eta, th, loc
+
+
+def _control_variate_rows(L, xi, loc, ref, channel, N: int, denominator: float) -> None:
+    """Adds to ``L`` the mean control-variate step on the messages ``m_j = Y[loc_j] - Y[ref]``
+    (SCAFFLSA, Scaffnew): ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator``."""
+    _, w_same, w_other = _expected_weights(channel, N)
+    p = float(channel.success_prob)
+    I = np.eye(xi[0].stop - xi[0].start)
+    for c in range(N):
+        for j in range(N):
+            coef = (w_same - p if j == c else w_other) / denominator
+            L[xi[c], loc[j]] += coef * I
+            L[xi[c], ref] -= coef * I
 
 
 def _conjugator(L):
@@ -223,7 +263,8 @@ def _conjugator(L):
     return lambda S: apply_rows(apply_rows(S).T)
 
 
-def _initial(problem, theta0, D, th):
+def _initial(problem, algorithm, theta0, D, th, loc):
+    """``E[Y_0]``: ``theta_0`` (default 0); Scaffnew's agents and ``x_sync`` start there too."""
     d = problem.dim
     m = np.zeros(D)
     m[0] = 1.0
@@ -232,6 +273,9 @@ def _initial(problem, theta0, D, th):
         if theta0.shape != (d,):
             _validate.fail("theta0", theta0, f"expected shape ({d},) to match the problem's dimension")
         m[th] = theta0
+    if algorithm.name == "scaffnew":
+        for part in [*loc, slice(D - d, D)]:
+            m[part] = m[th]
     return m
 
 
@@ -242,16 +286,16 @@ def _require_iid(problem):
 
 def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     """``E[theta_t]`` for ``t = 0..num_rounds`` (shape ``(T+1, d)``), exact for i.i.d.
-    observations, for FedLSA, SCAFFLSA and QFedTD, with any unbiased channel.
+    observations, for FedLSA, SCAFFLSA, QFedTD and Scaffnew, with any unbiased channel.
 
     For QFedTD: ``E[theta_{k+1}] = (I - alpha p_eff mean A_bar) E[theta_k] + alpha p_eff mean b_bar``
     with ``p_eff = p`` (``"divide_by_n"``) or ``1 - (1 - p)^N`` (``"divide_by_received"``).
     """
     _require_iid(problem)
     T = _validate.integer("num_rounds", num_rounds, 0)
-    L_b, L_s, L_a, H, _, th, _ = _round_maps(problem, algorithm)
+    L_b, L_s, L_a, H, _, th, loc = _round_maps(problem, algorithm)
     L_round = L_a @ np.linalg.matrix_power(L_s, H) @ L_b
-    m = _initial(problem, theta0, L_b.shape[0], th)
+    m = _initial(problem, algorithm, theta0, L_b.shape[0], th, loc)
     out = [m[th].copy()]
     for _ in range(T):
         m = L_round @ m
@@ -427,30 +471,44 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     ``w_c`` (erasures) and quantizer error ``e_c`` (mean zero given the message,
     covariance ``V(m_c m_c^T)``), the server adds, to the theta block,
     ``sum_{c,j} Cov(w_c, w_j) E[m_c m_j^T] + sum_c E[w_c^2] V(E[m_c m_c^T])``. ``V`` is
-    linear for ``identity`` and ``rand_k`` only; other quantizers, and SCAFFLSA with
-    a lossy channel (products of erasure indicators in the control variates),
-    are refused.
+    linear for ``identity`` and ``rand_k`` only; other quantizers, and SCAFFLSA or
+    Scaffnew with a lossy channel (products of erasure indicators in the control
+    variates), are refused.
+
+    Scaffnew: its coin is independent of the state, so a local step is the mixture
+    ``S <- (1 - p) S' + p L_comm S' L_comm^T`` of ``S' = L_s S L_s^T + E[w w^T]`` (no
+    communication) and of the same step followed by the communication ``L_comm``.
 
     Cost O(N d^2 D) per local step and O(N d D^2) per round (O(N^2 d^2 D) for
-    SCAFFLSA) with ``D = 1 + d + N d`` (plus N d for SCAFFLSA's control variates;
-    at most ``MAX_AUGMENTED_DIM``); memory O(D^2).
+    SCAFFLSA) with ``D = 1 + d + N d`` (plus N d for the control variates of SCAFFLSA
+    and Scaffnew, and d for Scaffnew's ``x_sync``; at most ``MAX_AUGMENTED_DIM``);
+    memory O(D^2).
     """
+    th, moments = _second_moments(problem, algorithm, num_rounds, theta0)
+    theta_star = np.asarray(problem.theta_star, np.float64)
+    return np.asarray([np.trace(S[th, th]) - 2 * theta_star @ S[0, th] + theta_star @ theta_star for S in moments])
+
+
+def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
+    """``(theta's slice of Y, an iterator over S_t = E[Y_t Y_t^T] for t = 0..num_rounds)``: the
+    recursion of :func:`exact_mse`, its arguments checked before it returns."""
     T = _validate.integer("num_rounds", num_rounds, 0)
     name = algorithm.name
     channel = algorithm.config.channel
-    if name == "scafflsa" and not channel.trivial:
+    if name in ("scafflsa", "scaffnew") and not channel.trivial:
         _validate.fail("algorithm", algorithm.describe()["channel"],
-                       "exact_mse covers SCAFFLSA with an exact channel only (identity quantizer, success_prob=1)")
+                       f"exact_mse covers {'SCAFFLSA' if name == 'scafflsa' else 'Scaffnew'} with an exact channel "
+                       "only (identity quantizer, success_prob=1); exact_mean covers any unbiased channel")
     noise = _noise_model(problem)
     L_b, L_s, L_a, H, eta, th, loc = _round_maps(problem, algorithm)
-    A, b, theta_star = _arrays(problem)
+    A, b, _ = _arrays(problem)
     N, d, _ = A.shape
     D = L_b.shape[0]
     quant = _quantizer_covariance(channel.quantizer, d)
     c_same, c_other = _weight_covariance(channel, N)
     w_sq = c_same + _server_weight(channel, N) ** 2  # E[w_c^2]
     loc_idx = np.concatenate([np.arange(D)[l] for l in loc])  # (N d,)
-    xi_idx = loc_idx - N * d if name == "scafflsa" else None
+    xi_idx = loc_idx - N * d if name in ("scafflsa", "scaffnew") else None
     B = np.eye(d) - eta * A  # (N, d, d)
     th_idx = np.arange(D)[th]
     rows = loc_idx.reshape(N, d)
@@ -465,35 +523,49 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
         R[loc_idx] = rows.reshape(N * d, D)
         return R
 
-    m = _initial(problem, theta0, D, th)
-    S = np.outer(m, m)
+    comm_prob = float(algorithm.config.comm_prob) if name == "scaffnew" else 0.0
+    sync_idx = np.arange(D - d, D)
 
-    def mse(S):
-        return np.trace(S[th, th]) - 2 * theta_star @ S[0, th] + theta_star @ theta_star
+    def comm_rows(S):
+        """Scaffnew's communication (exact channel) ``L_comm @ S``: every ``x_c`` and ``x_sync``
+        become ``xbar = mean_j x_j``, ``xi_c <- xi_c + (p / eta) (xbar - x_c)``."""
+        R = S.copy()
+        x = S[loc_idx].reshape(N, d, D)
+        xbar = x.mean(axis=0)
+        R[xi_idx] += ((comm_prob / eta) * (xbar[None] - x)).reshape(N * d, D)
+        R[loc_idx] = np.broadcast_to(xbar, (N, d, D)).reshape(N * d, D)
+        R[sync_idx] = xbar
+        return R
 
+    m = _initial(problem, algorithm, theta0, D, th, loc)
     broadcast, aggregate = _conjugator(L_b), _conjugator(L_a)
-    out = [mse(S)]
-    for _ in range(T):
-        S = broadcast(S)
-        for _ in range(H):
-            X = S[blocks]  # (N, d, d): E[loc_c loc_c^T]
-            cov = (eta * eta) * noise(S[0, loc_idx].reshape(N, d), X)
-            S = local_rows(local_rows(S).T)
-            S[blocks] += cov
-        extra = None
-        if c_same or c_other or channel.quantizer.kind != "identity":
-            Sl = S[np.ix_(loc_idx, loc_idx)].reshape(N, d, N, d)
-            cross = S[np.ix_(loc_idx, th_idx)].reshape(N, d, d)  # E[loc_c theta^T]
-            # E[m_c m_j^T] for the messages m_c = loc_c - theta
-            M = Sl - cross[:, :, None, :] - np.transpose(cross, (2, 0, 1))[None] + S[th, th][None, :, None, :]
-            diag_sum = np.einsum("cicj->ij", M)
-            extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
-            extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
-        S = aggregate(S)
-        if extra is not None:
-            S[th, th] += extra
-        out.append(mse(S))
-    return np.asarray(out)
+
+    def moments(S):
+        yield S
+        for _ in range(T):
+            S = broadcast(S)
+            for _ in range(H):
+                X = S[blocks]  # (N, d, d): E[loc_c loc_c^T]
+                cov = (eta * eta) * noise(S[0, loc_idx].reshape(N, d), X)
+                S = local_rows(local_rows(S).T)
+                S[blocks] += cov
+                if comm_prob:  # Scaffnew: a communication with probability p, independent of the state
+                    S = (1.0 - comm_prob) * S + comm_prob * comm_rows(comm_rows(S).T)
+            extra = None
+            if c_same or c_other or channel.quantizer.kind != "identity":
+                Sl = S[np.ix_(loc_idx, loc_idx)].reshape(N, d, N, d)
+                cross = S[np.ix_(loc_idx, th_idx)].reshape(N, d, d)  # E[loc_c theta^T]
+                # E[m_c m_j^T] for the messages m_c = loc_c - theta
+                M = Sl - cross[:, :, None, :] - np.transpose(cross, (2, 0, 1))[None] + S[th, th][None, :, None, :]
+                diag_sum = np.einsum("cicj->ij", M)
+                extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
+                extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
+            S = aggregate(S)
+            if extra is not None:
+                S[th, th] += extra
+            yield S
+
+    return th, moments(np.outer(m, m))
 
 
 def lsa_step_size_bound(A) -> float:
@@ -507,22 +579,27 @@ def lsa_step_size_bound(A) -> float:
 
 def _mean_spectral_radius(problem, algorithm) -> float:
     """Spectral radius of one round of the exact mean recursion, on the state that
-    persists across rounds: theta (FedLSA, QFedTD), or theta and the control
-    variates restricted to ``sum_c xi_c = 0`` (SCAFFLSA keeps that sum at 0)."""
+    persists across rounds: theta (FedLSA, QFedTD); theta and the control variates
+    (SCAFFLSA), or the control variates, the agents' iterates and ``x_sync``
+    (Scaffnew, whose theta is their mean), restricted to ``sum_c xi_c = 0`` (both keep
+    that sum at 0)."""
     L_b, L_s, L_a, H, _, th, _ = _round_maps(problem, algorithm)
     with np.errstate(over="ignore", invalid="ignore"):
         R = L_a @ np.linalg.matrix_power(L_s, H) @ L_b
     if not np.all(np.isfinite(R)):
         return np.inf
     N, d = problem.num_agents, problem.dim
-    if algorithm.name != "scafflsa":
+    if algorithm.name not in ("scafflsa", "scaffnew"):
         return float(np.max(np.abs(np.linalg.eigvals(R[th, th]))))
-    keep = np.arange(1, 1 + d + N * d)  # theta, xi_1..xi_N
+    if algorithm.name == "scafflsa":
+        keep, first_xi = np.arange(1, 1 + d + N * d), d  # theta, xi_1..xi_N
+    else:
+        keep, first_xi = np.arange(1 + d, R.shape[0]), 0  # xi_1..xi_N, x_1..x_N, x_sync
     M = R[np.ix_(keep, keep)]
-    # Orthonormal basis of {(theta, xi): sum_c xi_c = 0}.
-    sums = np.zeros((d, d + N * d))
+    # Orthonormal basis of {sum_c xi_c = 0} in the kept coordinates.
+    sums = np.zeros((d, len(keep)))
     for c in range(N):
-        sums[:, d + c * d: d + (c + 1) * d] = np.eye(d)
+        sums[:, first_xi + c * d: first_xi + (c + 1) * d] = np.eye(d)
     _, _, Vt = np.linalg.svd(sums)
     Q = Vt[d:].T
     return float(np.max(np.abs(np.linalg.eigvals(Q.T @ M @ Q))))
@@ -536,9 +613,10 @@ def max_stable_step_size(problem, algorithm="fedlsa", num_local_steps: int | Non
     Args:
       algorithm: ``"fedlsa"``, ``"scafflsa"`` or ``"qfedtd"`` (exact channel, H =
         ``num_local_steps``, default 1), or an algorithm such as
-        ``fj.qfedtd(0.1, success_prob=0.5)``, whose H and channel are kept and whose
-        step size is varied (erasures with ``"divide_by_n"`` shrink the mean step
-        by p, so they raise the bound by about 1/p).
+        ``fj.qfedtd(0.1, success_prob=0.5)`` or ``fj.scaffnew(0.1, 0.2, 10)``, whose H,
+        channel (and communication probability) are kept and whose step size is
+        varied (erasures with ``"divide_by_n"`` shrink the mean step by p, so they
+        raise the bound by about 1/p).
 
     Scans a log grid from ``1e-4 eta_lsa`` to ``100 eta_lsa`` (``eta_lsa`` =
     :func:`lsa_step_size_bound` of ``mean_c A_bar[c]``) up to its first unstable

@@ -10,11 +10,23 @@ import numpy as np
 from fedsa_jax.simulate import seed_keys
 
 
+def round_keys(key, seed, t):
+    """``(k_obs, k_channel)`` of seed ``seed``'s round ``t``."""
+    _, keys = seed_keys(key, seed + 1)
+    return jax.random.split(jax.random.fold_in(keys[seed], np.uint32(t)))
+
+
 def round_randomness(problem, key, seed, t, H, skip=1):
-    _, round_keys = seed_keys(key, seed + 1)
-    k = jax.random.fold_in(round_keys[seed], np.uint32(t))
-    k_obs, _ = jax.random.split(k)  # the other half keys the channel
+    k_obs, _ = round_keys(key, seed, t)  # the other half keys the channel
     return np.asarray(problem.randomness(k_obs, problem.num_agents, H, skip))
+
+
+def scaffnew_coins(key, seed, t, H, p):
+    """Scaffnew's communication coins of round t: ``uniform(k_coin, (H,)) < p`` with
+    ``(k_coin, k_send) = split(k_channel)`` (fedsa_jax/algorithms/scaffnew.py)."""
+    _, k_channel = round_keys(key, seed, t)
+    k_coin, _ = jax.random.split(k_channel)
+    return np.asarray(jax.random.uniform(k_coin, (H,), np.float64)) < p
 
 
 def init_randomness(key, seed, N):
@@ -29,9 +41,12 @@ def alias(prob, al, u):
     return i if u * S - i < prob[i] else int(al[i])
 
 
-def federated_loop(problem, algorithm, T, theta0, agent_round):
-    """FedLSA / SCAFFLSA rounds; ``agent_round(t)`` returns ``g(c, h, theta)``, the
-    direction ``A_c(Z) theta - b_c(Z)`` of agent c's h-th local step in round t."""
+def federated_loop(problem, algorithm, T, theta0, agent_round, coins=None):
+    """FedLSA / SCAFFLSA / Scaffnew rounds; ``agent_round(t)`` returns ``g(c, h, theta)``, the
+    direction ``A_c(Z) theta - b_c(Z)`` of agent c's h-th local step in round t; ``coins(t)``
+    Scaffnew's communication coins of round t."""
+    if algorithm.name == "scaffnew":
+        return scaffnew_loop(problem, algorithm, T, theta0, agent_round, coins)
     N, d = problem.num_agents, problem.dim
     cfg = algorithm.config
     eta, H = cfg.step_size, cfg.num_local_steps
@@ -54,6 +69,37 @@ def federated_loop(problem, algorithm, T, theta0, agent_round):
             xi = xi + (theta - local) / (eta * H)
         out.append(theta.copy())
     return np.array(out)
+
+
+def scaffnew_loop(problem, algorithm, T, theta0, agent_round, coins):
+    """Scaffnew (exact channel): the agents' iterates x_c and control variates h_c persist; after
+    each local step, if the step's coin is 1, x_c <- mean_j xh_j and h_c += (p / eta)(x_c - xh_c)."""
+    N, d = problem.num_agents, problem.dim
+    cfg = algorithm.config
+    eta, p, H = cfg.step_size, cfg.comm_prob, cfg.num_local_steps
+    theta = np.zeros(d) if theta0 is None else np.array(theta0, float)
+    x = np.tile(theta, (N, 1))
+    h = np.zeros((N, d))
+    out = [theta.copy()]
+    for t in range(T):
+        g, coin = agent_round(t), coins(t)
+        for k in range(H):
+            xh = np.array([x[c] - eta * (g(c, k, x[c]) - h[c]) for c in range(N)])
+            if coin[k]:
+                xbar = xh.mean(0)
+                h = h + (p / eta) * (xbar - xh)
+                x = np.tile(xbar, (N, 1))
+            else:
+                x = xh
+        out.append(x.mean(0))
+    return np.array(out)
+
+
+def _coins(algorithm, key, seed):
+    cfg = algorithm.config
+    if algorithm.name != "scaffnew":
+        return None
+    return lambda t: scaffnew_coins(key, seed, t, cfg.num_local_steps, cfg.comm_prob)
 
 
 def td_loop(problem, algorithm, key, seed, T, theta0=None):
@@ -86,7 +132,7 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
 
         return g
 
-    return federated_loop(problem, algorithm, T, theta0, agent_round)
+    return federated_loop(problem, algorithm, T, theta0, agent_round, _coins(algorithm, key, seed))
 
 
 def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
@@ -104,7 +150,7 @@ def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
             A[c] @ th - b[c] + sA[c] * np.linalg.norm(th) * z[c, h, 0] - sb[c] * z[c, h, 1]
         )
 
-    return federated_loop(problem, algorithm, T, theta0, agent_round)
+    return federated_loop(problem, algorithm, T, theta0, agent_round, _coins(algorithm, key, seed))
 
 
 def td_support(problem):

@@ -6,6 +6,7 @@ from fedsa_jax.algorithms._base import (
     LocalStepsConfig,
     RoundInfo,
     RoundRandomness,
+    control_variate_update,
     describe_value,
     init_samplers,
     initial_theta,
@@ -18,6 +19,7 @@ from fedsa_jax.algorithms._base import (
 from fedsa_jax.algorithms.fedlsa import FedLSAState, fedlsa
 from fedsa_jax.algorithms.qfedtd import QFedTDState, qfedtd
 from fedsa_jax.algorithms.scafflsa import SCAFFLSAState, scafflsa
+from fedsa_jax.algorithms.scaffnew import ScaffnewConfig, ScaffnewState, scaffnew
 
 __all__ = [
     "Algorithm",
@@ -27,6 +29,9 @@ __all__ = [
     "RoundInfo",
     "RoundRandomness",
     "SCAFFLSAState",
+    "ScaffnewConfig",
+    "ScaffnewState",
+    "control_variate_update",
     "describe_value",
     "fedlsa",
     "init_samplers",
@@ -37,5 +42,6 @@ __all__ = [
     "round_info",
     "run_agents",
     "scafflsa",
+    "scaffnew",
     "server_update",
 ]

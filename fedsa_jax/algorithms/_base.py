@@ -205,6 +205,35 @@ def server_update(key: jax.Array, theta: jax.Array, local: jax.Array, ch: Channe
     return theta + jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0), delivery
 
 
+def control_variate_update(xi: jax.Array, theta: jax.Array, local: jax.Array, delivery: Delivery, ch: Channel,
+                           denominator) -> jax.Array:
+    """Control variates ``xi (N, d)`` after a server step (SCAFFLSA, Scaffnew).
+
+    Exact channel: ``xi_c <- xi_c + (theta - local_c) / denominator`` with ``theta`` the new
+    server iterate (the mean of ``local (N, d)``). Otherwise only the delivered agents R move,
+    against the mean of the delivered messages ``mbar_R = (1/|R|) sum_{j in R} q(m_j)``:
+    ``xi_c <- xi_c + (mbar_R - q(m_c)) / denominator`` for c in R, unchanged otherwise. The
+    increments sum to 0 over R, so ``sum_c xi_c`` stays 0 (SCAFFLSA: ``denominator = eta H``;
+    Scaffnew: ``eta / p``).
+    """
+    if ch.trivial:
+        delivered = jnp.ones((local.shape[0], 1), bool)
+        increment = (theta - local) / denominator
+    else:
+        delivered = delivery.delivered[:, None]
+        count = jnp.maximum(jnp.sum(delivery.delivered), 1).astype(local.dtype)
+        mean_delivered = jnp.sum(delivery.messages, axis=0) / count  # lost messages are 0
+        increment = jnp.where(delivered, (mean_delivered - delivery.messages) / denominator, 0.0)
+    # The increments sum to 0 over the delivered agents in exact arithmetic, but each carries the
+    # rounding error of a difference of iterates divided by a small denominator: over 1e5 rounds in
+    # float32 their sum drifts, sum_c xi_c leaves 0 and the iterate runs away (seen with SCAFFLSA,
+    # H = 1, eta = 0.01). Removing their mean over the delivered agents keeps sum_c xi_c = 0 to
+    # rounding at every server step.
+    n_delivered = jnp.maximum(jnp.sum(delivered), 1).astype(local.dtype)
+    increment = increment - jnp.where(delivered, jnp.sum(increment, axis=0) / n_delivered, 0.0)
+    return xi + increment
+
+
 def observations_per_step(problem, skip: int) -> int:
     """Observations an agent draws per kept observation: ``skip`` along a Markov chain
     (``problem.sampling == "markov"``: the chain moves ``skip`` steps), else 1 (discarding

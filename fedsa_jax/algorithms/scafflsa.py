@@ -41,6 +41,7 @@ from fedsa_jax.algorithms._base import (
     ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
+    control_variate_update,
     init_samplers,
     initial_error,
     local_steps_config,
@@ -72,21 +73,7 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
         rand.obs, ErrorCoordinates(problem), state.sampler, state.error, eta, config.skip, controls=state.xi
     )
     error, delivery = server_update(rand.channel, state.error, local, config.channel)
-    if config.channel.trivial:
-        delivered = jnp.ones((local.shape[0], 1), bool)
-        increment = (error - local) / (eta * H)
-    else:
-        delivered = delivery.delivered[:, None]
-        count = jnp.maximum(jnp.sum(delivery.delivered), 1).astype(problem.dtype)
-        mean_delivered = jnp.sum(delivery.messages, axis=0) / count  # lost messages are 0
-        increment = jnp.where(delivered, (mean_delivered - delivery.messages) / (eta * H), 0.0)
-    # The increments sum to 0 over the delivered agents in exact arithmetic, but each carries the
-    # rounding error of a difference of iterates divided by eta H: over 1e5 rounds in float32 their
-    # sum drifts, sum_c xi_c leaves 0 and the iterate runs away (seen with H = 1, eta = 0.01).
-    # Removing their mean over the delivered agents keeps sum_c xi_c = 0 to rounding at every round.
-    n_delivered = jnp.maximum(jnp.sum(delivered), 1).astype(problem.dtype)
-    increment = increment - jnp.where(delivered, jnp.sum(increment, axis=0) / n_delivered, 0.0)
-    xi = state.xi + increment
+    xi = control_variate_update(state.xi, error, local, delivery, config.channel, eta * H)
     state = SCAFFLSAState(problem.theta_star + error, error, xi, sampler)
     return state, round_info(local, error, delivery, config, problem)
 
