@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from fedsa_jax._io import atomic_savez, atomic_write
+from fedsa_jax._io import DamagedFileError, atomic_savez, atomic_write, json_text, read_npz
 from fedsa_jax.stats import QUANTILE_LEVELS
 
 ARRAY_FIELDS = (
     "rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta", "theta_star",
     "bits_sent", "bits_delivered", "mse_quantiles",
 )
+_DAMAGED = "recompute it (a sweep recomputes its damaged results by itself) or restore it from a copy"
 X_AXES = ("rounds", "communications", "samples", "bits_sent", "bits_delivered")
 
 
@@ -86,7 +87,7 @@ class SimulationResult:
         """Write an ``.npz`` file (arrays + JSON config) atomically."""
 
         arrays = {k: np.asarray(getattr(self, k)) for k in ARRAY_FIELDS}
-        atomic_savez(path, config_json=np.array(json.dumps(self.config, sort_keys=True)), **arrays)
+        atomic_savez(path, config_json=np.array(json_text(self.config, indent=None, sort_keys=True)), **arrays)
 
     def table(self) -> dict[str, np.ndarray]:
         """A tidy per-round table: column name -> ``(R,)`` array, one row per recorded round.
@@ -128,9 +129,20 @@ class SimulationResult:
 
 def load(path) -> SimulationResult:
     """Read a result written by :meth:`SimulationResult.save` (files written before
-    quantiles were recorded load with NaN quantiles)."""
-    with np.load(path, allow_pickle=False) as data:
+    quantiles were recorded load with NaN quantiles).
+
+    Raises ``FileNotFoundError`` for a missing file, and a ``ValueError``
+    (:class:`fedsa_jax._io.DamagedFileError`) for a damaged file or one that
+    fedsa_jax did not write, saying so and what to do.
+    """
+    required = ("config_json",) + tuple(k for k in ARRAY_FIELDS if k != "mse_quantiles")
+    data = read_npz(path, "result", _DAMAGED, required=required)
+    try:
         config = json.loads(str(data["config_json"]))
-        arrays = {k: data[k] for k in ARRAY_FIELDS if k in data}
+        if not isinstance(config, dict):
+            raise ValueError("its configuration is not a JSON object")
+    except ValueError as err:
+        raise DamagedFileError(f"{str(path)!r} is damaged or not a fedsa_jax result file ({err}); {_DAMAGED}") from None
+    arrays = {k: data[k] for k in ARRAY_FIELDS if k in data}
     arrays.setdefault("mse_quantiles", np.full((len(arrays["rounds"]), len(QUANTILE_LEVELS)), np.nan))
     return SimulationResult(config=config, **arrays)
