@@ -20,6 +20,7 @@ import argparse
 import importlib
 import inspect
 import json
+import math
 import os
 import re
 import sys
@@ -74,38 +75,30 @@ def _seed(text: str) -> int:
     return value
 
 
-def _real(text: str) -> float:
+def _name_or_number(text: str, names: tuple[str, ...], accept, expected: str):
+    """``text`` if it is one of ``names``, else a float that ``accept`` takes."""
+    if text in names:
+        return text
     try:
         value = float(text)
     except ValueError:
-        value = float("nan")
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite real number, got {text!r}")
+        value = None
+    if value is None or not math.isfinite(value) or not accept(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _real(text: str) -> float:
+    return _name_or_number(text, (), lambda v: True, "a finite real number")
 
 
 def _heterogeneity(text: str):
-    if text in HETEROGENEITY:
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected 'homogeneous', 'heterogeneous' or a number in [0, 1], got {text!r}")
-    return value
+    return _name_or_number(text, HETEROGENEITY, lambda v: 0.0 <= v <= 1.0,
+                           "'homogeneous', 'heterogeneous' or a number in [0, 1]")
 
 
 def _range(text: str):
-    if text == "maxabs":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected 'maxabs' or a number R > 0, got {text!r}")
-    return value
+    return _name_or_number(text, ("maxabs",), lambda v: v > 0.0, "'maxabs' or a number R > 0")
 
 
 def _algorithm(text: str) -> str:

@@ -172,14 +172,19 @@ def plot_final_mse_vs_agents(
     if theory:
         ax.plot([], [], "s", mfc="none", color="0.3", ms=9, label="exact")
     ax.set_xscale("log")
+    return _final_mse_axes(fig, ax, "number of agents $N$", title, legend_size=8)
+
+
+def _final_mse_axes(fig, ax, xlabel: str, title: str | None, legend_size: int):
+    """Log final-MSE axis, labels, grid and legend of the final-MSE figures."""
     ax.set_yscale("log")
-    ax.set_xlabel("number of agents $N$", fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel("final " + MSE_LABEL, fontsize=9)
     ax.tick_params(labelsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, title=rf"mean $\pm$ {BAND_Z:g} s.e.", title_fontsize=8)
+    ax.legend(fontsize=legend_size, title=rf"mean $\pm$ {BAND_Z:g} s.e.", title_fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -244,16 +249,7 @@ def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None,
             ax.set_xscale("log")
     else:
         ax.set_xticks(range(len(categories)), [str(json.loads(c)) for c in categories], fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xlabel(x, fontsize=9)
-    ax.set_ylabel("final " + MSE_LABEL, fontsize=9)
-    ax.tick_params(labelsize=8)
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, title=rf"mean $\pm$ {BAND_Z:g} s.e.", title_fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _final_mse_axes(fig, ax, x, title, legend_size=7)
 
 
 def _json_key(value) -> str:

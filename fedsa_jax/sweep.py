@@ -60,7 +60,7 @@ def config_name(config: Mapping[str, Any]) -> str:
     configuration (so ``"x/y"`` and ``"x_y"``, ``0.1`` and ``"0.1"`` differ).
 
     >>> config_name({"step_size": 0.1, "algorithm": "fedlsa"})
-    'algorithm-fedlsa__step_size-0.1__5e1bcd6aa2c9'
+    'algorithm-fedlsa__step_size-0.1__f31be4a47ce2'
     """
     text = "__".join(f"{k}-{config[k]}" for k in sorted(config))
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:120]

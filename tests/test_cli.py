@@ -188,6 +188,10 @@ def test_sweep_command(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["sweep", str(cfg), "--out", str(out), "--no-progress"]) == 0
     assert capsys.readouterr().out.count("(loaded)") == 8
+    (out / row["file"]).unlink()
+    assert cli.main(["sweep", str(cfg), "--out", str(out), "--collect"]) == 1  # computes nothing, lists it
+    assert "1 configurations missing" in capsys.readouterr().err
+    assert [r["status"] for r in json.loads((out / "sweep.json").read_text())].count("missing") == 1
 
 
 @pytest.mark.parametrize("text,param", [

@@ -123,3 +123,26 @@ def test_results_of_earlier_versions_names_still_load(problem, tmp_path):
     first.path.rename(tmp_path / f"{sweep_mod._legacy_name(configs[0])}.npz")
     (again,) = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path)
     assert again.status == "loaded" and "=" in again.path.name
+
+
+def test_plot_sweep_draws_final_mse_against_the_richest_numeric_axis():
+    import matplotlib.pyplot as plt
+    from types import SimpleNamespace
+
+    from fedsa_jax.plotting import plot_sweep
+
+    def entry(config, mse):
+        return SimpleNamespace(config=config, result=SimpleNamespace(mse_mean=np.array([1.0, mse]),
+                                                                     mse_sem=np.array([0.0, 0.01])))
+
+    entries = [entry({"algorithm": a, "step_size": s, "H": 10}, s * (1 if a == "fedlsa" else 2))
+               for a in ("fedlsa", "scafflsa") for s in (0.3, 0.1, 0.01)]
+    ax = plot_sweep(entries).axes[0]
+    assert ax.get_xlabel() == "step_size" and ax.get_xscale() == "log"
+    assert [c.get_label() for c in ax.containers] == ["algorithm=fedlsa", "algorithm=scafflsa"]  # H is fixed
+    line = ax.containers[1].lines[0]
+    np.testing.assert_allclose(line.get_xdata(), [0.01, 0.1, 0.3])  # sorted along x
+    np.testing.assert_allclose(line.get_ydata(), [0.02, 0.2, 0.6])
+    ax = plot_sweep(entries, x="algorithm").axes[0]  # categories
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["fedlsa", "scafflsa"]
+    plt.close("all")
