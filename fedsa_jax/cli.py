@@ -45,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-class _Help(argparse.RawDescriptionHelpFormatter):
+class _Help(argparse.HelpFormatter):
     """Shows a default once, where there is one to show."""
 
     def _get_help_string(self, action):
