@@ -6,10 +6,18 @@ seed's state, the next round's random numbers, the round counter). It is
 replaced atomically after each chunk, so a run killed at any instant (SIGKILL
 included) leaves the previous complete checkpoint; resuming restores the carry
 exactly, so the resumed run is bit-identical to an uninterrupted one.
+
+The file is named after the fingerprint, ``checkpoint-<first 16 hex digits>.npz``,
+so runs of different configurations share a folder without touching each
+other's checkpoints; while a run uses its checkpoint it holds an ``fcntl`` lock
+on ``.checkpoint-<digits>.lock`` beside it, and a second run of the same
+configuration is refused until the first ends. A damaged checkpoint is refused
+with a message, never deleted nor silently restarted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -18,9 +26,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from fedsa_jax import _io
 from fedsa_jax._io import atomic_savez
 
-FILENAME = "checkpoint.npz"
+LEGACY_FILENAME = "checkpoint.npz"  # before the fingerprint was in the name: still resumed
+_DAMAGED = ("move it out of the folder to start this run again from round 0, or put back a copy "
+            "of it to resume")
 
 
 def fingerprint(*trees: Any, **settings: Any) -> str:
@@ -67,13 +78,77 @@ def arrays_to_tree(prefix: str, data, template: Any) -> Any:
     return jax.tree.unflatten(treedef, restored)
 
 
-def save(directory: Path, arrays: dict[str, np.ndarray]) -> None:
-    atomic_savez(Path(directory) / FILENAME, **arrays)
+def filename(finger: str) -> str:
+    """The checkpoint file of the configuration with fingerprint ``finger``."""
+    return f"checkpoint-{finger[:16]}.npz"
 
 
-def load(directory: Path) -> dict[str, np.ndarray] | None:
-    path = Path(directory) / FILENAME
-    if not path.exists():
-        return None
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+def paths(directory) -> list[Path]:
+    """Every checkpoint file in ``directory`` (any configuration)."""
+    directory = Path(directory)
+    found = sorted(directory.glob("checkpoint-*.npz"))
+    legacy = directory / LEGACY_FILENAME
+    return found + ([legacy] if legacy.exists() else [])
+
+
+@contextlib.contextmanager
+def lock(directory, finger: str):
+    """Hold the lock of this configuration's checkpoint in ``directory`` for a run."""
+    path = Path(directory) / f".{filename(finger)[:-4]}.lock"
+    try:
+        with _io.file_lock(path):
+            yield
+    except _io.LockHeld as held:
+        raise ValueError(
+            f"checkpoint_dir={str(directory)!r} is invalid: another run of the same configuration ({held.holder}) "
+            "is using its checkpoint there; wait for it to finish (then rerun to load its result), or use "
+            "another checkpoint_dir"
+        ) from None
+
+
+def save(directory: Path, finger: str, arrays: dict[str, np.ndarray]) -> None:
+    atomic_savez(Path(directory) / filename(finger), **arrays)
+
+
+def read(path) -> dict[str, np.ndarray]:
+    """A checkpoint file's arrays; :class:`fedsa_jax._io.DamagedFileError` if it is damaged."""
+    return _io.read_npz(path, "checkpoint", _DAMAGED, required=("fingerprint", "batch"))
+
+
+def load(directory: Path, finger: str | None = None) -> dict[str, np.ndarray] | None:
+    """The checkpoint of the configuration ``finger`` in ``directory`` (None if there is none).
+
+    Without ``finger``, the folder's only checkpoint (for inspection). A file
+    named ``checkpoint.npz`` (older versions) is used when its fingerprint matches.
+    """
+    directory = Path(directory)
+    if finger is None:
+        found = paths(directory)
+        if len(found) > 1:
+            raise ValueError(f"{str(directory)!r} holds {len(found)} checkpoints: pass the fingerprint")
+        return read(found[0]) if found else None
+    path = directory / filename(finger)
+    if path.exists():
+        saved = read(path)
+        if str(saved["fingerprint"]) != finger:
+            raise _io.DamagedFileError(
+                f"{str(path)!r} is damaged or not a fedsa_jax checkpoint file (its fingerprint does not match "
+                f"its name); {_DAMAGED}"
+            )
+        return saved
+    legacy = directory / LEGACY_FILENAME
+    if legacy.exists():
+        saved = read(legacy)
+        if str(saved["fingerprint"]) == finger:
+            return saved
+    return None
+
+
+def require(saved: dict[str, np.ndarray], keys, directory, finger: str) -> None:
+    """Refuse a checkpoint that lacks arrays a resume needs (a hand-edited or truncated file)."""
+    missing = [k for k in keys if k not in saved]
+    if missing:
+        raise _io.DamagedFileError(
+            f"{str(Path(directory) / filename(finger))!r} is damaged or not a fedsa_jax checkpoint file "
+            f"(no {missing[0]!r} array); {_DAMAGED}"
+        )

@@ -1,42 +1,58 @@
-"""Command line: ``fedsa-jax run`` simulates, writes result files and a figure.
+"""Command line: ``fedsa-jax run`` simulates, writes result files and a figure;
+``fedsa-jax sweep CONFIG.toml`` runs a grid of configurations.
 
     fedsa-jax run                      # heterogeneous Garnet, FedLSA vs SCAFFLSA
     fedsa-jax run --problem gaussian --algorithms fedlsa --step-size 0.1 --local-steps 10
+    fedsa-jax run --algorithms fedlsa,mymodule:fedavgm --param beta=0.9   # a user's own algorithm
     fedsa-jax sweep CONFIG.toml        # a grid of configurations, resumable
+    fedsa-jax sweep CONFIG.toml --shard 3/8   # one task of a cluster job array
 
-A sweep file has a ``[run]`` table (seeds, seed, rounds or total_local_steps,
-record_every or records, dtype, out) and a ``[grid]`` table whose keys are the
-``run`` options' names with underscores (problem, agents, heterogeneity, states,
-dim, sampling, noise_A, noise_b, problem_seed, algorithm, step_size,
-local_steps, skip, quantizer, bits, range, levels, k, success_prob,
-aggregation); a list makes that option an axis of the grid::
+The sweep file's format (``[run]``, ``[grid]`` and ``[params]`` tables) is
+documented with a complete example in the README ("Sweeps from a TOML file").
 
-    [run]
-    seeds = 10
-    total_local_steps = 500000     # rounds = total_local_steps / local_steps
-    records = 100
-    out = "grid_out"
-
-    [grid]
-    problem = "garnet"
-    agents = [10, 100]
-    heterogeneity = ["homogeneous", "heterogeneous"]
-    algorithm = ["fedlsa", "scafflsa"]
-    step_size = [0.01, 0.1]
-    local_steps = [1, 10, 100]
+Nothing is lost to a bad path: every output folder is created and checked
+before any simulation; errors are one line naming the option (exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import json
+import math
+import os
+import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 PROBLEMS = ("garnet", "gaussian", "qfedtd-mdp")
 ALGORITHMS = ("fedlsa", "scafflsa", "qfedtd")
 QUANTIZERS = ("none", "stochastic-uniform", "qsgd", "rand-k", "natural")
+HETEROGENEITY = ("homogeneous", "heterogeneous")
+X_AXES = ("rounds", "communications", "samples", "bits_sent", "bits_delivered")  # = fedsa_jax.result.X_AXES
+SEED_MAX = 2**32 - 1  # larger seeds collide in 32-bit mode (JAX keeps the low 32 bits)
+_FACTORY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line, without the usage block: ``fedsa-jax run: error: argument --x: ...``."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+class _Help(argparse.HelpFormatter):
+    """Shows a default once, where there is one to show."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
 
 
 def _positive_int(text: str) -> int:
@@ -49,18 +65,93 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {text!r}")
+    return value
+
+
+def _name_or_number(text: str, names: tuple[str, ...], accept, expected: str):
+    """``text`` if it is one of ``names``, else a float that ``accept`` takes."""
+    if text in names:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or not accept(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def _real(text: str) -> float:
+    return _name_or_number(text, (), lambda v: True, "a finite real number")
+
+
+def _heterogeneity(text: str):
+    return _name_or_number(text, HETEROGENEITY, lambda v: 0.0 <= v <= 1.0,
+                           "'homogeneous', 'heterogeneous' or a number in [0, 1]")
+
+
+def _range(text: str):
+    return _name_or_number(text, ("maxabs",), lambda v: v > 0.0, "'maxabs' or a number R > 0")
+
+
+def _algorithm(text: str) -> str:
+    name = text.strip()
+    if name not in ALGORITHMS and not _FACTORY_RE.match(name):
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(ALGORITHMS)} or a factory 'package.module:function', got {text!r}")
+    return name
+
+
 def _algorithms(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in ALGORITHMS]
-    if not names or bad:
+    if not names:
         raise argparse.ArgumentTypeError(
-            f"expected a comma-separated list from {', '.join(ALGORITHMS)}, got {text!r}"
-        )
-    return names
+            f"expected a comma-separated list from {', '.join(ALGORITHMS)} or 'module:factory', got {text!r}")
+    try:
+        return [_algorithm(n) for n in names]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list from {', '.join(ALGORITHMS)} or 'package.module:factory' entries, "
+            f"got {text!r}") from None
+
+
+def _param_value(text: str):
+    """A JSON number, string or boolean; anything else is kept as the string given."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    ok = isinstance(value, (bool, int, str)) or (isinstance(value, float) and value == value and abs(value) != float("inf"))
+    return value if ok else text
+
+
+def _param(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not _PARAM_RE.match(key.strip()):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (NAME a Python identifier), got {text!r}")
+    return key.strip(), _param_value(value.strip())
+
+
+def _x_axis(text: str) -> str:
+    return "bits_delivered" if text == "bits" else text  # 'bits': the name before the x axes matched Python's
+
+
+def _shard(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if m is None or not int(m[1]) < int(m[2]):
+        raise argparse.ArgumentTypeError(f"expected K/N with integers 0 <= K < N (e.g. 3/8), got {text!r}")
+    return int(m[1]), int(m[2])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fedsa-jax",
         description="Monte Carlo simulation of federated linear stochastic approximation in JAX.",
     )
@@ -69,82 +160,100 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="simulate algorithms on a problem; write result files and an MSE figure",
         description="Simulate FedLSA / SCAFFLSA on a federated problem over many independent seeds. "
-        "Writes result_<algorithm>.npz (arrays + config + versions), summary.json and mse.png "
-        "into --out. Defaults: heterogeneous Garnet (N=10), FedLSA vs SCAFFLSA, eta=0.05, H=1000, "
+        "Writes result_<algorithm>.npz (arrays + config + versions), result_<algorithm>.csv, summary.json "
+        "and mse.png into --out. Defaults: heterogeneous Garnet (N=10), FedLSA vs SCAFFLSA, eta=0.05, H=1000, "
         "60 rounds, 256 seeds (under a minute on 2 CPU cores).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
     )
     g = run.add_argument_group("problem")
     g.add_argument("--problem", choices=PROBLEMS, default="garnet",
                    help="garnet: Garnet MRPs (SCAFFLSA experiments); gaussian: random Gaussian LSA; "
                    "qfedtd-mdp: the QFedTD experiments' 20-state MDP")
     g.add_argument("--agents", "-N", type=_positive_int, default=10, help="number of agents N")
-    g.add_argument("--heterogeneity", default="heterogeneous",
-                   help="garnet: 'homogeneous', 'heterogeneous' or a level in [0,1]; gaussian: a level in [0,1]")
+    g.add_argument("--heterogeneity", type=_heterogeneity, default="heterogeneous",
+                   help="garnet and gaussian: 'homogeneous', 'heterogeneous' or a level in [0, 1] "
+                   "(gaussian: homogeneous = 0, heterogeneous = 1)")
     g.add_argument("--states", type=_positive_int, default=None,
                    help="number of states S (garnet default 30, qfedtd-mdp default 20)")
     g.add_argument("--dim", "-d", type=_positive_int, default=None,
-                   help="dimension d (garnet 8, qfedtd-mdp 10, gaussian 5)")
+                   help="dimension d (garnet default 8, qfedtd-mdp 10, gaussian 5)")
     g.add_argument("--sampling", choices=("generative", "markov"), default=None,
                    help="TD observation model (garnet default generative, qfedtd-mdp default markov)")
-    g.add_argument("--noise-A", type=float, default=0.1, help="gaussian: std of A(Z) entries")
-    g.add_argument("--noise-b", type=float, default=0.5, help="gaussian: std of b(Z) entries")
-    g.add_argument("--problem-seed", type=int, default=0, help="PRNG seed of the random problem")
+    g.add_argument("--noise-A", type=_real, default=0.1, help="gaussian: std of A(Z) entries")
+    g.add_argument("--noise-b", type=_real, default=0.5, help="gaussian: std of b(Z) entries")
+    g.add_argument("--problem-seed", type=_seed, default=0, help="PRNG seed of the random problem")
     a = run.add_argument_group("algorithms")
-    a.add_argument("--algorithms", type=_algorithms, default=["fedlsa", "scafflsa"],
-                   help="comma-separated from fedlsa,scafflsa,qfedtd (qfedtd: one local step per round)")
-    a.add_argument("--step-size", "--eta", type=float, default=0.05, help="step size eta")
+    a.add_argument("--algorithms", "--algorithm", type=_algorithms, default="fedlsa,scafflsa",
+                   help="comma-separated from fedlsa, scafflsa, qfedtd (one local step per round), or your own "
+                   "algorithm as 'package.module:factory': a function returning a fedsa_jax.Algorithm, imported "
+                   "with the current folder on the import path")
+    a.add_argument("--param", type=_param, action="append", default=None, metavar="NAME=VALUE",
+                   help="keyword argument of every 'module:factory' algorithm (repeat the option); VALUE is read "
+                   "as a JSON number, string or true/false, else kept as text. A factory also gets step_size and "
+                   "num_local_steps (from --step-size, --local-steps) if its signature has them and no --param "
+                   "gives them")
+    a.add_argument("--step-size", "--eta", type=_real, default=0.05, help="step size eta")
     a.add_argument("--local-steps", "-H", type=_positive_int, default=1000, help="local steps H per round")
     a.add_argument("--skip", type=_positive_int, default=1,
                    help="keep one observation out of SKIP (Markovian sampling)")
-    c = run.add_argument_group("uplink channel (every algorithm)")
+    c = run.add_argument_group("uplink channel (every built-in algorithm)")
     c.add_argument("--quantizer", choices=QUANTIZERS, default="none",
                    help="quantizer of the uplink message (FedLSA/SCAFFLSA: the model difference; QFedTD: "
                    "the TD direction)")
     c.add_argument("--bits", type=_positive_int, default=4, help="stochastic-uniform: bits per coordinate")
-    c.add_argument("--range", default="maxabs",
+    c.add_argument("--range", type=_range, default="maxabs",
                    help="stochastic-uniform: 'maxabs' (unbiased) or a fixed R > 0 (clipped, biased)")
     c.add_argument("--levels", type=_positive_int, default=4, help="qsgd: number of levels s")
     c.add_argument("--k", type=_positive_int, default=1, help="rand-k: coordinates kept")
-    c.add_argument("--success-prob", "-p", type=float, default=1.0,
+    c.add_argument("--success-prob", "-p", type=_real, default=1.0,
                    help="probability that an uplink message is delivered (Bernoulli erasures)")
     c.add_argument("--aggregation", choices=("divide_by_n", "divide_by_received"), default="divide_by_n",
                    help="server rule: sum of delivered messages over N, or over the number received")
     s = run.add_argument_group("simulation")
     s.add_argument("--rounds", "-T", type=_positive_int, default=60, help="communication rounds T")
     s.add_argument("--seeds", type=_positive_int, default=256, help="independent runs")
-    s.add_argument("--seed", type=int, default=1, help="PRNG seed of the runs")
+    s.add_argument("--seed", type=_seed, default=1, help="PRNG seed of the runs")
     s.add_argument("--record-every", type=_positive_int, default=1, help="record statistics every K rounds")
     s.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="floating point type")
-    s.add_argument("--out", type=Path, default=Path("fedsa_run"), help="output directory")
+    s.add_argument("--out", type=Path, default=Path("fedsa_run"), help="output folder (created if needed)")
     s.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="write an atomic checkpoint here after each chunk; rerunning the same command resumes "
-                   "(one subfolder per algorithm)")
+                   "(one subfolder per algorithm; other configurations may share the folder)")
     s.add_argument("--chunk-rounds", type=_positive_int, default=None,
                    help="rounds per kernel call (progress and checkpoint granularity; default: automatic)")
     s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: on a terminal only)")
-    s.add_argument("--x-axis", choices=("rounds", "communications", "samples", "bits", "bits_sent"),
-                   default="rounds", help="figure's x axis: communication rounds, uplink messages, observations "
-                   "drawn, uplink bits delivered ('bits') or sent")
+    s.add_argument("--x-axis", type=_x_axis, choices=X_AXES, default="rounds",
+                   help="figure's x axis: communication rounds, uplink messages, observations drawn, uplink bits "
+                   "sent or delivered ('bits' means bits_delivered)")
     s.add_argument("--band", choices=("sem", "quantiles"), default="sem",
                    help="figure's band: mean +- 2 standard errors, or 5-95%% / 25-75%% quantiles over seeds")
     s.add_argument("--exact", action="store_true",
-                   help="also compute the exact MSE curve (fj.theory.exact_mse; Gaussian or generative TD "
-                   "problems, small N d) and draw it dotted")
+                   help="also compute the exact MSE curve (fj.theory.exact_mse; built-in algorithms on Gaussian "
+                   "or generative TD problems, small N d) and draw it dotted")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
     sw = sub.add_parser(
         "sweep",
         help="run a grid of configurations from a TOML file; finished ones are skipped on rerun",
-        description="Run every configuration of a TOML grid (see the module docstring: [run] and [grid] "
-        "tables). Step sizes and success probabilities of otherwise identical configurations run side "
+        description="Run every configuration of a TOML grid ([run], [grid] and [params] tables: see the "
+        "README). Step sizes and success probabilities of otherwise identical configurations run side "
         "by side in one compiled kernel. Each finished configuration is saved to OUT/<name>.npz at once; "
-        "OUT/sweep.json indexes them; rerunning skips what is done.",
+        "OUT/sweep.json indexes them and OUT/sweep.png plots their final MSE; rerunning skips what is done "
+        "and recomputes damaged files.",
+        formatter_class=_Help,
     )
     sw.add_argument("config", type=Path, help="the sweep's TOML file")
-    sw.add_argument("--out", type=Path, default=None, help="output directory (overrides [run] out)")
+    sw.add_argument("--out", type=Path, default=None, help="output folder (default: [run] out)")
+    sw.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                    help="run only the configurations whose index is K mod N (0 <= K < N), into the shared "
+                    "output folder, e.g. one task of a cluster job array; a later run without --shard "
+                    "collects them and writes sweep.json and sweep.png")
+    sw.add_argument("--collect", action="store_true",
+                    help="compute nothing: load the finished configurations, write sweep.json and sweep.png, "
+                    "list the missing ones (exit status 1 if any)")
     sw.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bars (default: on a terminal only)")
+    sw.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
     return parser
 
 
@@ -152,9 +261,8 @@ def _make_problem(args, key):
     import fedsa_jax as fj
 
     dtype = args.dtype
+    het = args.heterogeneity
     if args.problem == "garnet":
-        het = args.heterogeneity
-        het = het if het in ("homogeneous", "heterogeneous") else float(het)
         return fj.problems.garnet(
             key, num_agents=args.agents, heterogeneity=het, num_states=args.states or 30,
             dim=args.dim or 8, sampling=args.sampling or "generative", dtype=dtype,
@@ -166,10 +274,9 @@ def _make_problem(args, key):
         )
     if args.problem != "gaussian":
         raise ValueError(f"problem={args.problem!r} is invalid: expected one of {', '.join(PROBLEMS)}")
-    het = 1.0 if args.heterogeneity == "heterogeneous" else (
-        0.0 if args.heterogeneity == "homogeneous" else float(args.heterogeneity))
+    level = {"homogeneous": 0.0, "heterogeneous": 1.0}.get(het, het)
     return fj.problems.random_gaussian_lsa(
-        key, num_agents=args.agents, dim=args.dim or 5, heterogeneity=het,
+        key, num_agents=args.agents, dim=args.dim or 5, heterogeneity=level,
         noise_A=args.noise_A, noise_b=args.noise_b, dtype=dtype,
     )
 
@@ -180,8 +287,7 @@ def _make_quantizer(args):
     if args.quantizer == "none":
         return None
     if args.quantizer == "stochastic-uniform":
-        rng = args.range if args.range == "maxabs" else float(args.range)
-        return fj.channel.stochastic_uniform(args.bits, range=rng)
+        return fj.channel.stochastic_uniform(args.bits, range=args.range)
     if args.quantizer == "qsgd":
         return fj.channel.qsgd(args.levels)
     if args.quantizer == "rand-k":
@@ -191,9 +297,13 @@ def _make_quantizer(args):
     raise ValueError(f"quantizer={args.quantizer!r} is invalid: expected one of {', '.join(QUANTIZERS)}")
 
 
-def _make_algorithm(name: str, args):
+def _make_algorithm(name: str, args, option: str = "--algorithms", param_option: str = "--param"):
+    """A built-in algorithm from the options, or a user's ``module:factory`` called with
+    ``args.params`` (and step_size / num_local_steps where its signature takes them)."""
     import fedsa_jax as fj
 
+    if ":" in name:
+        return _custom_algorithm(name, getattr(args, "params", None) or {}, args, option, param_option)
     channel = dict(quantizer=_make_quantizer(args), success_prob=args.success_prob,
                    aggregation=args.aggregation)
     if name == "qfedtd":
@@ -203,7 +313,154 @@ def _make_algorithm(name: str, args):
     return getattr(fj, name)(args.step_size, args.local_steps, skip=args.skip, **channel)
 
 
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _custom_algorithm(spec: str, params: dict, args, option: str, param_option: str):
+    import fedsa_jax as fj
+
+    def fail(reason, name=option, value=spec):
+        raise ValueError(f"{name}={value!r} is invalid: {reason}")
+
+    module_name, attr = spec.split(":")
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:  # as `python -m` does: the current folder first on the import path
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):
+            fail(f"no module named {err.name!r} (looked in the current folder and on the import path)")
+        fail(f"importing {module_name!r} raised {_one_line(err)}")
+    except Exception as err:  # the user's module failed: say how, in one line
+        fail(f"importing {module_name!r} raised {_one_line(err)}")
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    factory = getattr(module, attr, None)
+    if factory is None:
+        fail(f"module {module_name!r} has no attribute {attr!r}")
+    if not callable(factory):
+        fail(f"{attr!r} is a {type(factory).__name__}, expected a function returning a fedsa_jax.Algorithm")
+    kwargs = dict(params)
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None:
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+        names = [n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for key, value in params.items():
+            if key not in names and not takes_any:  # named as given: --param beta=0.5, or params.beta=0.5
+                where, shown = ("--param", f"{key}={value}") if param_option == "--param" else (param_option + key, value)
+                fail(f"{spec} takes no argument {key!r} (its arguments: {', '.join(names) or 'none'})", where, shown)
+        for key, value in (("step_size", args.step_size), ("num_local_steps", args.local_steps)):
+            if key in names and key not in params:
+                kwargs[key] = value
+    try:
+        alg = factory(**kwargs)
+    except Exception as err:
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        fail(f"{spec}({shown}) raised {_one_line(err)}")
+    if not isinstance(alg, fj.Algorithm):
+        fail(f"{spec} returned a {type(alg).__name__}, expected a fedsa_jax.Algorithm")
+    return alg
+
+
+def _num_local_steps(alg) -> int:
+    return int(getattr(alg.config, "num_local_steps", 1))
+
+
+def _file_safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+class _CompileTimer:
+    """Wall time JAX spends tracing, lowering and compiling (the union of those events' spans),
+    so that throughput can be reported warm, without compilation."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+
+    def __enter__(self):
+        import jax.monitoring as monitoring
+
+        self.spans: list[tuple[float, float]] = []
+        self._monitoring = monitoring
+        self._spans = hasattr(monitoring, "register_event_time_span_listener")
+        if self._spans:
+            monitoring.register_event_time_span_listener(self._record)
+        else:  # older JAX: durations only (nested events may count twice)
+            monitoring.register_event_duration_secs_listener(self._record_duration)
+        return self
+
+    def _record(self, event, start, end, **kwargs):
+        if event in self.EVENTS:
+            self.spans.append((start, end))
+
+    def _record_duration(self, event, duration, **kwargs):
+        if event in self.EVENTS:
+            start = self.spans[-1][1] if self.spans else 0.0
+            self.spans.append((start, start + duration))
+
+    def __exit__(self, *exc):
+        if self._spans:
+            self._monitoring.unregister_event_time_span_listener(self._record)
+        else:
+            self._monitoring.unregister_event_duration_listener(self._record_duration)
+
+    @property
+    def seconds(self) -> float:
+        total, reach = 0.0, float("-inf")
+        for start, end in sorted(self.spans):
+            if end > reach:
+                total += end - max(start, reach)
+                reach = end
+        return total
+
+
+def _timing(res, seconds: float, compile_s: float, problem, alg) -> dict:
+    """What a run cost: wall time, compile time, and warm agent-steps/s over the work it did
+    itself (a resumed run counts only the rounds it ran)."""
+    execution = res.config["execution"]
+    steps = int(execution.get("seed_rounds_run", 0)) * problem.num_agents * _num_local_steps(alg)
+    warm = seconds - compile_s
+    return {
+        "seconds": seconds,
+        "compile_s": compile_s,
+        "agent_steps_run": steps,
+        "agent_steps_per_s": steps / warm if steps and warm > 0 else None,
+        "resumed": execution.get("resumed_from") is not None,
+        "resumed_from": execution.get("resumed_from"),
+    }
+
+
+def _describe_timing(timing: dict, num_rounds: int) -> str:
+    text = f"{timing['seconds']:.1f} s"
+    resumed = timing["resumed_from"]
+    if resumed is not None and not timing["agent_steps_run"]:
+        return text + ", loaded a finished checkpoint (nothing ran)"
+    if resumed is not None:
+        text += f", resumed at seed batch {resumed['seed_batch']} round {resumed['round']} of {num_rounds}"
+    text += f": compile {timing['compile_s']:.1f} s"
+    if timing["agent_steps_per_s"] is not None:
+        text += f", {timing['agent_steps_per_s']:.3g} agent-steps/s warm"
+    return text
+
+
+def _prepare_outputs(pairs) -> None:
+    from fedsa_jax._io import prepare_dir
+
+    for option, path in pairs:
+        if path is not None:
+            prepare_dir(path, option)
+
+
 def cmd_run(args) -> int:
+    _prepare_outputs([("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)])
     import jax
 
     if args.dtype == "float64":
@@ -211,38 +468,39 @@ def cmd_run(args) -> int:
     import numpy as np
 
     import fedsa_jax as fj
-    from fedsa_jax._io import atomic_write
+    from fedsa_jax._io import atomic_write, write_json
 
-    try:
-        problem = _make_problem(args, jax.random.key(args.problem_seed))
-        algs = [_make_algorithm(name, args) for name in args.algorithms]
-    except ValueError as err:
-        print(f"fedsa-jax: error: {err}", file=sys.stderr)
-        return 2
-    if args.quantizer != "none" or args.success_prob != 1.0:
-        print(f"uplink channel: {json.dumps(algs[0].config.channel.describe())}")
+    args.params = dict(args.param or [])
+    if args.params and not any(":" in name for name in args.algorithms):
+        raise ValueError("--param is invalid: it applies to 'module:factory' algorithms only, and --algorithms "
+                         f"has none ({','.join(args.algorithms)})")
+    problem = _make_problem(args, jax.random.key(args.problem_seed))
+    algs = [_make_algorithm(name, args) for name in args.algorithms]
+    names = [_file_safe(alg.name) for alg in algs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"--algorithms={','.join(args.algorithms)!r} is invalid: two algorithms are named "
+                         f"{max(names, key=names.count)!r} (results are named after the algorithm)")
+    builtin = [alg for spec, alg in zip(args.algorithms, algs) if spec in ALGORITHMS]
+    if builtin and (args.quantizer != "none" or args.success_prob != 1.0):
+        print(f"uplink channel: {json.dumps(builtin[0].config.channel.describe())}")
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     print(f"problem: {json.dumps(problem.describe())}")
     results, summary = {}, {"problem": problem.describe(), "runs": {}}
-    for alg in algs:
-        t0 = time.perf_counter()
-        try:
+    for alg, file_name in zip(algs, names):
+        with _CompileTimer() as timer:
+            t0 = time.perf_counter()
             res = fj.simulate(
                 jax.random.key(args.seed), problem, alg, args.rounds, args.seeds,
                 record_every=min(args.record_every, args.rounds), chunk_rounds=args.chunk_rounds,
-                checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / alg.name,
+                checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / file_name,
                 progress=args.progress, quantiles=True if args.band == "quantiles" else None,
             )
-        except ValueError as err:
-            print(f"fedsa-jax: error: {err}", file=sys.stderr)
-            return 2
-        seconds = time.perf_counter() - t0
-        path = out / f"result_{alg.name}.npz"
+            seconds = time.perf_counter() - t0
+        timing = _timing(res, seconds, timer.seconds, problem, alg)
+        path = out / f"result_{file_name}.npz"
         res.save(path)
-        res.to_csv(out / f"result_{alg.name}.csv")
+        res.to_csv(out / f"result_{file_name}.csv")
         results[alg.name] = res
-        steps = args.seeds * args.rounds * problem.num_agents * alg.config.num_local_steps
         summary["runs"][alg.name] = {
             "file": path.name,
             "final_mse": float(res.mse_mean[-1]),
@@ -250,13 +508,11 @@ def cmd_run(args) -> int:
             "num_diverged": int(res.num_diverged[-1]),
             "bits_sent": float(res.bits_sent[-1]),
             "bits_delivered": float(res.bits_delivered[-1]),
-            "seconds": seconds,
-            "agent_steps_per_s": steps / seconds,
+            **timing,
             "config": res.config["algorithm"],
         }
         print(f"{alg.name:9s} final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g} (s.e.), "
-              f"{int(res.num_diverged[-1])} diverged, {seconds:.1f} s ({steps / seconds:.3g} agent-steps/s)"
-              f" -> {path}")
+              f"{int(res.num_diverged[-1])} diverged, {_describe_timing(timing, args.rounds)} -> {path}")
     lines = {}
     if "fedlsa" in args.algorithms:
         bias = fj.theory.fedlsa_bias(problem, args.step_size, args.local_steps)
@@ -266,7 +522,11 @@ def cmd_run(args) -> int:
         print(f"FedLSA predicted squared bias |theta_inf - theta_star|^2 = {level:.4g}")
     exact = {}
     if args.exact:
-        for alg in algs:
+        for spec, alg in zip(args.algorithms, algs):
+            if spec not in ALGORITHMS:
+                print(f"fedsa-jax: no exact curve for {alg.name}: fj.theory.exact_mse covers the built-in "
+                      "algorithms", file=sys.stderr)
+                continue
             try:
                 exact[alg.name] = fj.theory.exact_mse(problem, alg, args.rounds)
             except ValueError as err:
@@ -288,21 +548,53 @@ def cmd_run(args) -> int:
             title += f" {args.bits} bits" if args.quantizer == "stochastic-uniform" else ""
         if args.success_prob != 1.0:
             title += f", p={args.success_prob:g}"
-        x = "bits_delivered" if args.x_axis == "bits" else args.x_axis
-        fig = plot_mse(results, reference_lines=lines, title=title, x=x, band=args.band, theory=exact)
+        fig = plot_mse(results, reference_lines=lines, title=title, x=args.x_axis, band=args.band, theory=exact)
 
         atomic_write(out / "mse.png", lambda f: fig.savefig(f, format="png"))
         print(f"figure -> {out / 'mse.png'}")
-    atomic_write(out / "summary.json", lambda f: f.write(json.dumps(summary, indent=2)), mode="w")
+    write_json(out / "summary.json", summary)
     return 0
 
 
 RUN_KEYS = {"seeds": 64, "seed": 1, "rounds": None, "total_local_steps": None, "record_every": None,
-            "records": None, "dtype": "float32", "out": "fedsa_sweep"}
+            "records": None, "dtype": "float32", "out": "fedsa_sweep", "figure_x": None}
+# run options that are not grid axes (they are [run] keys, or concern one run's files)
+NOT_GRID = {"algorithms", "param", "rounds", "seeds", "seed", "record_every", "dtype", "out", "no_plot", "x_axis",
+            "checkpoint_dir", "chunk_rounds", "progress", "band", "exact", "help"}
+PROBLEM_KEYS = ("problem", "agents", "heterogeneity", "states", "dim", "sampling", "noise_A", "noise_b",
+                "problem_seed", "dtype")
+
+
+def _run_actions() -> dict[str, argparse.Action]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: a for a in sub.choices["run"]._actions}
+
+
+def _check_value(where: str, value, convert, choices=None):
+    """``value`` from a TOML file, checked and converted exactly as the command line would
+    (so integers refuse 1.7 and true, and the message names ``where``)."""
+    if isinstance(value, (dict, list)):
+        raise ValueError(f"{where}={value!r} is invalid: expected a single value")
+    text = value if isinstance(value, str) else json.dumps(value)
+    try:
+        converted = convert(text) if convert is not None else text
+    except (argparse.ArgumentTypeError, ValueError) as err:
+        raise ValueError(f"{where}={value!r} is invalid: {err}") from None
+    if choices is not None and converted not in choices:
+        raise ValueError(f"{where}={value!r} is invalid: expected one of {', '.join(repr(c) for c in choices)}")
+    return converted
+
+
+def _table(spec: dict, name: str) -> dict:
+    table = spec.get(name, {})
+    if not isinstance(table, dict):
+        raise ValueError(f"{name}={table!r} is invalid: expected a table [{name}]")
+    return table
 
 
 def _sweep_spec(path: Path):
-    """Parse and check a sweep file: (run options, grid axes)."""
+    """Parse and check a sweep file: (run options, grid axes, defaults of the run options)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python < 3.11
@@ -310,113 +602,171 @@ def _sweep_spec(path: Path):
     try:
         spec = tomllib.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"config={str(path)!r} is invalid: {err}") from None
-    unknown = set(spec) - {"run", "grid"}
+        raise ValueError(f"config={str(path)!r} is invalid: {_one_line(err)}") from None
+    unknown = set(spec) - {"run", "grid", "params"}
     if unknown or "grid" not in spec:
-        raise ValueError(f"config={str(path)!r} is invalid: expected tables [run] and [grid], "
-                         f"got {sorted(spec)}")
-    run = {**RUN_KEYS, **spec.get("run", {})}
-    bad = set(run) - set(RUN_KEYS)
+        raise ValueError(f"config={str(path)!r} is invalid: expected tables [run], [grid] and optionally "
+                         f"[params], got {sorted(spec)}")
+    given_run, given_grid, given_params = (_table(spec, name) for name in ("run", "grid", "params"))
+    bad = set(given_run) - set(RUN_KEYS)
     if bad:
         raise ValueError(f"run.{sorted(bad)[0]} is invalid: expected one of {', '.join(sorted(RUN_KEYS))}")
+    actions = _run_actions()
+    run = dict(RUN_KEYS)
+    for key, value in given_run.items():
+        if key in ("total_local_steps", "records"):
+            run[key] = _check_value(f"run.{key}", value, _positive_int)
+        elif key in ("out", "figure_x"):
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"run.{key}={value!r} is invalid: expected a non-empty string")
+            run[key] = value
+        else:
+            run[key] = _check_value(f"run.{key}", value, actions[key].type, actions[key].choices)
     if (run["rounds"] is None) == (run["total_local_steps"] is None):
         raise ValueError("run.rounds is invalid: give exactly one of rounds and total_local_steps")
+    allowed = (set(actions) - NOT_GRID) | {"algorithm"}
+    grid = {}
+    for key, values in given_grid.items():
+        if key not in allowed:
+            raise ValueError(f"grid.{key} is invalid: expected one of {', '.join(sorted(allowed))}")
+        action = actions.get(key)
+        convert, choices = (_algorithm, None) if key == "algorithm" else (action.type, action.choices)
+        items = values if isinstance(values, list) else [values]
+        if not items:
+            raise ValueError(f"grid.{key}=[] is invalid: expected a value or a non-empty list of values")
+        checked = [_check_value(f"grid.{key}", v, convert, choices) for v in items]
+        grid[key] = checked if isinstance(values, list) else checked[0]
+    algorithms = grid.get("algorithm", "fedlsa")
+    custom = [a for a in (algorithms if isinstance(algorithms, list) else [algorithms]) if ":" in a]
+    if given_params and not custom:
+        raise ValueError("params is invalid: [params] applies to 'module:factory' algorithms only, and "
+                         "grid.algorithm has none")
+    for key, values in given_params.items():
+        items = values if isinstance(values, list) else [values]
+        if not _PARAM_RE.match(key):
+            raise ValueError(f"params.{key} is invalid: expected a Python identifier")
+        if not items or not all(isinstance(v, (bool, int, float, str)) for v in items):
+            raise ValueError(f"params.{key}={values!r} is invalid: expected a number, string or boolean, "
+                             "or a non-empty list of them")
+        grid[f"params.{key}"] = values
+    if run["figure_x"] is not None and run["figure_x"] not in grid:
+        raise ValueError(f"run.figure_x={run['figure_x']!r} is invalid: expected one of the grid's keys "
+                         f"({', '.join(grid)})")
     defaults = vars(build_parser().parse_args(["run"]))
-    allowed = set(defaults) - {"command", "algorithms", "rounds", "seeds", "seed", "record_every", "dtype", "out",
-                               "no_plot", "x_axis", "checkpoint_dir", "chunk_rounds", "progress"}
-    allowed |= {"algorithm"}
-    grid = spec["grid"]
-    bad = set(grid) - allowed
-    if bad:
-        raise ValueError(f"grid.{sorted(bad)[0]} is invalid: expected one of {', '.join(sorted(allowed))}")
-    choices = {"problem": PROBLEMS, "algorithm": ALGORITHMS, "quantizer": QUANTIZERS,
-               "sampling": ("generative", "markov"), "aggregation": ("divide_by_n", "divide_by_received")}
-    for name, allowed_values in choices.items():
-        values = grid.get(name, [])
-        for v in values if isinstance(values, list) else [values]:
-            if v not in allowed_values:
-                raise ValueError(f"grid.{name}={v!r} is invalid: expected one of "
-                                 f"{', '.join(repr(a) for a in allowed_values)}")
-    for name in ("seeds", "records", "rounds", "total_local_steps", "record_every"):
-        v = run[name]
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"run.{name}={v!r} is invalid: expected an integer >= 1")
     return run, grid, defaults
 
 
+def _sweep_configs(grid: dict) -> list[dict]:
+    """The grid's configurations; a built-in algorithm ignores [params], so it appears once."""
+    import fedsa_jax as fj
+
+    configs, seen = [], set()
+    for config in fj.grid(**grid):
+        if ":" not in config.get("algorithm", "fedlsa"):
+            config = {k: v for k, v in config.items() if not k.startswith("params.")}
+        key = json.dumps(config, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            configs.append(config)
+    return configs
+
+
 def cmd_sweep(args) -> int:
-    import functools
     from types import SimpleNamespace
 
-    try:
-        run, grid_axes, defaults = _sweep_spec(args.config)
-    except ValueError as err:
-        print(f"fedsa-jax: error: {err}", file=sys.stderr)
-        return 2
+    run, grid_axes, defaults = _sweep_spec(args.config)
+    out = args.out or Path(run["out"])
+    _prepare_outputs([("--out" if args.out else "run.out", out)])
     import jax
 
     if run["dtype"] == "float64":
         jax.config.update("jax_enable_x64", True)
     import fedsa_jax as fj
+    from fedsa_jax.sweep import config_name
 
-    configs = fj.grid(**grid_axes)
+    configs = _sweep_configs(grid_axes)
 
     def options(config):
-        merged = {**defaults, "dtype": run["dtype"], **config}
+        merged = {**defaults, "dtype": run["dtype"], **{k: v for k, v in config.items() if "." not in k}}
         merged["algorithm"] = config.get("algorithm", "fedlsa")
+        merged["params"] = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("params.")}
         return SimpleNamespace(**merged)
 
-    @functools.lru_cache(maxsize=64)
-    def problem_for(items):
-        o = SimpleNamespace(**dict(items))
-        return _make_problem(o, jax.random.key(o.problem_seed))
-
-    problem_keys = ("problem", "agents", "heterogeneity", "states", "dim", "sampling", "noise_A", "noise_b",
-                    "problem_seed", "dtype")
+    problems = {}
 
     def build(config):
         o = options(config)
-        return problem_for(tuple((k, getattr(o, k)) for k in problem_keys)), _make_algorithm(o.algorithm, o)
+        items = tuple((k, getattr(o, k)) for k in PROBLEM_KEYS)
+        if items not in problems:
+            problems[items] = _make_problem(o, jax.random.key(o.problem_seed))
+        return problems[items], _make_algorithm(o.algorithm, o, "grid.algorithm", "params.")
 
     def rounds(config):
         if run["rounds"] is not None:
             return int(run["rounds"])
-        o = options(config)
-        H = _make_algorithm(o.algorithm, o).config.num_local_steps
-        return max(1, int(run["total_local_steps"]) // H)
+        return max(1, int(run["total_local_steps"]) // _num_local_steps(build(config)[1]))
 
     def record_every(config):
         if run["record_every"] is not None:
             return min(int(run["record_every"]), rounds(config))
         return max(1, rounds(config) // int(run["records"] or rounds(config)))
 
-    from fedsa_jax.sweep import config_name
-
-    out = args.out or Path(run["out"])
     t0 = time.perf_counter()
-    try:
-        entries = fj.sweep(jax.random.key(int(run["seed"])), configs, build, rounds, int(run["seeds"]),
-                           out_dir=out, record_every=record_every, progress=args.progress)
-    except ValueError as err:
-        print(f"fedsa-jax: error: {err}", file=sys.stderr)
-        return 2
+    entries = fj.sweep(jax.random.key(int(run["seed"])), configs, build, rounds, int(run["seeds"]),
+                       out_dir=out, record_every=record_every, progress=args.progress,
+                       shard=args.shard, compute=not args.collect)
     for e in entries:
-        state = "loaded" if e.seconds == 0 else f"{e.seconds:.1f} s"
+        if e.result is None:
+            print(f"{config_name(e.config)}: missing")
+            continue
+        state = {"loaded": "loaded", "recomputed": f"damaged file recomputed, {e.seconds:.1f} s"}.get(
+            e.status, f"{e.seconds:.1f} s")
         print(f"{config_name(e.config)}: final MSE {e.result.mse_mean[-1]:.4g} "
               f"+- {e.result.mse_sem[-1]:.2g} ({state})")
-    print(f"{len(entries)} configurations in {time.perf_counter() - t0:.1f} s -> {out / 'sweep.json'}")
+    seconds = time.perf_counter() - t0
+    if args.shard is not None:
+        k, n = args.shard
+        print(f"shard {k}/{n}: {len(entries)} of {len(configs)} configurations in {seconds:.1f} s -> {out}; "
+              f"run without --shard (or with --collect) when all shards are done for sweep.json and sweep.png")
+        return 0
+    finished = [e for e in entries if e.result is not None]
+    if not args.no_plot and finished:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from fedsa_jax._io import atomic_write
+        from fedsa_jax.plotting import plot_sweep
+
+        fig = plot_sweep(finished, x=run["figure_x"], title=args.config.stem)
+        atomic_write(out / "sweep.png", lambda f: fig.savefig(f, format="png"))
+    print(f"{len(finished)} of {len(configs)} configurations in {seconds:.1f} s -> {out / 'sweep.json'}")
+    missing = len(entries) - len(finished)
+    if missing:
+        print(f"{missing} configurations missing: run without --collect to compute them", file=sys.stderr)
+        return 1
     return 0
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "run":
-        return cmd_run(args)
-    if args.command == "sweep":
-        return cmd_sweep(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    command = {"run": cmd_run, "sweep": cmd_sweep}[args.command]
+    shown = warnings.showwarning
+
+    def one_line_warning(message, category, filename, lineno, file=None, line=None):
+        print(f"fedsa-jax: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    warnings.showwarning = one_line_warning  # warnings (diverged seeds, damaged files) in one line
+    try:
+        return command(args)
+    except ValueError as err:
+        print(f"fedsa-jax: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a folder that became unwritable during the run, a full disk
+        print(f"fedsa-jax: error: {err.strerror or err}: {err.filename or ''}", file=sys.stderr)
+        return 2
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

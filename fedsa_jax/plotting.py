@@ -8,6 +8,8 @@
 * :func:`plot_final_mse_vs_agents`: final MSE against the number of agents N
   on log-log axes, +- 2 s.e. error bars, exact values as open markers, and a
   ``1/N`` reference line (linear speed-up).
+* :func:`plot_sweep`: a sweep's final MSE against one swept option, one line
+  per combination of the others (``fedsa-jax sweep`` draws it as ``sweep.png``).
 
 Defaults aim at print: 6.4 x 4.2 in at 130 dpi, 9-10 pt text, light grid,
 colour-blind-safe Matplotlib ``tab10`` cycle; every function takes an ``ax`` so
@@ -17,6 +19,7 @@ notebook); the command line switches to the headless Agg backend.
 
 from __future__ import annotations
 
+import json
 from typing import Mapping
 
 import matplotlib.pyplot as plt
@@ -182,13 +185,86 @@ def plot_final_mse_vs_agents(
     if theory:
         ax.plot([], [], "s", mfc="none", color="0.3", ms=9, label="exact")
     ax.set_xscale("log")
+    return _final_mse_axes(fig, ax, "number of agents $N$", title, legend_size=8)
+
+
+def _final_mse_axes(fig, ax, xlabel: str, title: str | None, legend_size: int):
+    """Log final-MSE axis, labels, grid and legend of the final-MSE figures."""
     ax.set_yscale("log")
-    ax.set_xlabel("number of agents $N$", fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel("final " + MSE_LABEL, fontsize=9)
     ax.tick_params(labelsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, title=rf"mean $\pm$ {BAND_Z:g} s.e.", title_fontsize=8)
+    ax.legend(fontsize=legend_size, title=rf"mean $\pm$ {BAND_Z:g} s.e.", title_fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None, max_lines: int = 12):
+    """Final-round MSE of a sweep's configurations against one swept option.
+
+    One line per combination of the other options that vary (its legend says
+    which), mean +- 2 standard errors. A numeric option is drawn on a linear
+    axis (log when its positive values span a factor 10 or more); other values
+    (algorithm names) as categories.
+
+    Args:
+      entries: :class:`fedsa_jax.sweep.SweepEntry` items (or anything with
+        ``config`` and ``result``), e.g. the return value of :func:`fedsa_jax.sweep`.
+      x: the option on the x axis; default: the varying option with the most
+        distinct numeric values (or, if none is numeric, the first varying one).
+      max_lines: lines drawn at most (the legend stays readable); the rest are
+        left out with a note in the legend.
+
+    Returns:
+      The matplotlib figure.
+    """
+    entries = [e for e in entries if e.result is not None]
+    if not entries:
+        _validate.fail("entries", entries, "expected at least one finished configuration")
+    keys = list(dict.fromkeys(k for e in entries for k in e.config))
+    values = {k: list(dict.fromkeys(_json_key(e.config.get(k)) for e in entries)) for k in keys}
+    varying = [k for k in keys if len(values[k]) > 1]
+    if x is None:
+        numeric = [k for k in varying if all(_is_number(e.config.get(k)) for e in entries)]
+        x = max(numeric, key=lambda k: len(values[k])) if numeric else (varying[0] if varying else keys[0])
+    elif x not in keys:
+        _validate.fail("x", x, f"expected one of the configurations' keys ({', '.join(keys)})")
+    others = [k for k in varying if k != x]
+    numeric_x = all(_is_number(e.config.get(x)) for e in entries)
+    categories = values[x]
+    lines: dict[str, list] = {}
+    for e in entries:
+        label = ", ".join(f"{k}={e.config.get(k)}" for k in others) or "final MSE"
+        lines.setdefault(label, []).append(e)
+    fig, ax = _axes(ax)
+    for i, (label, members) in enumerate(list(lines.items())[:max_lines]):
+        if numeric_x:
+            members = sorted(members, key=lambda e: e.config[x])
+            xs = np.array([float(e.config[x]) for e in members])
+        else:
+            xs = np.array([categories.index(_json_key(e.config.get(x))) for e in members], dtype=float)
+        final = np.array([e.result.mse_mean[-1] for e in members])
+        sem = np.array([e.result.mse_sem[-1] for e in members])
+        ax.errorbar(xs, final, yerr=BAND_Z * sem, fmt="o-", color=f"C{i % 10}", ms=4, lw=1.4, capsize=3,
+                    label=label)
+    if len(lines) > max_lines:
+        ax.plot([], [], " ", label=f"({len(lines) - max_lines} more not drawn)")
+    if numeric_x:
+        xs = np.array([float(e.config[x]) for e in entries])
+        if np.all(xs > 0) and xs.max() >= 10 * xs.min():
+            ax.set_xscale("log")
+    else:
+        ax.set_xticks(range(len(categories)), [str(json.loads(c)) for c in categories], fontsize=8)
+    return _final_mse_axes(fig, ax, x, title, legend_size=7)
+
+
+def _json_key(value) -> str:
+    """A hashable, order-preserving key for a configuration value."""
+    return json.dumps(value, sort_keys=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsa_jax._io import atomic_savez, atomic_write
+from fedsa_jax._io import DamagedFileError, atomic_savez, atomic_write, json_text, read_npz
 from fedsa_jax.stats import QUANTILE_LEVELS
 
 COUNT_NAMES = ("communications", "messages_delivered", "bits_sent", "bits_delivered", "samples")  # RoundInfo sums
@@ -17,6 +17,7 @@ ARRAY_FIELDS = (
     "mse_quantiles", "seed_mse", *COUNT_NAMES,
 )
 METRIC_FIELDS = ("mean", "sem", "quantiles", "seeds")
+_DAMAGED = "recompute it (a sweep recomputes its damaged results by itself) or restore it from a copy"
 X_AXES = ("rounds", "communications", "samples", "bits_sent", "bits_delivered")
 
 
@@ -98,7 +99,7 @@ class SimulationResult:
         arrays = {k: np.asarray(getattr(self, k)) for k in ARRAY_FIELDS}
         for name, stats in self.metrics.items():
             arrays.update({f"metric__{name}__{f}": np.asarray(getattr(stats, f)) for f in METRIC_FIELDS})
-        atomic_savez(path, config_json=np.array(json.dumps(self.config, sort_keys=True)), **arrays)
+        atomic_savez(path, config_json=np.array(json_text(self.config, indent=None, sort_keys=True)), **arrays)
 
     def table(self) -> dict[str, np.ndarray]:
         """A tidy per-round table: column name -> ``(R,)`` array, one row per recorded round.
@@ -147,12 +148,24 @@ class SimulationResult:
 
 def load(path) -> SimulationResult:
     """Read a result written by :meth:`SimulationResult.save` (older files load too: NaN
-    quantiles, counts from the built-in algorithms' formulas, no metrics)."""
-    with np.load(path, allow_pickle=False) as data:
+    quantiles, counts from the built-in algorithms' formulas, no metrics).
+
+    Raises ``FileNotFoundError`` for a missing file, and a ``ValueError``
+    (:class:`fedsa_jax._io.DamagedFileError`) for a damaged file or one that
+    fedsa_jax did not write, saying so and what to do.
+    """
+    required = ("config_json", "rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged",
+                "final_theta", "theta_star", "bits_sent", "bits_delivered")
+    data = read_npz(path, "result", _DAMAGED, required=required)
+    try:
         config = json.loads(str(data["config_json"]))
-        arrays = {k: data[k] for k in ARRAY_FIELDS if k in data}
-        names = sorted({k.split("__")[1] for k in data.files if k.startswith("metric__")})
-        metrics = {m: MetricStats(*(data[f"metric__{m}__{f}"] for f in METRIC_FIELDS)) for m in names}
+        if not isinstance(config, dict):
+            raise ValueError("its configuration is not a JSON object")
+    except ValueError as err:
+        raise DamagedFileError(f"{str(path)!r} is damaged or not a fedsa_jax result file ({err}); {_DAMAGED}") from None
+    arrays = {k: data[k] for k in ARRAY_FIELDS if k in data}
+    names = sorted({k.split("__")[1] for k in data if k.startswith("metric__")})
+    metrics = {m: MetricStats(*(data[f"metric__{m}__{f}"] for f in METRIC_FIELDS)) for m in names}
     R = len(arrays["rounds"])
     arrays.setdefault("mse_quantiles", np.full((R, len(QUANTILE_LEVELS)), np.nan))
     arrays.setdefault("seed_mse", np.zeros((R, 0)))

@@ -29,6 +29,7 @@ the elementwise threefry hash into each of the ~20 gathers that consume it
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -41,7 +42,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fedsa_jax import _checkpoint, _validate
+from fedsa_jax import _checkpoint, _io, _validate
 from fedsa_jax._module import make_callable
 from fedsa_jax.algorithms._base import COUNT_FIELDS, Algorithm
 from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult
@@ -100,8 +101,14 @@ class Recording(NamedTuple):
 
 def _moments(carry: Carry, problem, threshold, valid, rec: Recording) -> Moments:
     theta = carry.states.theta
-    error = getattr(carry.states, "error", None)  # theta - theta_star, where the algorithm carries it
-    err = jnp.sum((theta - problem.theta_star if error is None else error) ** 2, axis=-1)
+    diff = theta - problem.theta_star
+    error = getattr(carry.states, "error", None)  # theta - theta_star, accurate, where the algorithm carries it
+    if error is not None:  # used where it agrees with theta to rounding (a wrapper may have moved theta only)
+        eps = jnp.finfo(theta.dtype).eps
+        tol = 4 * eps * (jnp.abs(problem.theta_star) + jnp.abs(error)) + jnp.finfo(theta.dtype).tiny
+        agrees = jnp.all(jnp.abs(diff - error) <= tol, axis=-1, keepdims=True)
+        diff = jnp.where(agrees, error, diff)
+    err = jnp.sum(diff**2, axis=-1)
     columns = [err]
     for _, fn in rec.metrics:
         value = jax.vmap(fn, in_axes=(0, None, 0))(carry.states, problem, carry.info)
@@ -359,7 +366,12 @@ def simulate(
         Results do not depend on it.
       checkpoint_dir: if given, an atomic checkpoint is written there after each
         chunk, and a call with the same arguments resumes from it (bit-identical
-        to an uninterrupted run). A checkpoint of another configuration is refused.
+        to an uninterrupted run). The file is named after the configuration's
+        fingerprint, so runs of different configurations can share the folder; a
+        second run of the same configuration while the first is running, or a
+        damaged checkpoint, is refused with a ``ValueError``.
+        ``result.config["execution"]`` says where the run resumed
+        (``resumed_from``) and how many seed-rounds it computed (``seed_rounds_run``).
       progress: show a progress bar (default: only on a terminal).
       quantiles: record quantiles over seeds of the squared error and the metrics
         (``result.mse_quantiles``, from a histogram of ``4 * HIST_BINS`` bytes per
@@ -485,12 +497,19 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
     if checkpoint_dir is not None and jax.process_count() > 1:
         _validate.fail("checkpoint_dir", checkpoint_dir, "checkpoints are written by single-process runs only")
     _check_algorithm(problem, algorithm, theta0_np, resolved)
+    if checkpoint_dir is not None:  # created and probed now, not after the first chunk
+        _io.prepare_dir(checkpoint_dir, "checkpoint_dir")
     return Run(key, T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles,
                resolved, keep, on_record)
 
 
 def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
     """Run algorithms of one structure (stacked along a config axis) on validated inputs."""
+    with contextlib.ExitStack() as stack:  # holds the checkpoint's lock while the run uses it
+        return _execute_in(stack, run, problem, algorithms)
+
+
+def _execute_in(stack: contextlib.ExitStack, run: Run, problem, algorithms) -> list[SimulationResult]:
     key, T, n, r, theta0_np, factor = run[:6]
     seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles = run[6:11]
     rec = Recording(run.metrics, quantiles, run.keep_seeds)
@@ -524,14 +543,14 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
         statistics=Moments._fields, quantiles=quantiles, version=__version__,  # other statistics: refused
         metrics=metric_names, keep_seeds=run.keep_seeds,
     )
-    saved = _checkpoint.load(ckpt_dir) if ckpt_dir is not None else None
-    if saved is not None and str(saved["fingerprint"]) != finger:
-        _validate.fail(
-            "checkpoint_dir", str(ckpt_dir),
-            "it holds a checkpoint of a different configuration (problem, algorithm, key, rounds, seeds, "
-            "record_every, theta0, metrics, batch size, device count or package version); use another directory "
-            "or delete it",
-        )
+    saved = None
+    if ckpt_dir is not None:  # this configuration's own file (others share the folder untouched), locked
+        stack.enter_context(_checkpoint.lock(ckpt_dir, finger))
+        saved = _checkpoint.load(ckpt_dir, finger)
+        if saved is not None:
+            first = int(saved["batch"])
+            _checkpoint.require(saved, [f"final{b}" for b in range(first)]
+                                + [f"done_{f}" for f in Moments._fields if first], ckpt_dir, finger)
 
     from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
@@ -541,8 +560,11 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
     done: Moments | None = None  # finished batches, merged as they finish: arrays (K, R, ...)
     finals: list[np.ndarray] = []  # per batch, (K, seeds in batch, d)
     first_batch = 0
+    resumed_from = None  # where a checkpoint let this run start, and the work it did itself
+    seed_rounds_run = 0
     if saved is not None:
         first_batch = int(saved["batch"])
+        resumed_from = {"seed_batch": first_batch, "round": 0}
         if first_batch:
             done = Moments(*(saved[f"done_{f}"] for f in Moments._fields))
         finals = [saved[f"final{b}"] for b in range(first_batch)]
@@ -576,11 +598,15 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
         carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithms_r, theta0_r, threshold, rec=rec)
         recorded = [jax.tree.map(lambda x: np.asarray(x)[:, None], m0)]
         if saved is not None and b == first_batch and "carry0" in saved:
+            _checkpoint.require(saved, [f"cur_{f}" for f in Moments._fields]
+                                + [f"carry{i}" for i in range(len(jax.tree.leaves(carry)))], ckpt_dir, finger)
             carry = _checkpoint.arrays_to_tree("carry", saved, carry)
             recorded = [Moments(*(saved[f"cur_{f}"] for f in Moments._fields))]
+            resumed_from = {"seed_batch": b, "round": int(carry.t[0])}
         elif run.on_record is not None:
             report(b, slice(0, 1), concat(recorded))
         t = int(carry.t[0])
+        seed_rounds_run += (min(n, (b + 1) * plan.batch) - b * plan.batch) * (T - t)
         bar.update(b * T + t - bar.n)
         while t < T:
             end = min(t + plan.chunk_rounds, T)
@@ -628,6 +654,8 @@ def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
                                     kept[:, :, j + 1]) for j, m in enumerate(metric_names)},
             **counts,
         )
+        # how this call ran: resumed from a checkpoint (batch, round) or None, and the seed-rounds it computed
+        result.config["execution"].update(resumed_from=resumed_from, seed_rounds_run=seed_rounds_run)
         worst = int(result.num_diverged.max())
         if worst:
             warnings.warn(
@@ -651,7 +679,7 @@ def _save(directory, finger, batch, done, finals, current, carry) -> None:
     if carry is not None:
         arrays.update({f"cur_{f}": np.asarray(getattr(current, f)) for f in Moments._fields})
         arrays.update(_checkpoint.tree_to_arrays("carry", carry))
-    _checkpoint.save(directory, arrays)
+    _checkpoint.save(directory, finger, arrays)
 
 
 def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devices, quantiles, metrics=(),

@@ -13,26 +13,30 @@ With ``out_dir`` every finished configuration is written at once, atomically,
 to ``out_dir/<name>.npz`` (its config stored in ``result.config["sweep"]``), and
 ``out_dir/sweep.json`` indexes them; rerunning the same sweep loads finished
 configurations instead of running them again (only if the saved run used the
-same rounds, seeds, key, theta0, threshold and dtype; otherwise it reruns).
+same rounds, seeds, key, theta0, threshold and dtype; otherwise it reruns; a
+damaged file is recomputed, with a warning). ``shard=(k, n)`` runs one part of
+the grid, so the tasks of a cluster job array fill one shared folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from fedsa_jax import _checkpoint, _validate
+from fedsa_jax import _checkpoint, _io, _validate
+from fedsa_jax._io import DamagedFileError
 from fedsa_jax._module import make_callable
-from fedsa_jax._io import atomic_write
 from fedsa_jax.result import SimulationResult, load
 from fedsa_jax.simulate import _execute, validate_run
 
@@ -52,12 +56,26 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
 
 
 def config_name(config: Mapping[str, Any]) -> str:
-    """A readable, file-safe, unique name: ``key=value`` pairs (sorted, shortened) and a
-    hash of the exact configuration (so ``"x/y"`` and ``"x_y"``, ``0.1`` and ``"0.1"`` differ)."""
+    """A readable, portable, unique file name: ``key-value`` pairs (sorted, joined by
+    ``__``, shortened to 120 characters of ``A-Z a-z 0-9 . _ -``) and a hash of the exact
+    configuration (so ``"x/y"`` and ``"x_y"``, ``0.1`` and ``"0.1"`` differ).
+
+    >>> config_name({"step_size": 0.1, "algorithm": "fedlsa"})
+    'algorithm-fedlsa__step_size-0.1__f31be4a47ce2'
+    """
+    text = "__".join(f"{k}-{config[k]}" for k in sorted(config))
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:120]
+    return f"{safe}__{_digest(config)}"
+
+
+def _digest(config: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _legacy_name(config: Mapping[str, Any]) -> str:
+    """The name of earlier versions (``key=value`` pairs joined by commas): still loaded."""
     text = ",".join(f"{k}={config[k]}" for k in sorted(config))
-    safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)[:120]
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{safe},{digest}"
+    return f"{re.sub(r'[^A-Za-z0-9_.,=+-]', '_', text)[:120]},{_digest(config)}"
 
 
 def _same_run(result: SimulationResult, config, run, problem) -> bool:
@@ -78,14 +96,52 @@ def _same_run(result: SimulationResult, config, run, problem) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class SweepEntry:
+    """One configuration of a sweep and its result.
+
+    ``status``: ``"ran"``, ``"loaded"`` (a finished file), ``"recomputed"`` (its
+    file was damaged, so it ran again) or ``"missing"`` (not finished, and the
+    sweep was asked not to compute: ``result`` and ``path`` are None).
+    """
+
     config: dict[str, Any]
-    result: SimulationResult
+    result: SimulationResult | None
     path: Path | None
     seconds: float  # 0 when loaded from a finished file
+    status: str = "ran"
 
 
 def _per_config(value, config):
     return value(config) if callable(value) else value
+
+
+def _shard(shard) -> tuple[int, int] | None:
+    if shard is None:
+        return None
+    try:
+        k, n = (int(x) for x in shard)
+        ok = (k, n) == tuple(shard) and 0 <= k < n
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        _validate.fail("shard", shard, "expected (k, n) with integers 0 <= k < n")
+    return k, n
+
+
+def _finished(out: Path, config, run, problem, warn: bool = True) -> tuple[SweepEntry | None, bool]:
+    """``(entry, damaged)``: the saved result of ``config`` if it is this run's, and whether
+    a file was there but damaged (it is then recomputed and replaced, with a warning)."""
+    for path in (out / f"{config_name(config)}.npz", out / f"{_legacy_name(config)}.npz"):
+        if not path.exists():
+            continue
+        try:
+            done = load(path)
+        except DamagedFileError as err:
+            if warn:
+                warnings.warn(f"recomputing a damaged sweep result: {err}", RuntimeWarning, stacklevel=3)
+            return None, True
+        if _same_run(done, config, run, problem):
+            return SweepEntry(config, done, path, 0.0, "loaded"), False
+    return None, False
 
 
 def sweep(
@@ -102,6 +158,9 @@ def sweep(
     chunk_rounds: int | None = None,
     progress: bool | None = None,
     quantiles: bool | None = None,
+    *,
+    shard: tuple[int, int] | None = None,
+    compute: bool = True,
 ) -> list[SweepEntry]:
     """Simulate every configuration; batch the continuous hyperparameters by vmap.
 
@@ -112,65 +171,105 @@ def sweep(
       num_rounds, record_every: ints, or functions of the config (e.g. rounds = 5e5 / H).
       num_seeds, theta0, divergence_threshold, seed_batch_size, chunk_rounds, progress, quantiles:
         as in :func:`fedsa_jax.simulate`.
-      out_dir: where finished configurations are saved; a rerun skips them.
+      out_dir: where finished configurations are saved; a rerun skips them, and
+        recomputes (with a warning) those whose file is damaged.
+      shard: ``(k, n)``: only the configurations whose index is ``k`` mod ``n``
+        (one task of a cluster job array; all tasks share ``out_dir``). A shard
+        writes its results but not ``sweep.json``: a run without ``shard`` then
+        loads them all, computes what is missing and writes the index.
+      compute: False loads finished configurations and computes nothing: the
+        others come back with ``status="missing"``.
 
     Returns:
-      One :class:`SweepEntry` per configuration, in the order given.
+      One :class:`SweepEntry` per configuration (of the shard), in the order given.
+
+    With ``out_dir``, the folder is created and checked before anything runs;
+    each configuration is computed under a lock on ``.<name>.lock`` there, so
+    processes sharing the folder (shards, a collecting run) never compute one
+    configuration twice: a process that finds a configuration locked waits, then
+    loads the other's result.
     """
     if not configs:
         _validate.fail("configs", configs, "expected at least one configuration")
-    out = None if out_dir is None else Path(out_dir)
+    shard = _shard(shard)
+    out = None if out_dir is None else _io.prepare_dir(out_dir, "out_dir")
     entries: dict[int, SweepEntry] = {}
-    groups: dict[Any, list[tuple[int, Any, Any, Any]]] = {}
+    groups: dict[Any, list[tuple[int, Any, Any, Any, Any]]] = {}
+    damaged: set[int] = set()
     for i, config in enumerate(configs):
+        if shard is not None and i % shard[1] != shard[0]:
+            continue
         config = dict(config)
         problem, algorithm = build(config)
         run = validate_run(key, problem, algorithm, _per_config(num_rounds, config), num_seeds,
                            theta0, _per_config(record_every, config), divergence_threshold,
                            seed_batch_size, chunk_rounds, None, progress, quantiles)
-        path = None if out is None else out / f"{config_name(config)}.npz"
-        if path is not None and path.exists():
-            done = load(path)
-            if _same_run(done, config, run, problem):
-                entries[i] = SweepEntry(config, done, path, 0.0)
+        if out is not None:
+            entry, bad = _finished(out, config, run, problem)
+            if entry is not None:
+                entries[i] = entry
                 continue
+            if bad:
+                damaged.add(i)
+        if not compute:
+            entries[i] = SweepEntry(config, None, None, 0.0, "missing")
+            continue
         problem_id = _checkpoint.fingerprint(problem, structure=problem.describe())
         group = (problem_id, jax.tree.structure(algorithm), run.num_rounds, run.record_every)
         groups.setdefault(group, []).append((i, config, problem, algorithm, run))
     for members in groups.values():
-        _, _, problem, _, run = members[0]
-        t0 = time.perf_counter()
-        results = _execute(run, problem, [m[3] for m in members])
-        seconds = (time.perf_counter() - t0) / len(members)
-        for (i, config, _, _, _), res in zip(members, results):
-            res = dataclasses.replace(res, config={**res.config, "sweep": json.loads(json.dumps(config))})
-            path = None
-            if out is not None:
-                path = out / f"{config_name(config)}.npz"
-                res.save(path)
-            entries[i] = SweepEntry(config, res, path, seconds)
-        if out is not None:
+        with contextlib.ExitStack() as locks:
+            if out is not None:  # sorted, so processes taking several locks never deadlock
+                for name in sorted(config_name(m[1]) for m in members):
+                    locks.enter_context(_io.file_lock(out / f".{name}.lock", blocking=True))
+                todo = []
+                for m in members:  # another process may have finished some while we waited
+                    entry, _ = _finished(out, m[1], m[4], m[2], warn=False)
+                    if entry is not None:
+                        entries[m[0]] = entry
+                    else:
+                        todo.append(m)
+                members = todo
+            if members:
+                _run_group(members, out, entries, damaged)
+        if out is not None and shard is None:
             _write_index(out, [entries[j] for j in sorted(entries)])
-    ordered = [entries[i] for i in range(len(configs))]
-    if out is not None:
+    ordered = [entries[i] for i in sorted(entries)]
+    if out is not None and shard is None:
         _write_index(out, ordered)
     return ordered
 
 
+def _run_group(members, out: Path | None, entries: dict[int, SweepEntry], damaged: set[int]) -> None:
+    _, _, problem, _, run = members[0]
+    t0 = time.perf_counter()
+    results = _execute(run, problem, [m[3] for m in members])
+    seconds = (time.perf_counter() - t0) / len(members)
+    for (i, config, _, _, _), res in zip(members, results):
+        res = dataclasses.replace(res, config={**res.config, "sweep": json.loads(json.dumps(config))})
+        path = None
+        if out is not None:
+            path = out / f"{config_name(config)}.npz"
+            res.save(path)
+        entries[i] = SweepEntry(config, res, path, seconds, "recomputed" if i in damaged else "ran")
+
+
 def _write_index(out: Path, entries: list[SweepEntry]) -> None:
-    rows = [
-        {
-            "config": e.config,
-            "file": e.path.name if e.path else None,
-            "final_mse": float(e.result.mse_mean[-1]),
-            "final_mse_sem": float(e.result.mse_sem[-1]),
-            "num_diverged": int(e.result.num_diverged[-1]),
-            "num_rounds": int(e.result.rounds[-1]),
-            "seconds": e.seconds,
-        }
-        for e in entries
-    ]
-    atomic_write(out / "sweep.json", lambda f: f.write(json.dumps(rows, indent=2)), mode="w")
+    """``sweep.json``: one row per configuration (strict JSON: a diverged MSE is ``null``,
+    and ``num_diverged`` says how many seeds diverged)."""
+    rows = []
+    for e in entries:
+        row = {"config": e.config, "status": e.status, "file": e.path.name if e.path else None}
+        if e.result is not None:
+            row.update(
+                final_mse=float(e.result.mse_mean[-1]),
+                final_mse_sem=float(e.result.mse_sem[-1]),
+                num_diverged=int(e.result.num_diverged[-1]),
+                num_rounds=int(e.result.rounds[-1]),
+                seconds=e.seconds,
+            )
+        rows.append(row)
+    _io.write_json(out / "sweep.json", rows)
 
 
 make_callable(__name__, sweep)  # fj.sweep(...) calls sweep; `import fedsa_jax.sweep` is this module

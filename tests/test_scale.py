@@ -83,13 +83,20 @@ def test_checkpoint_resume_after_a_crash(tmp_path, reference, monkeypatch):
     same(scale_worker.simulate(checkpoint_dir=tmp_path, chunk_rounds=2, seed_batch_size=4), resumed)
 
 
-def test_checkpoint_of_another_configuration_is_refused(tmp_path):
-    scale_worker.simulate(checkpoint_dir=tmp_path, num_rounds=4)
+def test_configurations_share_a_checkpoint_folder(tmp_path, monkeypatch):
+    first = scale_worker.simulate(checkpoint_dir=tmp_path, num_rounds=4)
+    (path,) = _checkpoint.paths(tmp_path)
+    before = path.read_bytes()
     p, alg = scale_worker.problem_and_alg()
-    with pytest.raises(ValueError, match=r"^checkpoint_dir=.* is invalid: it holds a checkpoint of a different"):
-        fj.simulate(jax.random.key(9), p, alg, 5, 10, record_every=2, checkpoint_dir=tmp_path)
-    with pytest.raises(ValueError, match=r"^checkpoint_dir="):
-        fj.simulate(jax.random.key(8), p, alg, 4, 10, record_every=2, checkpoint_dir=tmp_path)
+    other = fj.simulate(jax.random.key(8), p, alg, 4, 10, record_every=2, checkpoint_dir=tmp_path)
+    assert len(_checkpoint.paths(tmp_path)) == 2 and path.read_bytes() == before  # the first one untouched
+
+    def no_more_rounds(*a, **k):
+        raise AssertionError("a finished checkpoint must not run any round again")
+
+    monkeypatch.setattr(sys.modules["fedsa_jax.simulate"], "_advance", no_more_rounds)
+    same(scale_worker.simulate(checkpoint_dir=tmp_path, num_rounds=4), first)  # both still resume
+    same(fj.simulate(jax.random.key(8), p, alg, 4, 10, record_every=2, checkpoint_dir=tmp_path), other)
 
 
 def run_worker(*args, timeout=300):
@@ -148,7 +155,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     deadline = time.time() + 240
     try:
         while time.time() < deadline:  # wait for a checkpoint from the middle of the run
-            saved = _checkpoint.load(ckpt) if (ckpt / _checkpoint.FILENAME).exists() else None
+            saved = _checkpoint.load(ckpt) if _checkpoint.paths(ckpt) else None
             if saved is not None and "carry0" in saved and int(np.ravel(saved[last_carry_leaf(saved)])[0]) >= 200:
                 break
             time.sleep(0.05)

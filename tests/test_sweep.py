@@ -2,6 +2,7 @@
 
 import importlib
 import json
+import re
 
 import jax
 import numpy as np
@@ -84,3 +85,64 @@ def test_names_unique_and_stale_results_rerun(problem, tmp_path):
     c = fj.sweep(jax.random.key(2), configs, build_for(problem), 6, 7, out_dir=tmp_path)[0]  # other key
     assert c.seconds > 0 and not np.array_equal(c.result.final_theta, b.result.final_theta)
     assert a.result.num_seeds == 5
+
+
+def test_damaged_result_is_recomputed_with_a_warning(problem, tmp_path):
+    configs = fj.grid(algorithm="fedlsa", step_size=[0.2, 0.4], H=2)
+    first = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path)
+    first[1].path.write_bytes(first[1].path.read_bytes()[:200])  # truncated, as by a full disk
+    with pytest.warns(RuntimeWarning, match="recomputing a damaged sweep result: .* is damaged"):
+        again = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path)
+    assert [e.status for e in again] == ["loaded", "recomputed"]
+    np.testing.assert_array_equal(again[1].result.final_theta, first[1].result.final_theta)
+    assert fj.load(first[1].path).num_seeds == 5  # replaced by a good file
+    assert [r["status"] for r in json.loads((tmp_path / "sweep.json").read_text())] == ["loaded", "recomputed"]
+
+
+def test_shards_cover_the_grid_and_a_plain_run_collects_them(problem, tmp_path):
+    configs = fj.grid(algorithm=["fedlsa", "scafflsa"], step_size=[0.2, 0.4], H=2)
+    parts = [fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path, shard=(k, 3))
+             for k in range(2)]  # shard 2 of 3 never ran
+    assert [[configs.index(e.config) for e in p] for p in parts] == [[0, 3], [1]]
+    assert not (tmp_path / "sweep.json").exists()  # shards leave the index to the collecting run
+    listed = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path, compute=False)
+    assert [e.status for e in listed] == ["loaded", "loaded", "missing", "loaded"]
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert rows[2] == {"config": configs[2], "status": "missing", "file": None}
+    done = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path)
+    assert [e.status for e in done] == ["loaded", "loaded", "ran", "loaded"]
+    np.testing.assert_array_equal(done[0].result.final_theta, parts[0][0].result.final_theta)
+    with pytest.raises(ValueError, match=r"^shard=.* is invalid: expected \(k, n\)"):
+        fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, shard=(3, 3))
+
+
+def test_results_of_earlier_versions_names_still_load(problem, tmp_path):
+    configs = [{"algorithm": "fedlsa", "step_size": 0.2, "H": 2}]
+    (first,) = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path)
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+\.npz", first.path.name)  # portable: no '=' or ','
+    first.path.rename(tmp_path / f"{sweep_mod._legacy_name(configs[0])}.npz")
+    (again,) = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path)
+    assert again.status == "loaded" and "=" in again.path.name
+
+
+def test_plot_sweep_draws_final_mse_against_the_richest_numeric_axis():
+    import matplotlib.pyplot as plt
+    from types import SimpleNamespace
+
+    from fedsa_jax.plotting import plot_sweep
+
+    def entry(config, mse):
+        return SimpleNamespace(config=config, result=SimpleNamespace(mse_mean=np.array([1.0, mse]),
+                                                                     mse_sem=np.array([0.0, 0.01])))
+
+    entries = [entry({"algorithm": a, "step_size": s, "H": 10}, s * (1 if a == "fedlsa" else 2))
+               for a in ("fedlsa", "scafflsa") for s in (0.3, 0.1, 0.01)]
+    ax = plot_sweep(entries).axes[0]
+    assert ax.get_xlabel() == "step_size" and ax.get_xscale() == "log"
+    assert [c.get_label() for c in ax.containers] == ["algorithm=fedlsa", "algorithm=scafflsa"]  # H is fixed
+    line = ax.containers[1].lines[0]
+    np.testing.assert_allclose(line.get_xdata(), [0.01, 0.1, 0.3])  # sorted along x
+    np.testing.assert_allclose(line.get_ydata(), [0.02, 0.2, 0.6])
+    ax = plot_sweep(entries, x="algorithm").axes[0]  # categories
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["fedlsa", "scafflsa"]
+    plt.close("all")
