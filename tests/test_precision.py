@@ -102,3 +102,15 @@ def test_per_seed_results_across_batch_shapes():
     assert diff <= 1e-4 * scale, diff  # rounding only (measured: about 1e-6 of the scale)
     other = np.abs(b.final_theta[8:] - a.final_theta).max()
     assert other > 1e3 * max(diff, 1e-7 * scale)  # different seeds are far apart: the bound is not vacuous
+
+
+def test_exact_mse_at_a_tiny_step_size_against_the_error_recursion():
+    """``exact_mse`` runs in error coordinates: at eta = 1e-7 it matches the recursion written on
+    the error to 1e-6 (reading the MSE off E[theta theta^T] instead loses digits to |theta_star|^2)."""
+    p64 = _problem("float64")
+    T = 20_000
+    exact = fj.theory.exact_mse(p64, fj.fedlsa(1e-7, 1), T, theta0=np.asarray(p64.theta_star))
+    ref = error_recursion(p64, 1e-7, T, {T // 2, T})
+    np.testing.assert_allclose(exact[[T // 2, T]], ref[1:], rtol=1e-6)
+    mean = fj.theory.exact_mean(p64, fj.fedlsa(1e-7, 1), 3, theta0=np.asarray(p64.theta_star))
+    np.testing.assert_allclose(mean, np.tile(np.asarray(p64.theta_star), (4, 1)), rtol=1e-15)
