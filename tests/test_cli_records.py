@@ -4,9 +4,9 @@
   line) is ``|fedlsa_bias|^2`` of the problem built independently;
 * the exact overlay is ``exact_mse`` at every round, and the Monte Carlo curve agrees
   with it at every round;
-* a run with another problem, heterogeneity level, sampling mode, quantizer, channel
-  and dtype saves what ``fj.simulate`` returns for the same objects, seed by seed;
-* every quantizer and problem option builds the object it names.
+* a run with another problem, heterogeneity level, quantizer, channel and dtype saves
+  what ``fj.simulate`` returns for the same objects, seed by seed;
+* every quantizer, algorithm and problem option builds the object it names.
 """
 
 import json
@@ -76,14 +76,6 @@ RUNS = {
                                        sampling="generative", dtype="float32"),
         {"qfedtd": lambda: fj.qfedtd(0.4, fj.channel.rand_k(2), success_prob=0.6)},
     ),
-    "garnet-level-markov-fixed-range": (
-        ["--problem", "garnet", "--heterogeneity", "0.5", "--agents", "3", "--states", "8", "--dim", "3",
-         "--sampling", "markov", "--skip", "2", "--algorithms", "fedlsa", "--local-steps", "2", "--step-size",
-         "0.3", "--quantizer", "stochastic-uniform", "--bits", "3", "--range", "0.5", "--dtype", "float64"],
-        lambda: fj.problems.garnet(jax.random.key(0), num_agents=3, heterogeneity=0.5, num_states=8, dim=3,
-                                   sampling="markov", dtype="float64"),
-        {"fedlsa": lambda: fj.fedlsa(0.3, 2, skip=2, quantizer=fj.channel.stochastic_uniform(3, range=0.5))},
-    ),
 }
 
 
@@ -122,11 +114,27 @@ def test_quantizer_options_build_the_named_quantizer(options, expected):
     assert cli._make_quantizer(args) == expected
 
 
+@pytest.mark.parametrize("name,options,expected", [
+    ("fedlsa", ["--step-size", "0.3", "--local-steps", "7", "--skip", "3", "--quantizer", "natural",
+                "--success-prob", "0.4", "--aggregation", "divide_by_received"],
+     fj.fedlsa(0.3, 7, skip=3, quantizer=fj.channel.natural(), success_prob=0.4, aggregation="divide_by_received")),
+    ("scafflsa", ["--eta", "0.2", "-H", "5", "-p", "0.9"], fj.scafflsa(0.2, 5, success_prob=0.9)),
+    ("qfedtd", ["--step-size", "0.6", "--local-steps", "9", "--skip", "2", "--quantizer", "stochastic-uniform",
+                "--bits", "2", "-p", "0.5"], fj.qfedtd(0.6, fj.channel.stochastic_uniform(2), success_prob=0.5)),
+])
+def test_algorithm_options_build_the_named_algorithm(name, options, expected):
+    """(QFedTD takes one local step and no skip whatever --local-steps and --skip say.)"""
+    args = cli.build_parser().parse_args(["run", *options])
+    assert cli._make_algorithm(name, args).describe() == expected.describe()
+
+
 @pytest.mark.parametrize("options,make", [
     (["--problem", "garnet", "--heterogeneity", "0.4", "--agents", "4", "--states", "7", "--dim", "2"],
      lambda: fj.problems.garnet(jax.random.key(0), 4, heterogeneity=0.4, num_states=7, dim=2)),
     (["--problem", "garnet", "--heterogeneity", "homogeneous", "--agents", "2", "--states", "10"],
      lambda: fj.problems.garnet(jax.random.key(0), 2, heterogeneity="homogeneous", num_states=10)),
+    (["--problem", "garnet", "--agents", "3", "--states", "9", "--dim", "3", "--sampling", "markov"],
+     lambda: fj.problems.garnet(jax.random.key(0), 3, num_states=9, dim=3, sampling="markov")),
     (["--problem", "gaussian", "--heterogeneity", "0.6", "--agents", "3", "--dim", "2", "--problem-seed", "4"],
      lambda: fj.problems.random_gaussian_lsa(jax.random.key(4), 3, 2, heterogeneity=0.6)),
     (["--problem", "qfedtd-mdp", "--agents", "2", "--states", "5", "--dim", "3"],
