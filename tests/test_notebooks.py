@@ -1,8 +1,13 @@
-"""The notebooks run top to bottom with small sizes (their ``parameters`` cell replaced)."""
+"""The notebooks run top to bottom with small sizes (their ``parameters`` cell replaced), and
+check cells inserted after the cells that compute something assert what those cells show:
+Monte Carlo curves within Z_TOL standard errors of the exact ones at every recorded round,
+the figures' theory curves and reference levels, the saved table, the bias growing with the
+heterogeneity level."""
 
 from pathlib import Path
 
 import pytest
+from conftest import Z_TOL
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -14,9 +19,53 @@ SMALL = {
     "02_quantization_and_erasures.ipynb": "SEEDS = 32\nROUNDS = 12\nAGENTS = 4",
 }
 
+# (marker, source): the source runs in a cell inserted after the first code cell containing marker.
+_MC_VS_EXACT = f"""
+for _k in res:
+    _z = (res[_k].mse_mean[1:] - exact[_k][res[_k].rounds][1:]) / res[_k].mse_sem[1:]
+    assert np.all(np.abs(_z) < {Z_TOL}), (_k, _z)
+_dotted = [line for line in fig.axes[0].lines if line.get_linestyle() == ":"]
+assert len(_dotted) == len(exact)
+for _line, _k in zip(_dotted, exact):
+    np.testing.assert_array_equal(_line.get_ydata(), exact[_k])
+"""
+CHECKS = {
+    "00_quickstart.ipynb": [("fig = fj.plotting.plot_mse(results", f"""
+res = results
+{_MC_VS_EXACT}
+_dashed = [line for line in fig.axes[0].lines if line.get_linestyle() == "--"]
+np.testing.assert_allclose(_dashed[0].get_ydata(), [np.sum(bias ** 2)] * 2, rtol=1e-12)
+"""), ("back = fj.load(path)", """
+np.testing.assert_array_equal(back.mse_mean, results["SCAFFLSA"].mse_mean)
+np.testing.assert_array_equal(table["mse_q50"], back.mse_quantiles[:, 2])
+np.testing.assert_array_equal(table["round"], results["SCAFFLSA"].rounds)
+""")],
+    "01_heterogeneity_fedlsa_vs_scafflsa.ipynb": [("rows.append(", f"""
+for _h, _name, _mc, _sem, _exact, _bias in rows:
+    assert abs(_mc - _exact) < {Z_TOL} * _sem, (_h, _name, _mc, _exact, _sem)
+_biases = [r[5] for r in rows if r[1] == "fedlsa"]
+assert all(a < b for a, b in zip(_biases, _biases[1:])), _biases  # every level is its own problem
+"""), ("curve = fj.theory.fedlsa_bias(", f"""
+_z = (res.theta_mean - star - curve[res.rounds])[1:] / res.theta_sem[1:]
+assert np.all(np.abs(_z) < {Z_TOL}), _z
+np.testing.assert_allclose(ax.lines[1].get_ydata(), np.linalg.norm(curve, axis=1), rtol=1e-12)
+""")],
+    "02_quantization_and_erasures.ipynb": [
+        ("for p in (0.2, 0.5, 1.0)", _MC_VS_EXACT),
+        ("fj.channel.rand_k(k)", _MC_VS_EXACT),
+        ("x=\"bits_delivered\"", f"""
+for _k, _a in algs.items():
+    _r = res[_k]
+    np.testing.assert_array_equal(_r.bits_sent, _r.rounds * AGENTS * _a.bits_per_message(problem.dim))
+    _sd = np.sqrt(AGENTS * _r.rounds[-1] * 0.6 * 0.4 / SEEDS) * _a.bits_per_message(problem.dim)
+    assert abs(_r.bits_delivered[-1] - 0.6 * _r.bits_sent[-1]) < {Z_TOL} * _sd
+"""),
+    ],
+}
+
 
 def test_every_notebook_is_covered():
-    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(SMALL)
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(SMALL) == sorted(CHECKS)
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
@@ -25,6 +74,9 @@ def test_notebook_runs(name, tmp_path):
     params = [c for c in book.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1, "each notebook has one cell tagged 'parameters'"
     params[0].source = SMALL[name]
+    for marker, source in CHECKS[name]:
+        at = next(i for i, c in enumerate(book.cells) if c.cell_type == "code" and marker in c.source)
+        book.cells.insert(at + 1, nbformat.v4.new_code_cell(source))
     nbclient.NotebookClient(book, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for c in book.cells if c.cell_type == "code" for o in c.outputs]

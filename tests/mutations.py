@@ -1,0 +1,411 @@
+"""Curated mutation check: does each small deliberate bug in the core make a fast test fail?
+
+Run before a release (not part of CI, and not collected by pytest: its name does not
+start with ``test_``)::
+
+    python tests/mutations.py              # every mutation; prints a table, exits 1 if one survives
+    python tests/mutations.py --list       # ids, files and the tests expected to catch them
+    python tests/mutations.py --only qsgd-extra-level --only cli-bias-not-squared
+
+Each mutation is data: an id, a file, an exact snippet of that file, its replacement,
+and the fast tests expected to catch it. The script copies the repository (without
+``.git``) to a temporary folder, checks that every snippet occurs exactly once (the
+code moves on: a snippet that no longer matches is reported and the script exits 2
+before running anything), runs the expected tests once on the unmutated copy (they
+must pass, or "caught" means nothing), then applies one mutation at a time and runs
+``python -m pytest -x -q`` on those tests with ``PYTHONPATH`` pointing at the copy.
+A mutation is caught when a test fails; the table names the failing test(s).
+
+Standard library only: a general tool (mutmut, cosmic-ray) generates thousands of
+mutants and runs the suite for each, hours on two cores; a curated list targets the
+features that matter, each with the few tests that should notice, in minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Mutation(NamedTuple):
+    id: str
+    file: str  # relative to the repository root
+    old: str  # exact snippet, present exactly once
+    new: str
+    tests: tuple[str, ...]  # pytest node ids expected to catch it
+    why: str = ""
+
+
+CP = "tests/test_channel_paths.py"
+GAPS = "tests/test_gaps.py"
+CLI = "tests/test_cli_records.py"
+ALG = "tests/test_algorithms.py"
+
+MUTATIONS = [
+    # --- local steps --------------------------------------------------------------------------
+    Mutation(
+        "local-step-dropped", "fedsa_jax/algorithms/_base.py",
+        "theta, _ = jax.lax.scan(body, theta, obs, ",
+        "theta, _ = jax.lax.scan(body, theta, jax.tree.map(lambda o: o[1:], obs), ",
+        (f"{ALG}::test_td_matches_numpy_loop[generative-1-fedlsa]",),
+        "each agent runs H - 1 local steps",
+    ),
+    Mutation(
+        "control-variate-sign", "fedsa_jax/algorithms/_base.py",
+        "g = g - control", "g = g + control",
+        (f"{ALG}::test_td_matches_numpy_loop[generative-1-scafflsa]",),
+        "local steps add the control variate instead of subtracting it",
+    ),
+    # --- control variates ---------------------------------------------------------------------
+    Mutation(
+        "scafflsa-channel-cv-frozen", "fedsa_jax/algorithms/scafflsa.py",
+        "xi = state.xi + increment",
+        "xi = state.xi + (increment if config.channel.trivial else 0.0 * increment)",
+        (f"{CP}::test_channel_trajectories_match_numpy_loop[scafflsa-qsgd-erasures]",),
+        "over a lossy/quantized uplink SCAFFLSA never moves its control variates (runs FedLSA)",
+    ),
+    Mutation(
+        "scafflsa-channel-cv-half-gain", "fedsa_jax/algorithms/scafflsa.py",
+        "(mean_delivered - delivery.messages) / (eta * H), 0.0)",
+        "(mean_delivered - delivery.messages) / (2 * eta * H), 0.0)",
+        (f"{CP}::test_channel_trajectories_match_numpy_loop[scafflsa-qsgd-erasures]",),
+        "control-variate gain halved on the channel path",
+    ),
+    Mutation(
+        "scafflsa-cv-from-unquantized", "fedsa_jax/algorithms/scafflsa.py",
+        "increment = jnp.where(delivered, (mean_delivered - delivery.messages) / (eta * H), 0.0)",
+        "increment = jnp.where(delivered, (mean_delivered - (local - state.theta)) / (eta * H), 0.0)",
+        (f"{CP}::test_channel_trajectories_match_numpy_loop[scafflsa-qsgd-erasures]",),
+        "control variates move with the agents' unquantized model differences, not what the server received",
+    ),
+    Mutation(
+        "scafflsa-lost-agents-move", "fedsa_jax/algorithms/scafflsa.py",
+        "increment = jnp.where(delivered, (mean_delivered - delivery.messages) / (eta * H), 0.0)",
+        "increment = (mean_delivered - delivery.messages) / (eta * H)",
+        (f"{CP}::test_channel_trajectories_match_numpy_loop[scafflsa-qsgd-erasures]",),
+        "agents whose message was lost update their control variate anyway",
+    ),
+    Mutation(
+        "scafflsa-exact-cv-gain", "fedsa_jax/algorithms/scafflsa.py",
+        "increment = (theta - local) / (eta * H)",
+        "increment = (theta - local) / (eta * (H + 1))",
+        (f"{ALG}::test_td_matches_numpy_loop[generative-1-scafflsa]",),
+        "control-variate step 1/(eta (H+1)) on the exact channel",
+    ),
+    # --- quantizers ---------------------------------------------------------------------------
+    Mutation(
+        "qsgd-extra-level", "fedsa_jax/channel/quantizers.py",
+        "xi = _stochastic_round(key, jnp.abs(x) / safe * s)\n"
+        "    return jnp.where(norm > 0, jnp.sign(x) * norm * xi / s, 0.0)",
+        "xi = _stochastic_round(key, jnp.abs(x) / safe * (s + 1))\n"
+        "    return jnp.where(norm > 0, jnp.sign(x) * norm * xi / (s + 1), 0.0)",
+        (f"{CP}::test_quantizer_outputs_lie_on_the_grid_its_bits_describe[qsgd-3]",
+         f"{CP}::test_quantizer_exact_variance[qsgd-3]"),
+        "QSGD rounds on s + 1 levels: unbiased, more precise than the bits it reports",
+    ),
+    Mutation(
+        "uniform-extra-level", "fedsa_jax/channel/quantizers.py",
+        "L = 2**q.bits_per_coordinate - 1", "L = 2**q.bits_per_coordinate",
+        (f"{CP}::test_quantizer_outputs_lie_on_the_grid_its_bits_describe[uniform-3bit]",),
+        "stochastic uniform quantizer uses 2^b + 1 levels",
+    ),
+    Mutation(
+        "natural-wide-grid", "fedsa_jax/channel/quantizers.py",
+        "low = jnp.ldexp(jnp.ones_like(x), e - 1)\n"
+        "    up = jax.random.uniform(key, x.shape, x.dtype) < (2.0 * m - 1.0)\n"
+        "    return jnp.sign(x) * jnp.where(up, 2.0 * low, low)",
+        "low = jnp.ldexp(jnp.ones_like(x), e - 2)\n"
+        "    up = jax.random.uniform(key, x.shape, x.dtype) < (jnp.abs(x) - low) / (3.0 * low)\n"
+        "    return jnp.sign(x) * jnp.where(up, 4.0 * low, low)",
+        (f"{CP}::test_quantizer_exact_variance[natural]",),
+        "natural compression rounds between 2^(e-2) and 2^e: unbiased powers of two, too much variance",
+    ),
+    Mutation(
+        "quantizer-key-shared-by-agents", "fedsa_jax/channel/erasures.py",
+        "quantized = jax.vmap(ch.quantizer)(jax.random.split(k_q, N), messages)",
+        "quantized = jax.vmap(ch.quantizer, in_axes=(None, 0))(k_q, messages)",
+        (f"{CP}::test_channel_trajectories_match_numpy_loop[qfedtd-randk-erasures-markov]",),
+        "every agent's quantizer draws the same random numbers (rand-k keeps the same coordinates)",
+    ),
+    Mutation(
+        "rand-k-with-replacement", "fedsa_jax/channel/quantizers.py",
+        "rank = jnp.argsort(jnp.argsort(jax.random.uniform(key, x.shape, x.dtype)))\n"
+        "    return jnp.where(rank < q.k, x * (d / q.k), 0.0)",
+        "picks = jax.random.randint(key, (q.k,), 0, d)\n"
+        "    return x * jnp.zeros(d, x.dtype).at[picks].add(1.0) * (d / q.k)",
+        (f"{CP}::test_quantizer_exact_variance[rand-3]",),
+        "rand-k draws k coordinates with replacement: unbiased, wrong variance and covariance",
+    ),
+    # --- erasures and aggregation weights ------------------------------------------------------
+    Mutation(
+        "received-weights-not-uniform", "fedsa_jax/channel/erasures.py",
+        "weights = delivered / jnp.maximum(count, 1).astype(messages.dtype)",
+        "weights = delivered * jnp.arange(1.0, N + 1) / jnp.maximum(jnp.sum(delivered * jnp.arange(1.0, N + 1)), 1)",
+        (f"{CP}::test_divide_by_received_weights_are_one_over_received",),
+        "divide_by_received weights sum to 1 but are not 1/|R|",
+    ),
+    Mutation(
+        "erasures-all-or-nothing", "fedsa_jax/channel/erasures.py",
+        "delivered = jax.random.uniform(k_e, (N,), messages.dtype) < p",
+        "delivered = jnp.broadcast_to(jax.random.uniform(k_e, (), messages.dtype) < p, (N,))",
+        (f"{CP}::test_channel_trajectories_match_numpy_loop[scafflsa-qsgd-erasures]",),
+        "one erasure draw for all agents: each message still arrives with probability p, never independently",
+    ),
+    Mutation(
+        "theory-received-server-weight", "fedsa_jax/theory.py",
+        'return p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N',
+        "return p / N",
+        ("tests/test_channel.py::test_qfedtd_mean_matches_exact_recursion[divide_by_received]",),
+        "exact recursions use p/N for the server weight when dividing by |R|",
+    ),
+    # --- samplers -----------------------------------------------------------------------------
+    Mutation(
+        "qfedtd-chain-not-carried", "fedsa_jax/algorithms/qfedtd.py",
+        "return QFedTDState(theta, sampler), info", "return QFedTDState(theta, state.sampler), info",
+        (f"{CP}::test_qfedtd_markov_reduces_to_fedtd",),
+        "QFedTD restarts each agent's Markov chain from the same state every round",
+    ),
+    Mutation(
+        "markov-skip-pairs", "fedsa_jax/problems/td.py",
+        "s, s_next = path[:-1:skip], path[1::skip]", "s, s_next = path[:-1:skip], path[skip::skip]",
+        (f"{ALG}::test_td_matches_numpy_loop[markov-3-fedlsa]",),
+        "with skip > 1 an observation pairs s_k with s_{k+skip} instead of s_{k+1}",
+    ),
+    Mutation(
+        "generative-kernel-of-agent-0", "fedsa_jax/problems/td.py",
+        "return alias_draw(self.P_prob, self.P_alias, (c * S + state) * S, u_t, S)",
+        "return alias_draw(self.P_prob, self.P_alias, state * S, u_t, S)",
+        (f"{ALG}::test_td_matches_numpy_loop[generative-1-fedlsa]",),
+        "every agent moves with agent 0's transition kernel",
+    ),
+    Mutation(
+        "gaussian-noise-unscaled", "fedsa_jax/problems/gaussian.py",
+        "+ params.noise_A * norm * z_A", "+ params.noise_A * z_A",
+        (f"{ALG}::test_gaussian_matches_numpy_loop[fedlsa]",),
+        "G theta drawn as z instead of |theta| z",
+    ),
+    # --- statistics and merges ----------------------------------------------------------------
+    Mutation(
+        "theta-sem-biased", "fedsa_jax/stats.py",
+        "theta_sem = np.sqrt(m.theta_m2 / (nd - 1) / nd)", "theta_sem = np.sqrt(m.theta_m2 / nd / nd)",
+        (f"{GAPS}::test_seed_statistics_against_the_seeds_across_batches",),
+        "theta_sem from the biased variance (the denominator of every mean z-test)",
+    ),
+    Mutation(
+        "merge-drops-between-batch-term", "fedsa_jax/stats.py",
+        "m2 = sum(np.asarray(getattr(p, m2_name), np.float64) + k * (m - mean) ** 2\n"
+        "                 for p, k, m in zip(parts, ns, means))",
+        "m2 = sum(np.asarray(getattr(p, m2_name), np.float64) for p in parts)",
+        (f"{GAPS}::test_seed_statistics_against_the_seeds_across_batches",),
+        "merged seed batches lose the spread between batch means",
+    ),
+    Mutation(
+        "theta-mean-keeps-diverged", "fedsa_jax/stats.py",
+        "theta_mean = jnp.sum(jnp.where(okd, theta, 0.0), axis=0) / n_f",
+        "theta_mean = jnp.sum(jnp.where(okd | (valid[:, None] & jnp.isfinite(theta)), theta, 0.0), axis=0) / n_f",
+        (f"{GAPS}::test_seed_statistics_against_the_seeds_across_batches",),
+        "finite diverged seeds enter theta_mean",
+    ),
+    # --- theory coefficients ------------------------------------------------------------------
+    Mutation(
+        "rand-k-offdiagonal", "fedsa_jax/theory.py",
+        "off = (d * (k - 1) / (k * (d - 1)) - 1.0) if d > 1 else 0.0",
+        "off = ((k - 1) / (d - 1) - 1.0) if d > 1 else 0.0",
+        (f"{GAPS}::test_rand_k_exact_mse_with_d3_k2_matches_enumeration[fedlsa]",),
+        "rand-k's off-diagonal error covariance without its k-dependence (same value for k = 1)",
+    ),
+    Mutation(
+        "gaussian-trace-over-d", "fedsa_jax/theory.py",
+        "scale = sA**2 * np.trace(X, axis1=1, axis2=2) + sb**2",
+        "scale = sA**2 * np.trace(X, axis1=1, axis2=2) / X.shape[-1] + sb**2",
+        (f"{GAPS}::test_gaussian_exact_mse_matches_enumeration[fedlsa]",),
+        "multiplicative Gaussian noise variance tr(X)/d instead of tr(X) (same for d = 1)",
+    ),
+    Mutation(
+        "received-pair-weight", "fedsa_jax/theory.py",
+        "other = p * p * _binomial_inverse_mean(N - 2, p, 2) if N > 1 else 0.0",
+        "other = p * p * _binomial_inverse_mean(N - 2, p, 1) if N > 1 else 0.0",
+        (f"{GAPS}::test_channel_weight_moments_match_enumeration[divide_by_received]",),
+        "E[1{c,j in R}/|R|] with |R| = 1 + X instead of 2 + X",
+    ),
+    Mutation(
+        "quantizer-term-ignores-weight-variance", "fedsa_jax/theory.py",
+        "w_sq = c_same + _server_weight(channel, N) ** 2", "w_sq = _server_weight(channel, N) ** 2",
+        ("tests/test_theory.py::test_exact_mse_matches_enumeration[qfedtd_randk_erasures]",),
+        "quantizer error weighted by E[w]^2 instead of E[w^2]",
+    ),
+    Mutation(
+        "fedlsa-bias-limit", "fedsa_jax/theory.py",
+        "return np.linalg.solve(np.eye(d) - gamma_bar, rho)",
+        "return rho / (1.0 - np.trace(gamma_bar) / d)",
+        (f"{ALG}::test_fedlsa_bias_closed_form",),
+        "FedLSA's limit bias with a scalar instead of a matrix inverse",
+    ),
+    # --- CLI reporting ------------------------------------------------------------------------
+    Mutation(
+        "cli-bias-not-squared", "fedsa_jax/cli.py",
+        "level = float(np.sum(bias**2))", "level = float(np.sqrt(np.sum(bias**2)))",
+        (f"{CLI}::test_squared_bias_and_exact_curve_are_reported",),
+        "the printed, saved and drawn FedLSA bias is |bias| instead of |bias|^2",
+    ),
+    Mutation(
+        "cli-exact-not-drawn", "fedsa_jax/cli.py",
+        "band=args.band, theory=exact)", "band=args.band, theory={})",
+        (f"{CLI}::test_squared_bias_and_exact_curve_are_reported",),
+        "--exact computes the curve but the figure does not draw it",
+    ),
+    Mutation(
+        "cli-qsgd-levels-from-bits", "fedsa_jax/cli.py",
+        "return fj.channel.qsgd(args.levels)", "return fj.channel.qsgd(args.bits)",
+        (f"{CLI}::test_quantizer_options_build_the_named_quantizer",),
+        "--levels ignored: QSGD takes --bits levels",
+    ),
+    Mutation(
+        "cli-garnet-level-ignored", "fedsa_jax/cli.py",
+        'het = het if het in ("homogeneous", "heterogeneous") else float(het)',
+        'het = het if het in ("homogeneous", "heterogeneous") else round(float(het))',
+        (f"{CLI}::test_problem_options_build_the_named_problem",),
+        "a Garnet heterogeneity level between 0 and 1 is rounded to 0 or 1",
+    ),
+    # --- problems and plots -------------------------------------------------------------------
+    Mutation(
+        "garnet-kernel-level-rounded", "fedsa_jax/problems/generators.py",
+        "K = (1 - h) * bases[0] + h * bases[c % 2]", "K = bases[c % 2] if h >= 0.5 else bases[0]",
+        (f"{GAPS}::test_garnet_intermediate_heterogeneity_interpolates",),
+        "intermediate heterogeneity levels pick one base kernel",
+    ),
+    Mutation(
+        "garnet-reward-level-ignored", "fedsa_jax/problems/generators.py",
+        "R[c] = (1.0 - 2.0 * h * (c % 2)) * r", "R[c] = (1.0 - 2.0 * (h > 0) * (c % 2)) * r",
+        (f"{GAPS}::test_garnet_intermediate_heterogeneity_interpolates",),
+        "any positive heterogeneity flips the odd agents' rewards completely",
+    ),
+    Mutation(
+        "plot-reference-level", "fedsa_jax/plotting.py",
+        'ax.axhline(level, color=f"C{len(results) + j}"', 'ax.axhline(np.sqrt(level), color=f"C{len(results) + j}"',
+        (f"{GAPS}::test_plot_mse_draws_the_curves_and_levels_it_is_given",),
+        "reference lines drawn at the square root of their level",
+    ),
+    Mutation(
+        "plot-theory-markers", "fedsa_jax/plotting.py",
+        'ax.plot(ks, [exact[k] for k in ks], "s"', 'ax.plot(ks, [exact[k] for k in reversed(ks)], "s"',
+        (f"{GAPS}::test_plot_final_mse_vs_agents_draws_its_data_theory_and_reference",),
+        "exact markers drawn at the wrong N",
+    ),
+]
+
+
+def copy_repo(dest: Path) -> None:
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "*.egg-info",
+                                                              "figures", "runs", "out"))
+
+
+def run_tests(repo: Path, tests, timeout: float) -> tuple[int, list[str], str]:
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return -1, [], "timeout"
+    out = proc.stdout + proc.stderr
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, flags=re.MULTILINE)
+    return proc.returncode, failed, out
+
+
+def check_snippets(repo: Path, mutations) -> list[str]:
+    problems = []
+    for m in mutations:
+        path = repo / m.file
+        text = path.read_text() if path.exists() else ""
+        n = text.count(m.old)
+        if n != 1:
+            problems.append(f"{m.id}: snippet found {n} times in {m.file} (expected exactly once):\n    {m.old!r}")
+    return problems
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--only", action="append", default=[], metavar="ID", help="run only these (repeatable)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run on the unmutated copy")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per pytest run")
+    args = parser.parse_args(argv)
+
+    ids = [m.id for m in MUTATIONS]
+    assert len(set(ids)) == len(ids), "mutation ids must be unique"
+    unknown = sorted(set(args.only) - set(ids))
+    if unknown:
+        parser.error(f"unknown mutation id(s): {', '.join(unknown)}")
+    chosen = [m for m in MUTATIONS if not args.only or m.id in args.only]
+    if args.list:
+        for m in chosen:
+            print(f"{m.id}  [{m.file}]  {m.why}")
+            for t in m.tests:
+                print(f"    {t}")
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="fedsa_mutations_") as tmp:
+        repo = Path(tmp) / "repo"
+        copy_repo(repo)
+        bad = check_snippets(repo, chosen)
+        if bad:
+            print("MUTATIONS OUT OF STEP WITH THE CODE (update tests/mutations.py):", file=sys.stderr)
+            for line in bad:
+                print("  " + line, file=sys.stderr)
+            return 2
+        if not args.no_baseline:
+            tests = sorted({t for m in chosen for t in m.tests})
+            t0 = time.perf_counter()
+            rc, failed, out = run_tests(repo, tests, args.timeout * 4)
+            if rc != 0:
+                print(out[-4000:], file=sys.stderr)
+                print(f"BASELINE FAILED (rc={rc}): the unmutated tests must pass first: {failed}", file=sys.stderr)
+                return 2
+            print(f"baseline: {len(tests)} tests pass unmutated ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+        rows, survivors = [], []
+        for m in chosen:
+            path = repo / m.file
+            original = path.read_text()
+            path.write_text(original.replace(m.old, m.new))
+            t0 = time.perf_counter()
+            try:
+                rc, failed, out = run_tests(repo, m.tests, args.timeout)
+            finally:
+                path.write_text(original)
+            seconds = time.perf_counter() - t0
+            if rc == 1 and failed:
+                caught = ", ".join(f.split("::", 1)[-1] if "::" in f else f for f in failed)
+            else:
+                caught = "NOT CAUGHT" if rc == 0 else f"NOT CAUGHT (pytest rc={rc})"
+                survivors.append(m.id)
+                if rc not in (0, 1):
+                    print(out[-2000:], file=sys.stderr)
+            rows.append((m.id, caught, seconds))
+            print(f"{m.id}: {caught} ({seconds:.0f} s)", flush=True)
+
+    print()
+    print("| mutation | caught by | seconds |")
+    print("|---|---|---:|")
+    for mid, caught, seconds in rows:
+        print(f"| `{mid}` | {caught} | {seconds:.0f} |")
+    total = sum(r[2] for r in rows)
+    print(f"\n{len(rows) - len(survivors)} of {len(rows)} mutations caught in {total:.0f} s")
+    if survivors:
+        print(f"SURVIVED: {', '.join(survivors)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

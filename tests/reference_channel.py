@@ -1,0 +1,380 @@
+"""Channel-aware numpy references (quantizers and erasures on the kernel's own uniforms) and
+enumeration with Gaussian sign noise; see tests/README.md. Plain numpy loops (seed by seed, agent by agent, step by step) used as references.
+
+They consume the same random numbers as the JAX kernel (taken from the same key
+derivation), so trajectories must agree to float64 rounding.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedsa_jax.simulate import per_seed_keys
+
+# The random numbers are drawn by small jitted functions of (key, seed, round): drawn op by op,
+# the threefry hash compiles dozens of tiny kernels per shape (seconds per test).
+
+
+def _seed_keys(key, seed):
+    """Seed ``seed``'s ``(init_key, round_key)``, as in the driver."""
+    init, rounds = per_seed_keys(key, jnp.asarray(seed, jnp.uint32)[None])
+    return init[0], rounds[0]
+
+
+def _round_keys(key, seed, t):
+    round_key = _seed_keys(key, seed)[1]
+    return jax.random.split(jax.random.fold_in(round_key, jnp.asarray(t, jnp.uint32)))  # (observations, channel)
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _observation_draws(problem, key, seed, t, H, skip):
+    return problem.randomness(_round_keys(key, seed, t)[0], problem.num_agents, H, skip)
+
+
+def round_randomness(problem, key, seed, t, H, skip=1):
+    return np.asarray(_observation_draws(problem, key, seed, t, H, skip))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _init_draws(key, seed, N):
+    keys = jax.random.split(_seed_keys(key, seed)[0], N)
+    return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys)
+
+
+def init_randomness(key, seed, N):
+    return [float(u) for u in _init_draws(key, seed, N)]
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _channel_draws(key, seed, t, N, d):
+    k_q, k_e = jax.random.split(_round_keys(key, seed, t)[1])
+    u_q = jax.vmap(lambda k: jax.random.uniform(k, (d,), jnp.float64))(jax.random.split(k_q, N))
+    return u_q, jax.random.uniform(k_e, (N,), jnp.float64)
+
+
+def channel_uniforms(key, seed, t, N, d):
+    """The uniforms of round t's uplink: ``(N, d)`` for the quantizers (one row per
+    agent) and ``(N,)`` for the erasures, from the kernel's key derivation."""
+    u_q, u_e = _channel_draws(key, seed, t, N, d)
+    return np.asarray(u_q), np.asarray(u_e)
+
+
+def quantize(q, u, x):
+    """Quantizer ``q`` applied to ``x (d,)`` with the uniforms ``u (d,)``, written from
+    the definitions: stochastic rounding goes up from grid point ``lo`` to ``lo + delta``
+    when ``u < (y - lo) / delta``."""
+    d = x.shape[0]
+    if q.kind == "identity":
+        return x.copy()
+    if q.kind == "rand_k":  # the k coordinates with the smallest uniforms, scaled by d/k
+        out = np.zeros(d)
+        keep = np.argsort(u)[: q.k]
+        out[keep] = x[keep] * d / q.k
+        return out
+    if q.kind == "natural":  # |x| in [2^e, 2^(e+1)): 2^e or 2^(e+1)
+        a = np.abs(x)
+        lo = np.ldexp(1.0, np.frexp(a)[1] - 1)
+        up = u < (a - lo) / lo
+        return np.where(a > 0, np.sign(x) * np.where(up, 2 * lo, lo), 0.0)
+    if q.kind == "qsgd":  # |x|_2 sign(x_i) l_i / s, l_i in {0..s}
+        norm = np.linalg.norm(x)
+        if norm == 0:
+            return np.zeros(d)
+        y = np.abs(x) / norm * q.levels
+        lo = np.floor(y)
+        return np.sign(x) * norm * (lo + (u < y - lo)) / q.levels
+    assert q.kind == "stochastic_uniform", q.kind
+    L = 2**q.bits_per_coordinate - 1  # 2^b points -M, -M + delta, ..., M
+    M = np.max(np.abs(x)) if q.range is None else q.range
+    if M == 0:
+        return np.zeros(d)
+    x = np.clip(x, -M, M)
+    delta = 2 * M / L
+    y = (x + M) / delta
+    lo = np.floor(y)
+    return -M + np.minimum(lo + (u < y - lo), L) * delta
+
+
+def uplink(channel, messages, u_q, u_e):
+    """Quantized messages ``(N, d)`` (0 where lost), delivered mask and aggregation weights."""
+    N = messages.shape[0]
+    q = np.stack([quantize(channel.quantizer, u_q[c], messages[c]) for c in range(N)])
+    delivered = u_e < float(channel.success_prob) if channel.erasures else np.ones(N, bool)
+    count = delivered.sum()
+    if channel.aggregation == "divide_by_n":
+        w = delivered / N
+    else:
+        w = delivered / max(count, 1)
+    return np.where(delivered[:, None], q, 0.0), delivered, w
+
+
+def alias(prob, al, u):
+    S = len(prob)
+    i = min(int(u * S), S - 1)
+    return i if u * S - i < prob[i] else int(al[i])
+
+
+def federated_loop(problem, algorithm, T, theta0, agent_round, key=None, seed=None):
+    """FedLSA / SCAFFLSA / QFedTD rounds; ``agent_round(t)`` returns ``g(c, h, theta)``, the
+    direction ``A_c(Z) theta - b_c(Z)`` of agent c's h-th local step in round t.
+
+    With a quantizer or erasures the uplink runs through :func:`uplink` on the
+    kernel's channel uniforms (``key``, ``seed`` needed): FedLSA and SCAFFLSA send
+    ``m_c = theta^c - theta``, QFedTD sends ``g_c = b_c(Z) - A_c(Z) theta``, and the
+    server adds ``sum_c w_c q(m_c)`` (times the step size for QFedTD). SCAFFLSA
+    moves the control variates of delivered agents only, by
+    ``(mean_{j in R} q(m_j) - q(m_c)) / (eta H)``.
+    """
+    N, d = problem.num_agents, problem.dim
+    cfg = algorithm.config
+    eta, H = float(cfg.step_size), cfg.num_local_steps
+    ch = cfg.channel
+    theta = np.zeros(d) if theta0 is None else np.array(theta0, float)
+    xi = np.zeros((N, d))
+    out = [theta.copy()]
+    for t in range(T):
+        g = agent_round(t)
+        if algorithm.name == "qfedtd":
+            msg = np.stack([-g(c, 0, theta) for c in range(N)])  # the TD direction
+        else:
+            local = np.zeros((N, d))
+            for c in range(N):
+                th = theta.copy()
+                for h in range(H):
+                    step = g(c, h, th)
+                    if algorithm.name == "scafflsa":
+                        step = step - xi[c]
+                    th = th - eta * step
+                local[c] = th
+            msg = local - theta
+        if ch.trivial:
+            q, delivered, w = msg, np.ones(N, bool), np.full(N, 1.0 / N)
+        else:
+            q, delivered, w = uplink(ch, msg, *channel_uniforms(key, seed, t, N, d))
+        update = w @ q
+        theta = theta + (eta * update if algorithm.name == "qfedtd" else update)
+        if algorithm.name == "scafflsa":
+            mean_received = q[delivered].sum(0) / max(delivered.sum(), 1)
+            xi[delivered] += (mean_received - q[delivered]) / (eta * H)
+        out.append(theta.copy())
+    return np.array(out)
+
+
+def td_loop(problem, algorithm, key, seed, T, theta0=None):
+    """Federated TD problem: every seed's theta_0..theta_T, sampling by alias tables."""
+    N, S = problem.num_agents, problem.num_states
+    H, skip = algorithm.config.num_local_steps, algorithm.config.skip
+    Phi = np.asarray(problem.features)
+    gamma = float(problem.gamma)
+    R = np.asarray(problem.rewards)
+    mu_p = np.asarray(problem.mu_prob).reshape(N, S)
+    mu_a = np.asarray(problem.mu_alias).reshape(N, S)
+    P_p = np.asarray(problem.P_prob).reshape(N, S, S)
+    P_a = np.asarray(problem.P_alias).reshape(N, S, S)
+    chain = [alias(mu_p[c], mu_a[c], u) for c, u in enumerate(init_randomness(key, seed, N))]
+
+    def agent_round(t):
+        u = round_randomness(problem, key, seed, t, H, skip)
+
+        def g(c, h, th):
+            if problem.sampling == "generative":
+                s = alias(mu_p[c], mu_a[c], u[c, 0, h])
+                s2 = alias(P_p[c, s], P_a[c, s], u[c, 1, h])
+            else:
+                path = [chain[c]]
+                for j in range(skip):
+                    path.append(alias(P_p[c, path[-1]], P_a[c, path[-1]], u[c, h * skip + j]))
+                s, s2, chain[c] = path[0], path[1], path[-1]
+            td = R[c, s] + gamma * Phi[s2] @ th - Phi[s] @ th
+            return -td * Phi[s]  # A(Z) theta - b(Z)
+
+        return g
+
+    return federated_loop(problem, algorithm, T, theta0, agent_round, key, seed)
+
+
+def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
+    """Gaussian LSA problem with the kernel's normals."""
+    H = algorithm.config.num_local_steps
+    A = np.asarray(problem.A_bar)
+    b = np.asarray(problem.b_bar)
+    sA = np.asarray(problem.noise_A)
+    sb = np.asarray(problem.noise_b)
+
+    def agent_round(t):
+        z = round_randomness(problem, key, seed, t, H)  # (N, H, 2, d)
+        # G theta with G ~ N(0,1)^{d x d} has the law of |theta| z_A.
+        return lambda c, h, th: (
+            A[c] @ th - b[c] + sA[c] * np.linalg.norm(th) * z[c, h, 0] - sb[c] * z[c, h, 1]
+        )
+
+    return federated_loop(problem, algorithm, T, theta0, agent_round, key, seed)
+
+
+def _observation_outcomes(problem):
+    """Per agent, every outcome of one local observation: ``(probs (K,), A_Z (K, d, d), b_Z (K, d))``.
+
+    Generative TD: each pair ``(s, s')`` with probability ``mu_c(s) P_c(s, s')``. Gaussian LSA:
+    ``A_Z = A_bar + noise_A G``, ``b_Z = b_bar + noise_b g`` with Rademacher entries, each of the
+    ``2^(d^2 + d)`` sign patterns equally likely. The updates are affine in ``(G, g)``, so second
+    moments depend on the noise only through its mean (0) and covariance (I), which Rademacher
+    and Gaussian entries share: the enumerated MSE is the Gaussian model's.
+    """
+    import itertools
+
+    if hasattr(problem, "transitions"):
+        P = np.asarray(problem.transitions, float)
+        r = np.asarray(problem.rewards, float)
+        phi = np.asarray(problem.features, float)
+        mu = np.asarray(problem.stationary, float)
+        gamma = float(problem.gamma)
+        N, S, _ = P.shape
+        out = []
+        for c in range(N):
+            pairs = [(s, t) for s in range(S) for t in range(S) if mu[c, s] * P[c, s, t] > 0]
+            out.append((np.array([mu[c, s] * P[c, s, t] for s, t in pairs]),
+                        np.array([np.outer(phi[s], phi[s] - gamma * phi[t]) for s, t in pairs]),
+                        np.array([r[c, s] * phi[s] for s, t in pairs])))
+        return out
+    A = np.asarray(problem.A_bar, float)
+    b = np.asarray(problem.b_bar, float)
+    sA = np.asarray(problem.noise_A, float)
+    sb = np.asarray(problem.noise_b, float)
+    N, d, _ = A.shape
+    signs = np.array(list(itertools.product((-1.0, 1.0), repeat=d * d + d)))
+    G, g = signs[:, : d * d].reshape(-1, d, d), signs[:, d * d:]
+    probs = np.full(len(signs), 1.0 / len(signs))
+    return [(probs, A[c] + sA[c] * G, b[c] + sb[c] * g) for c in range(N)]
+
+
+def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="divide_by_n", k=None):
+    """Exact ``E|theta_t - theta_star|^2`` of generative federated TD or Gaussian LSA by brute force.
+
+    The second moment of ``Y = (1, theta, xi_1..xi_N, x_1..x_N)`` is pushed through
+    every outcome of a round's randomness (each agent's observation at each local
+    step, :func:`_observation_outcomes`; the delivery pattern; each agent's rand-k
+    coordinate subset), each outcome's affine map weighted by its probability. A
+    local step's map is a product of per-agent maps that touch disjoint rows of Y
+    (agent c's rows read only the constant, ``x_c`` and ``xi_c``) and whose outcomes
+    are independent, so its expectation is taken one agent at a time. Independent
+    of ``fedsa_jax.theory`` (no shared code); only for tiny problems. QFedTD is
+    FedLSA with H = 1 (its local iterate is ``theta + eta g``; rand-k commutes with
+    the factor eta).
+    """
+    import itertools
+    from math import comb
+
+    assert name != "scafflsa" or (p == 1.0 and k is None), "SCAFFLSA is enumerated with an exact channel only"
+    theta_star = np.asarray(problem.theta_star, float)
+    N, d = problem.num_agents, problem.dim
+    D = 1 + d + 2 * N * d
+    th = np.arange(1, 1 + d)
+    xi = [np.arange(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(N)]
+    loc = [np.arange(1 + d + (N + c) * d, 1 + d + (N + c + 1) * d) for c in range(N)]
+    I = np.eye(d)
+    step_maps = []  # per agent: (probs (K,), maps (K, D, D)) of one local step
+    for c, (probs, Az, bz) in enumerate(_observation_outcomes(problem)):
+        L = np.tile(np.eye(D), (len(probs), 1, 1))
+        L[:, loc[c][:, None], loc[c]] = I - eta * Az
+        L[:, loc[c], 0] = eta * bz
+        if name == "scafflsa":
+            L[:, loc[c][:, None], xi[c]] = eta * I
+        step_maps.append((probs, L))
+    if k is None:
+        masks = [(1.0, np.ones(d))]
+    else:
+        masks = [(1.0 / comb(d, k), np.isin(np.arange(d), sub) * (d / k)) for sub in itertools.combinations(range(d), k)]
+    y = np.zeros(D)
+    y[0] = 1.0
+    if theta0 is not None:
+        y[th] = theta0
+    M = np.outer(y, y)
+
+    def sq_err(M):
+        return np.trace(M[np.ix_(th, th)]) - 2 * theta_star @ M[0, th] + theta_star @ theta_star
+
+    out = [sq_err(M)]
+    for _ in range(T):
+        L = np.eye(D)
+        for c in range(N):
+            L[np.ix_(loc[c], loc[c])] = 0.0
+            L[np.ix_(loc[c], th)] = I
+        M = L @ M @ L.T
+        for _ in range(H):
+            for probs, maps in step_maps:
+                M = np.einsum("k,kij,jl,kml->im", probs, maps, M, maps, optimize=True)
+        new = np.zeros((D, D))
+        for delivered in itertools.product((0, 1), repeat=N):
+            prob_r = np.prod([p if x else 1 - p for x in delivered])
+            if prob_r == 0:
+                continue
+            n_rec = sum(delivered)
+            w = [x / N if aggregation == "divide_by_n" else (x / n_rec if n_rec else 0.0) for x in delivered]
+            for combo in itertools.product(masks, repeat=N):
+                L = np.eye(D)
+                prob = prob_r * np.prod([q for q, _ in combo])
+                for c, (_, mask) in enumerate(combo):
+                    L[np.ix_(th, th)] -= w[c] * np.diag(mask)
+                    L[np.ix_(th, loc[c])] += w[c] * np.diag(mask)
+                if name == "scafflsa":
+                    for c in range(N):
+                        L[xi[c], :] += (L[th, :] - np.eye(D)[loc[c], :]) / (eta * H)
+                new += prob * L @ M @ L.T
+        M = new
+        out.append(sq_err(M))
+    return np.asarray(out)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _step_trajectories(problem, algorithm, key, T, num_seeds, theta0):
+    init_keys, round_keys = per_seed_keys(key, jnp.arange(num_seeds, dtype=jnp.uint32))
+
+    def one_seed(init_key, round_key):
+        def one_round(state, t):
+            state, _ = algorithm.step(jax.random.fold_in(round_key, t), state, problem)
+            return state, state.theta
+
+        state = algorithm.init(init_key, problem, theta0)
+        _, thetas = jax.lax.scan(one_round, state, jnp.arange(T, dtype=jnp.uint32))
+        return jnp.concatenate([state.theta[None], thetas])
+
+    return jax.vmap(one_seed)(init_keys, round_keys)
+
+
+def step_trajectories(problem, algorithm, key, T, num_seeds, theta0=None):
+    """Every seed's ``theta_0..theta_T`` ``(num_seeds, T + 1, d)`` from the algorithm's own
+    ``init`` and ``step`` with the driver's keys (seed i: ``split(fold_in(key, i))``, round t:
+    ``fold_in(round_key, t)``), in one small jitted scan: the trajectories of
+    :func:`fedsa_jax.simulate` at a fraction of its compile time."""
+    theta0 = jnp.zeros(problem.dim, problem.dtype) if theta0 is None else jnp.asarray(theta0, problem.dtype)
+    return np.asarray(_step_trajectories(problem, algorithm, key, T, num_seeds, theta0))
+
+
+def check_against_loop(problem, algorithm, loop, T, num_seeds, theta0=None, key=None, driver=True,
+                       rtol=1e-12, atol=1e-13):
+    """Compare every seed's trajectory with ``loop`` (:func:`td_loop` or :func:`gaussian_loop`).
+
+    ``driver=True``: through :func:`fedsa_jax.simulate`, last iterates seed by seed and the
+    mean, standard error and MSE statistics at every round against those of the loop's
+    trajectories; ``driver=False``: every round of every seed from :func:`step_trajectories`.
+    Returns the loop's trajectories ``(num_seeds, T + 1, d)``."""
+    import fedsa_jax as fj
+
+    key = jax.random.key(11) if key is None else key
+    refs = np.stack([loop(problem, algorithm, key, s, T, theta0=theta0) for s in range(num_seeds)])
+    if not driver:
+        got = step_trajectories(problem, algorithm, key, T, num_seeds, theta0)
+        np.testing.assert_allclose(got, refs, rtol=rtol, atol=atol)
+        return refs
+    res = fj.simulate(key, problem, algorithm, T, num_seeds, theta0=theta0)
+    np.testing.assert_allclose(res.final_theta, refs[:, -1], rtol=rtol, atol=atol)
+    n = num_seeds
+    np.testing.assert_allclose(res.theta_mean, refs.mean(0), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(res.theta_sem, refs.std(0, ddof=1) / np.sqrt(n), rtol=1e-9, atol=10 * atol)
+    err = np.sum((refs - np.asarray(problem.theta_star)) ** 2, -1)
+    np.testing.assert_allclose(res.mse_mean, err.mean(0), rtol=1e-11)
+    np.testing.assert_allclose(res.mse_sem, err.std(0, ddof=1) / np.sqrt(n), rtol=1e-9, atol=10 * atol)
+    np.testing.assert_array_equal(res.bits_sent, res.rounds * problem.num_agents * res.config["bits_per_message"])
+    return refs
