@@ -207,6 +207,8 @@ def fake_result(mse, sem, num_agents=3, local_steps=2, seeds=10):
         final_theta=np.zeros((seeds, 2)), theta_star=np.zeros(2), bits_sent=rounds * num_agents * 64.0,
         bits_delivered=rounds * num_agents * 64.0, mse_quantiles=np.full((R, 5), np.nan),
         config={"problem": {"num_agents": num_agents}, "algorithm": {"num_local_steps": local_steps, "skip": 1}},
+        communications=rounds * float(num_agents), messages_delivered=rounds * float(num_agents),
+        samples=rounds * float(num_agents * local_steps), seed_mse=np.zeros((R, 0)),
     )
 
 

@@ -17,6 +17,7 @@ SMALL = {
     "00_quickstart.ipynb": "SEEDS = 64\nROUNDS = 10\nAGENTS = 4\nH = 10",
     "01_heterogeneity_fedlsa_vs_scafflsa.ipynb": "SEEDS = 32\nROUNDS = 10\nAGENTS = 4\nH = 5\nETA = 0.1",
     "02_quantization_and_erasures.ipynb": "SEEDS = 32\nROUNDS = 12\nAGENTS = 4",
+    "03_your_own_algorithm.ipynb": "SEEDS = 64\nROUNDS = 12\nH = 4",
 }
 
 # (marker, source): the source runs in a cell inserted after the first code cell containing marker.
@@ -61,6 +62,20 @@ for _k, _a in algs.items():
     assert abs(_r.bits_delivered[-1] - 0.6 * _r.bits_sent[-1]) < {Z_TOL} * _sd
 """),
     ],
+    "03_your_own_algorithm.ipynb": [("results[label] = fj.simulate(", """
+# FedAvgM with momentum 0 is FedLSA, seed by seed; the custom metric is the excess risk of the iterates
+_r = fj.simulate(jax.random.key(1), problem, fedavgm(eta, 0.0, H), ROUNDS, SEEDS)
+np.testing.assert_allclose(_r.final_theta, results["FedLSA"].final_theta, rtol=1e-10, atol=1e-12)
+_e = results["FedLSA"].final_theta - np.asarray(problem.theta_star)
+_risk = 0.5 * np.einsum("si,ij,sj->s", _e, np.asarray(problem.A_bar).mean(0), _e)
+np.testing.assert_allclose(results["FedLSA"].metrics["excess_risk"].mean[-1], _risk.mean(), rtol=1e-10)
+_s = results["Scaffnew (p = 1/H)"]
+_sd = np.sqrt(problem.num_agents ** 2 * ROUNDS * H * (1 / H) * (1 - 1 / H) / SEEDS)
+assert abs(_s.communications[-1] - problem.num_agents * ROUNDS) < """ + f"{Z_TOL}" + """ * _sd
+"""), ("exact = {label: fj.theory.exact_mse(", f"""
+res = {{k: results[k] for k in exact}}
+{_MC_VS_EXACT}
+""")],
 }
 
 
