@@ -11,6 +11,17 @@ import pytest  # noqa: E402
 
 import fedsa_jax as fj  # noqa: E402
 
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_jax_caches():
+    """Drop each test module's compiled kernels when it ends: one process compiles a few hundred
+    kernels in the whole suite, and keeping them all only grows memory."""
+    yield
+    jax.clear_caches()
+    import gc
+
+    gc.collect()
+
+
 # Monte Carlo tolerance: |estimate - exact| <= Z_TOL standard errors. With a few
 # dozen (correlated) comparisons per test the chance of a false failure is < 1e-4.
 Z_TOL = 4.5
