@@ -67,7 +67,7 @@ class FederatedTD:
     mu_alias: jax.Array  # (N*S,)
     P_prob: jax.Array  # (N*S*S,) alias tables of the rows of P_c, flat
     P_alias: jax.Array  # (N*S*S,)
-    values_star: jax.Array  # (S,) Phi theta_star, computed in float64 (for error_direction)
+    features_star: jax.Array  # (S, d + 1) [Phi | Phi theta_star], the values from float64 (error_direction)
     sampling: str = dataclasses.field(default="generative", metadata=dict(static=True))
 
     @property
@@ -134,10 +134,10 @@ class FederatedTD:
         """The direction at ``theta_star + error``, accurate in ``error``:
         ``(psi^T error + v(s) - gamma v(s') - r(s)) phi(s)`` with the TD error at the optimum
         from ``v = Phi theta_star`` (computed in float64)."""
-        phi = self.features[obs.state]
-        psi = phi - self.gamma * self.features[obs.next_state]
-        at_star = self.values_star[obs.state] - self.gamma * self.values_star[obs.next_state] - obs.reward
-        return (jnp.dot(psi, error) + at_star) * phi
+        d = self.dim
+        row = self.features_star[obs.state]  # one gather gives phi(s) and v(s)
+        full = row - self.gamma * self.features_star[obs.next_state]  # (psi, v(s) - gamma v(s'))
+        return (jnp.dot(full[:d], error) + (full[d] - obs.reward)) * row[:d]
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -207,6 +207,6 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
         transitions=f(P), rewards=f(r), features=f(Phi), gamma=f(g), stationary=f(mu),
         A_bar=f(A), b_bar=f(b), theta_star=f(theta_star), local_theta_star=f(local),
         mu_prob=f(mu_prob.ravel()), mu_alias=i(mu_alias.ravel()),
-        P_prob=f(P_prob.ravel()), P_alias=i(P_alias.ravel()), values_star=f(Phi @ theta_star),
+        P_prob=f(P_prob.ravel()), P_alias=i(P_alias.ravel()), features_star=f(np.hstack([Phi, (Phi @ theta_star)[:, None]])),
         sampling=sampling,
     )
