@@ -71,7 +71,8 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
     else:
         delivery = transmit(rand.channel, g, ch)
         error = state.error + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
-    info = round_info(jnp.broadcast_to(state.error, g.shape), state.error, delivery, config, problem)  # no drift
+    info = round_info(jnp.broadcast_to(state.error, g.shape), state.error, delivery, config, problem)
+    info = info._replace(client_drift=jnp.zeros((), g.dtype))  # one step: no local drift (nothing computed)
     return QFedTDState(problem.theta_star + error, error, sampler), info
 
 
