@@ -89,18 +89,18 @@ def test_per_seed_results_across_batch_shapes():
     """What is reproducible (README, "Reproducibility"): seed i's random streams depend on (key, i)
     only; its trajectory is bitwise identical for the same batch shape (same call, resume, chunking)
     and equal up to float rounding when the batch shape changes. Measured here on a realistic
-    float32 case: federated TD, d = 5, SCAFFLSA eta = 0.5, H = 5."""
+    float32 case: federated TD, d = 5, SCAFFLSA eta = 0.5, H = 5 (8 vs 512 seeds)."""
     p = fj.problems.garnet(jax.random.key(0), num_agents=4, dim=5, dtype="float32")
     alg = fj.scafflsa(0.5, 5)
     key = jax.random.key(9)
     a = fj.simulate(key, p, alg, 200, 8)
-    b = fj.simulate(key, p, alg, 200, 16)
+    b = fj.simulate(key, p, alg, 200, 512)  # another batch shape: XLA may vectorise differently
     c = fj.simulate(key, p, alg, 200, 16, seed_batch_size=8)  # seeds 0..7 in a batch of the shape of `a`
     np.testing.assert_array_equal(c.final_theta[:8], a.final_theta)
     scale = np.abs(a.final_theta).max()
     diff = np.abs(b.final_theta[:8] - a.final_theta).max()
-    assert diff <= 1e-4 * scale, diff  # rounding only (measured: about 1e-6 of the scale)
-    other = np.abs(b.final_theta[8:] - a.final_theta).max()
+    assert diff <= 1e-4 * scale, diff  # rounding only (measured: 2.2e-6 of the scale)
+    other = np.abs(b.final_theta[8:16] - a.final_theta).max()
     assert other > 1e3 * max(diff, 1e-7 * scale)  # different seeds are far apart: the bound is not vacuous
 
 
