@@ -1,13 +1,15 @@
 """fedsa_jax: Monte Carlo simulation of federated linear stochastic approximation in JAX.
 
 FedLSA, SCAFFLSA, Scaffnew (and, through the channel, QFedTD) with agents, local steps and
-independent seeds vmapped and scanned into one jitted kernel.
+independent seeds vmapped and scanned into one jitted kernel; step-size schedules, server
+optimizers (optax), Polyak-Ruppert averaging and Richardson-Romberg extrapolation on top.
 """
 
 __version__ = "0.1.0"
 
-from fedsa_jax import algorithms, channel, metrics, problems, theory
-from fedsa_jax.algorithms import Algorithm, RoundInfo, fedlsa, qfedtd, scafflsa, scaffnew
+from fedsa_jax import algorithms, channel, metrics, optim, problems, theory
+from fedsa_jax.algorithms import Algorithm, RoundInfo, averaged, fedlsa, qfedtd, richardson, scafflsa, scaffnew
+from fedsa_jax.optim import optimizer, schedule
 from fedsa_jax.result import MetricStats, SimulationResult, load
 from fedsa_jax import simulate  # a callable module: fj.simulate(...) runs a simulation
 from fedsa_jax.sweep import SweepEntry, grid
@@ -20,15 +22,20 @@ __all__ = [
     "SimulationResult",
     "SweepEntry",
     "algorithms",
+    "averaged",
     "channel",
     "fedlsa",
     "grid",
     "load",
     "metrics",
+    "optim",
+    "optimizer",
     "problems",
     "qfedtd",
+    "richardson",
     "scafflsa",
     "scaffnew",
+    "schedule",
     "simulate",
     "sweep",
     "theory",

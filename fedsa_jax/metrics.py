@@ -15,7 +15,11 @@ Built in, by name:
   variates ``xi_c* = A_bar[c] theta_star - b_bar[c]``, for algorithms whose state
   holds control variates ``xi (N, d)`` (SCAFFLSA, Scaffnew). With
   ``|theta_t - theta_star|^2`` it makes up the Lyapunov function of the SCAFFLSA
-  analysis (Mangold et al., NeurIPS 2024, Sec. 5).
+  analysis (Mangold et al., NeurIPS 2024, Sec. 5);
+* ``"last_iterate_mse"``: ``|theta_t - theta_star|^2`` of the last iterate under
+  :func:`fedsa_jax.averaged` (whose ``theta`` is the Polyak-Ruppert average) or
+  :func:`fedsa_jax.richardson` (the run at ``eta``), reading through nested wrappers
+  (``state.inner``); the MSE itself for other algorithms.
 """
 
 from __future__ import annotations
@@ -40,9 +44,19 @@ def control_variate_error(state, problem, info) -> jax.Array:
     return jnp.mean(jnp.sum((state.xi - xi_star) ** 2, axis=-1))
 
 
+def last_iterate_mse(state, problem, info) -> jax.Array:
+    del info
+    while hasattr(state, "inner"):
+        state = state.inner
+    error = getattr(state, "error", None)
+    error = state.theta - problem.theta_star if error is None else error
+    return jnp.sum(error**2)
+
+
 BUILTIN: dict[str, Callable] = {
     "client_drift": client_drift,
     "control_variate_error": control_variate_error,
+    "last_iterate_mse": last_iterate_mse,
 }
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 RESERVED = ("mse", "theta", "round", "rounds")

@@ -42,7 +42,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fedsa_jax import _checkpoint, _io, _validate
+from fedsa_jax import _checkpoint, _io, _validate, optim
 from fedsa_jax._module import make_callable
 from fedsa_jax.algorithms._base import COUNT_FIELDS, Algorithm
 from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult
@@ -485,6 +485,7 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
             _validate.fail("theta0", theta0, f"expected shape ({d},) to match the problem's dimension")
     algorithm.channel.quantizer.check_dim(d)
     _check_underflow(algorithm, problem.dtype)
+    optim.check_run(algorithm, T, problem.dtype)
     resolved = metrics_mod.resolve(metrics)
     keep = _validate.integer("keep_seeds", keep_seeds, 0)
     if keep > n:

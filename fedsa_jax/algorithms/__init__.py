@@ -16,6 +16,7 @@ from fedsa_jax.algorithms._base import (
     run_agents,
     server_update,
 )
+from fedsa_jax.algorithms.averaged import AveragedState, RichardsonState, averaged, richardson, scale_step_size
 from fedsa_jax.algorithms.fedlsa import FedLSAState, fedlsa
 from fedsa_jax.algorithms.qfedtd import QFedTDState, qfedtd
 from fedsa_jax.algorithms.scafflsa import SCAFFLSAState, scafflsa
@@ -23,6 +24,11 @@ from fedsa_jax.algorithms.scaffnew import ScaffnewConfig, ScaffnewState, scaffne
 
 __all__ = [
     "Algorithm",
+    "AveragedState",
+    "RichardsonState",
+    "averaged",
+    "richardson",
+    "scale_step_size",
     "FedLSAState",
     "LocalStepsConfig",
     "QFedTDState",

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import _validate
+from fedsa_jax import _validate, optim
 from fedsa_jax.channel import Channel, Delivery, channel, transmit
 
 
@@ -147,10 +147,12 @@ class RoundRandomness(NamedTuple):
 class LocalStepsConfig:
     """Hyperparameters of FedLSA, SCAFFLSA and QFedTD (``H = 1``)."""
 
-    step_size: float  # eta (a traced leaf: changing or vmapping it does not recompile)
+    step_size: Any  # eta: a float (a traced leaf: changing or vmapping it does not recompile) or a
+    # fj.optim.Schedule of the local-step count k = t H + h
     channel: Channel  # uplink; its success probability is a traced leaf too
     num_local_steps: int = dataclasses.field(metadata=dict(static=True))  # H
     skip: int = dataclasses.field(default=1, metadata=dict(static=True))  # keep 1 obs out of skip
+    server_optimizer: Any = None  # None or fj.optim.ServerOptimizer (optax), see fedsa_jax.optim
 
 
 class RoundInfo(NamedTuple):
@@ -180,13 +182,15 @@ LOCAL_UNROLL = 8
 
 def local_steps_config(
     step_size: Any, num_local_steps: Any, skip: Any = 1, quantizer=None, success_prob: Any = 1.0,
-    aggregation: str = "divide_by_n",
+    aggregation: str = "divide_by_n", server_optimizer=None,
 ) -> LocalStepsConfig:
-    """Validated :class:`LocalStepsConfig`."""
-    eta = _validate.real("step_size", step_size, 0.0, low_open=True)
+    """Validated :class:`LocalStepsConfig` (``step_size``: a float or a schedule, ``server_optimizer``:
+    None or optax, see :mod:`fedsa_jax.optim`)."""
+    eta = optim.step_size_arg(step_size)
     H = _validate.integer("num_local_steps", num_local_steps)
     k = _validate.integer("skip", skip)
-    return LocalStepsConfig(eta, channel(quantizer, success_prob, aggregation), H, k)
+    opt = optim.server_optimizer_arg(server_optimizer)
+    return LocalStepsConfig(eta, channel(quantizer, success_prob, aggregation), H, k, opt)
 
 
 def server_update(key: jax.Array, theta: jax.Array, local: jax.Array, ch: Channel) -> tuple[jax.Array, Delivery]:
@@ -309,19 +313,23 @@ class ErrorCoordinates:
 
 
 def local_updates(problem, params, obs, theta, step_size, control=None):
-    """H local steps of one agent: ``theta <- theta - eta (A_c(Z_h) theta - b_c(Z_h) - control)``.
+    """H local steps of one agent: ``theta <- theta - eta_h (A_c(Z_h) theta - b_c(Z_h) - control)``.
 
-    ``obs`` has leading axis H (drawn in one block); ``control`` is SCAFFLSA's
-    ``xi_c`` (``None`` for FedLSA).
+    ``obs`` has leading axis H (drawn in one block); ``step_size`` is a scalar or the round's
+    ``(H,)`` step sizes (a schedule, :func:`fedsa_jax.optim.step_sizes`); ``control`` is
+    SCAFFLSA's ``xi_c`` (``None`` for FedLSA).
     """
 
-    def body(th, o):
+    def body(th, xs):
+        o, eta = xs
         g = problem.direction(params, o, th)
         if control is not None:
             g = g - control
-        return th - step_size * g, None
+        return th - (step_size if eta is None else eta) * g, None
 
-    theta, _ = jax.lax.scan(body, theta, obs, unroll=min(LOCAL_UNROLL, jax.tree.leaves(obs)[0].shape[0]))
+    etas = step_size if jnp.ndim(step_size) == 1 else None
+    unroll = min(LOCAL_UNROLL, jax.tree.leaves(obs)[0].shape[0])
+    theta, _ = jax.lax.scan(body, theta, (obs, etas), unroll=unroll)
     return theta
 
 

@@ -32,11 +32,12 @@ TD Learning", NeurIPS 2024, arXiv:2402.04114, Algorithm 1 and Sec. 3.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from fedsa_jax import optim
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
@@ -55,22 +56,26 @@ class FedLSAState(NamedTuple):
     theta: jax.Array  # (d,) server iterate theta_t = theta_star + error
     error: jax.Array  # (d,) theta_t - theta_star, what the rounds update (ErrorCoordinates)
     sampler: jax.Array  # (N,) each agent's observation-stream state
+    count: jax.Array  # () int32, rounds done (a schedule's local-step count is count H + h)
+    opt_state: Any  # the server optimizer's state (() without one)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> FedLSAState:
-    del config
     error = initial_error(problem, theta0)
-    return FedLSAState(problem.theta_star + error, error, init_samplers(key, problem))
+    return FedLSAState(problem.theta_star + error, error, init_samplers(key, problem), jnp.int32(0),
+                       optim.init_server(config.server_optimizer, error))
 
 
 def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsConfig):
     """One communication round for one seed, from its random numbers ``rand`` (in error
     coordinates, :class:`~fedsa_jax.algorithms.ErrorCoordinates`)."""
-    eta = jnp.asarray(config.step_size, problem.dtype)
+    eta = optim.step_sizes(config.step_size, state.count, config.num_local_steps, problem.dtype)
     view = ErrorCoordinates(problem)
     local, sampler = run_agents(rand.obs, view, state.sampler, state.error, eta, config.skip)
-    error, delivery = server_update(rand.channel, state.error, local, config.channel)
-    state = FedLSAState(problem.theta_star + error, error, sampler)
+    aggregate, delivery = server_update(rand.channel, state.error, local, config.channel)
+    error, opt_state = optim.server_step(config.server_optimizer, state.opt_state, state.error, aggregate,
+                                         problem.theta_star)
+    state = FedLSAState(problem.theta_star + error, error, sampler, state.count + 1, opt_state)
     return state, round_info(local, error, delivery, config, problem)
 
 
@@ -81,21 +86,27 @@ def fedlsa(
     quantizer=None,
     success_prob: float = 1.0,
     aggregation: str = "divide_by_n",
+    server_optimizer=None,
 ) -> Algorithm:
     """FedLSA with step size ``eta``, ``H`` local steps per round.
 
     Args:
-      step_size: ``eta > 0``.
+      step_size: ``eta > 0``, or a schedule of the local-step count ``k = t H + h``
+        (an optax schedule or ``fj.schedule(...)``, see :mod:`fedsa_jax.optim`).
       num_local_steps: ``H >= 1``.
       skip: keep one observation out of ``skip`` (Markovian sampling), ``>= 1``.
       quantizer: uplink quantizer from :mod:`fedsa_jax.channel` (default: exact).
       success_prob: probability in ``(0, 1]`` that an uplink message is delivered.
       aggregation: ``"divide_by_n"`` or ``"divide_by_received"``.
+      server_optimizer: None (``theta_{t+1}`` is the aggregate) or an optax
+        ``GradientTransformation`` on the pseudo-gradient ``theta_t - aggregate_t``
+        (``optax.sgd(lr, momentum=beta)``: FedAvgM; ``optax.adam(lr)``: FedAdam).
 
     Example:
       >>> import jax, fedsa_jax as fj
       >>> problem = fj.problems.garnet(jax.random.key(0), num_agents=4)
       >>> res = fj.simulate(jax.random.key(1), problem, fj.fedlsa(0.1, 10), 20, 64)
     """
-    config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation)
+    config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
+                                server_optimizer)
     return Algorithm(config, "fedlsa", init, step)

@@ -21,11 +21,12 @@ Letters, 2023, eq. (2).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from fedsa_jax import optim
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
@@ -43,18 +44,21 @@ class QFedTDState(NamedTuple):
     theta: jax.Array  # (d,) server iterate theta_k = theta_star + error
     error: jax.Array  # (d,) theta_k - theta_star, what the rounds update (ErrorCoordinates)
     sampler: jax.Array  # (N,) each agent's chain state
+    count: jax.Array  # () int32, rounds done (= the schedule's count: one step per round)
+    opt_state: Any  # the server optimizer's state (() without one)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> QFedTDState:
-    del config
     error = initial_error(problem, theta0)
-    return QFedTDState(problem.theta_star + error, error, init_samplers(key, problem))
+    return QFedTDState(problem.theta_star + error, error, init_samplers(key, problem), jnp.int32(0),
+                       optim.init_server(config.server_optimizer, error))
 
 
 def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsConfig):
     """One round (one TD step per agent) for one seed, in error coordinates
     (:class:`~fedsa_jax.algorithms.ErrorCoordinates`)."""
-    alpha = jnp.asarray(config.step_size, problem.dtype)
+    alpha = optim.step_sizes(config.step_size, state.count, 1, problem.dtype)
+    alpha = alpha if alpha.ndim == 0 else alpha[0]
     view = ErrorCoordinates(problem)
 
     def direction(rand_c, params, sampler):
@@ -67,24 +71,29 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
     if ch.trivial:
         N = g.shape[0]
         delivery = Delivery(g, jnp.ones((N,), bool), jnp.full((N,), 1.0 / N, g.dtype))
-        error = state.error + alpha * g.mean(axis=0)
+        aggregate = state.error + alpha * g.mean(axis=0)
     else:
         delivery = transmit(rand.channel, g, ch)
-        error = state.error + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
+        aggregate = state.error + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
+    error, opt_state = optim.server_step(config.server_optimizer, state.opt_state, state.error, aggregate,
+                                         problem.theta_star)
     info = round_info(jnp.broadcast_to(state.error, g.shape), state.error, delivery, config, problem)
     info = info._replace(client_drift=jnp.zeros((), g.dtype))  # one step: no local drift (nothing computed)
-    return QFedTDState(problem.theta_star + error, error, sampler), info
+    return QFedTDState(problem.theta_star + error, error, sampler, state.count + 1, opt_state), info
 
 
 def qfedtd(step_size: float, quantizer=None, success_prob: float = 1.0,
-           aggregation: str = "divide_by_n") -> Algorithm:
+           aggregation: str = "divide_by_n", server_optimizer=None) -> Algorithm:
     """QFedTD with server step ``alpha``, quantizer Q and success probability p.
 
     Args:
-      step_size: ``alpha > 0``.
+      step_size: ``alpha > 0``, or a schedule of the round ``k`` (one step per round,
+        :mod:`fedsa_jax.optim`).
       quantizer: from :mod:`fedsa_jax.channel` (default: none, i.e. FedTD).
       success_prob: ``p`` in ``(0, 1]``.
       aggregation: ``"divide_by_n"`` (the paper's) or ``"divide_by_received"``.
+      server_optimizer: None or an optax ``GradientTransformation`` on the pseudo-gradient
+        ``theta_k - aggregate_k`` (:mod:`fedsa_jax.optim`).
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -92,5 +101,5 @@ def qfedtd(step_size: float, quantizer=None, success_prob: float = 1.0,
       >>> alg = fj.qfedtd(0.6, fj.channel.stochastic_uniform(bits=4), success_prob=0.6)
       >>> res = fj.simulate(jax.random.key(1), problem, alg, num_rounds=200, num_seeds=256)
     """
-    config = local_steps_config(step_size, 1, 1, quantizer, success_prob, aggregation)
+    config = local_steps_config(step_size, 1, 1, quantizer, success_prob, aggregation, server_optimizer)
     return Algorithm(config, "qfedtd", init, step)

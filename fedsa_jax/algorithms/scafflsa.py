@@ -31,11 +31,12 @@ Algorithm 2 and Sec. 5.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from fedsa_jax import optim
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
@@ -56,25 +57,30 @@ class SCAFFLSAState(NamedTuple):
     error: jax.Array  # (d,) theta - theta_star, what the rounds update (ErrorCoordinates)
     xi: jax.Array  # (N, d) control variates, sum over agents is 0
     sampler: jax.Array  # (N,)
+    count: jax.Array  # () int32, rounds done (a schedule's local-step count is count H + h)
+    opt_state: Any  # the server optimizer's state (() without one)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> SCAFFLSAState:
-    del config
     error = initial_error(problem, theta0)
     xi = jnp.zeros((problem.num_agents, problem.dim), problem.dtype)
-    return SCAFFLSAState(problem.theta_star + error, error, xi, init_samplers(key, problem))
+    return SCAFFLSAState(problem.theta_star + error, error, xi, init_samplers(key, problem), jnp.int32(0),
+                         optim.init_server(config.server_optimizer, error))
 
 
 def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStepsConfig):
-    """One communication round for one seed, from its random numbers ``rand``."""
-    eta = jnp.asarray(config.step_size, problem.dtype)
+    """One communication round for one seed, from its random numbers ``rand``. The control
+    variates move against the channel's aggregate, divided by the sum of the round's steps."""
     H = config.num_local_steps
+    eta = optim.step_sizes(config.step_size, state.count, H, problem.dtype)
     local, sampler = run_agents(
         rand.obs, ErrorCoordinates(problem), state.sampler, state.error, eta, config.skip, controls=state.xi
     )
-    error, delivery = server_update(rand.channel, state.error, local, config.channel)
-    xi = control_variate_update(state.xi, error, local, delivery, config.channel, eta * H)
-    state = SCAFFLSAState(problem.theta_star + error, error, xi, sampler)
+    aggregate, delivery = server_update(rand.channel, state.error, local, config.channel)
+    xi = control_variate_update(state.xi, aggregate, local, delivery, config.channel, optim.round_step_sum(eta, H))
+    error, opt_state = optim.server_step(config.server_optimizer, state.opt_state, state.error, aggregate,
+                                         problem.theta_star)
+    state = SCAFFLSAState(problem.theta_star + error, error, xi, sampler, state.count + 1, opt_state)
     return state, round_info(local, error, delivery, config, problem)
 
 
@@ -85,16 +91,23 @@ def scafflsa(
     quantizer=None,
     success_prob: float = 1.0,
     aggregation: str = "divide_by_n",
+    server_optimizer=None,
 ) -> Algorithm:
     """SCAFFLSA with step size ``eta`` and ``H`` local steps per round.
 
     Args:
-      step_size: ``eta > 0``.
+      step_size: ``eta > 0``, or a schedule of the local-step count ``k = t H + h``
+        (:mod:`fedsa_jax.optim`); the control variates then divide by
+        ``sum_{h<H} eta_{tH+h}`` instead of ``eta H``.
       num_local_steps: ``H >= 1``.
       skip: keep one observation out of ``skip`` (Markovian sampling), ``>= 1``.
       quantizer: uplink quantizer from :mod:`fedsa_jax.channel` (default: exact).
       success_prob: probability in ``(0, 1]`` that an uplink message is delivered.
       aggregation: ``"divide_by_n"`` or ``"divide_by_received"``.
+      server_optimizer: None or an optax ``GradientTransformation`` on the pseudo-gradient
+        ``theta_t - aggregate_t`` (:mod:`fedsa_jax.optim`); the control variates move
+        against the aggregate, as without one.
     """
-    config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation)
+    config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
+                                server_optimizer)
     return Algorithm(config, "scafflsa", init, step)

@@ -61,12 +61,12 @@ arXiv:2402.04114 (its derandomised version for LSA).
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import _validate
+from fedsa_jax import _validate, optim
 from fedsa_jax.algorithms._base import (
     LOCAL_UNROLL,
     Algorithm,
@@ -89,11 +89,12 @@ class ScaffnewConfig:
     """Hyperparameters of Scaffnew; ``step_size``, ``comm_prob`` and the channel's
     success probability are traced leaves (sweeping them does not recompile)."""
 
-    step_size: float  # eta
+    step_size: Any  # eta: a float or a schedule of the local-step count (fedsa_jax.optim)
     comm_prob: float  # p, probability that a local step ends with a communication
     channel: Channel  # uplink
     num_local_steps: int = dataclasses.field(metadata=dict(static=True))  # H local steps per round
     skip: int = dataclasses.field(default=1, metadata=dict(static=True))  # keep 1 obs out of skip
+    server_optimizer: Any = None  # None or an optax transformation applied at each communication
 
 
 class ScaffnewState(NamedTuple):
@@ -105,22 +106,24 @@ class ScaffnewState(NamedTuple):
     xi: jax.Array  # (N, d) control variates (the paper's h_c), sum over agents is 0
     x_sync: jax.Array  # (d,) last synchronised iterate minus theta_star, reference of the uplink messages
     sampler: jax.Array  # (N,) each agent's observation-stream state
+    count: jax.Array  # () int32, rounds done (a schedule's local-step count is count H + h)
+    opt_state: Any  # the server optimizer's state (() without one), stepped at each communication
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: ScaffnewConfig) -> ScaffnewState:
-    del config
     error = initial_error(problem, theta0)
     x = jnp.broadcast_to(error, (problem.num_agents, problem.dim))
     xi = jnp.zeros((problem.num_agents, problem.dim), problem.dtype)
-    return ScaffnewState(problem.theta_star + error, error, x, xi, error, init_samplers(key, problem))
+    return ScaffnewState(problem.theta_star + error, error, x, xi, error, init_samplers(key, problem), jnp.int32(0),
+                         optim.init_server(config.server_optimizer, error))
 
 
 def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewConfig):
     """One round (H local steps, each followed by a communication with probability p) for one seed."""
     dtype = problem.dtype
-    eta = jnp.asarray(config.step_size, dtype)
-    p = jnp.asarray(config.comm_prob, dtype)
     H, ch = config.num_local_steps, config.channel
+    etas = jnp.broadcast_to(optim.step_sizes(config.step_size, state.count, H, dtype), (H,))
+    p = jnp.asarray(config.comm_prob, dtype)
     params = problem.agent_params()
     view = ErrorCoordinates(problem)
     obs, sampler = jax.vmap(lambda *a: problem.observe(*a, config.skip))(params, state.sampler, rand.obs)
@@ -130,20 +133,23 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
     send_keys = None if ch.trivial else jax.random.split(k_send, H)
 
     def local_step(carry, xs):
-        x, xi, x_sync, delivered = carry
-        o, coin, key = xs
+        x, xi, x_sync, opt_state, delivered = carry
+        o, coin, key, eta = xs
         xh = x - eta * (jax.vmap(view.direction)(params, o, x) - xi)
-        synced, delivery = server_update(key, x_sync, xh, ch)
-        xi_synced = control_variate_update(xi, synced, xh, delivery, ch, eta / p)
+        aggregate, delivery = server_update(key, x_sync, xh, ch)
+        xi_synced = control_variate_update(xi, aggregate, xh, delivery, ch, eta / p)
+        synced, opt_synced = optim.server_step(config.server_optimizer, opt_state, x_sync, aggregate,
+                                               problem.theta_star)
         x = jnp.where(coin, jnp.broadcast_to(synced, xh.shape), xh)
         xi = jnp.where(coin, xi_synced, xi)
         x_sync = jnp.where(coin, synced, x_sync)
+        opt_state = jax.tree.map(lambda new, old: jnp.where(coin, new, old), opt_synced, opt_state)
         delivered = delivered + jnp.where(coin, jnp.sum(delivery.delivered), 0).astype(jnp.int32)
-        return (x, xi, x_sync, delivered), None
+        return (x, xi, x_sync, opt_state, delivered), None
 
-    carry = (state.x, state.xi, state.x_sync, jnp.int32(0))
-    (x, xi, x_sync, delivered), _ = jax.lax.scan(local_step, carry, (obs, coins, send_keys),
-                                                 unroll=min(LOCAL_UNROLL, H))
+    carry = (state.x, state.xi, state.x_sync, state.opt_state, jnp.int32(0))
+    (x, xi, x_sync, opt_state, delivered), _ = jax.lax.scan(local_step, carry, (obs, coins, send_keys, etas),
+                                                            unroll=min(LOCAL_UNROLL, H))
     error = x.mean(axis=0)
     N, d = x.shape
     bits = ch.quantizer.bits(d)
@@ -156,7 +162,7 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
         bits_delivered=delivered * jnp.int32(bits),
         observations=jnp.int32(N * H * observations_per_step(problem, config.skip)),
     )
-    return ScaffnewState(problem.theta_star + error, error, x, xi, x_sync, sampler), info
+    return ScaffnewState(problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state), info
 
 
 def scaffnew(
@@ -167,12 +173,14 @@ def scaffnew(
     quantizer=None,
     success_prob: float = 1.0,
     aggregation: str = "divide_by_n",
+    server_optimizer=None,
 ) -> Algorithm:
     """Scaffnew with step size ``eta``, communication probability ``p`` and ``H`` local steps
     per round (a round is H local steps; it communicates ``p H`` times on average).
 
     Args:
-      step_size: ``eta > 0``.
+      step_size: ``eta > 0``, or a schedule of the local-step count ``k = t H + h``
+        (:mod:`fedsa_jax.optim`); a communication at step k divides by ``eta_k / p``.
       comm_prob: ``p`` in ``(0, 1]``, probability that a local step ends with a
         communication (one coin for all agents).
       num_local_steps: ``H >= 1``, local steps per recorded round.
@@ -180,6 +188,8 @@ def scaffnew(
       quantizer: uplink quantizer from :mod:`fedsa_jax.channel` (default: exact).
       success_prob: probability in ``(0, 1]`` that an uplink message is delivered.
       aggregation: ``"divide_by_n"`` or ``"divide_by_received"``.
+      server_optimizer: None or an optax ``GradientTransformation``, stepped at each
+        communication on the pseudo-gradient ``x_sync - aggregate`` (:mod:`fedsa_jax.optim`).
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -188,7 +198,8 @@ def scaffnew(
       ...                   metrics=["control_variate_error"])
       >>> sent = res.communications[-1]  # about 20 rounds x 10 steps x 0.2 x 4 agents = 160
     """
-    base = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation)
+    base = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
+                              server_optimizer)
     p = _validate.real("comm_prob", comm_prob, 0.0, 1.0, low_open=True)
-    config = ScaffnewConfig(base.step_size, p, base.channel, base.num_local_steps, base.skip)
+    config = ScaffnewConfig(base.step_size, p, base.channel, base.num_local_steps, base.skip, base.server_optimizer)
     return Algorithm(config, "scaffnew", init, step)
