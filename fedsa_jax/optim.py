@@ -85,8 +85,10 @@ def _split(hyperparams: dict) -> tuple[dict, tuple]:
 
 
 def _owner(fn) -> str:
+    """The name that says what ``fn`` is: the optax factory that made a closure
+    (``polynomial_schedule.<locals>.schedule`` -> ``polynomial_schedule``), a lambda's full name."""
     q = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
-    return q.split(".<locals>")[0]
+    return q if q.endswith("<lambda>") else q.split(".<locals>")[0]
 
 
 _GLUE = ("with_extra_args_support", "init_empty_state")
@@ -284,14 +286,16 @@ def round_step_sum(etas, num_local_steps: int):
     return etas * num_local_steps if etas.ndim == 0 else jnp.sum(etas)
 
 
-def init_server(server_optimizer: ServerOptimizer | None, error):
-    """The optimizer's state (``()`` without one)."""
+def init_server(config, error):
+    """The state of ``config.server_optimizer`` (``()`` without one; a config may lack the field)."""
+    server_optimizer = getattr(config, "server_optimizer", None)
     return () if server_optimizer is None else server_optimizer.build().init(error)
 
 
-def server_step(server_optimizer: ServerOptimizer | None, opt_state, error, aggregate, theta_star):
-    """``(error_{t+1}, opt_state)``: the aggregate itself without an optimizer, else
+def server_step(config, opt_state, error, aggregate, theta_star):
+    """``(error_{t+1}, opt_state)``: the aggregate itself without ``config.server_optimizer``, else
     ``error_t + updates`` with ``updates`` from the pseudo-gradient ``error_t - aggregate``."""
+    server_optimizer = getattr(config, "server_optimizer", None)
     if server_optimizer is None:
         return aggregate, opt_state
     import optax
@@ -341,5 +345,5 @@ def check_run(algorithm, num_rounds: int, dtype) -> None:
         bad = ~(np.isfinite(values) & (values > 0))
         if np.any(bad):
             i = int(np.argmax(bad))
-            _validate.fail(name, sched.describe(), f"the schedule gives {values[i]!r} at local step k={int(k[i])} "
+            _validate.fail(name, sched.describe(), f"the schedule gives {float(values[i])!r} at local step k={int(k[i])} "
                            f"(in {np.dtype(dtype)}); step sizes must be finite and > 0 at every k < {steps}")

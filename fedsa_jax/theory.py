@@ -74,7 +74,7 @@ from math import lgamma
 
 import numpy as np
 
-from fedsa_jax import _validate
+from fedsa_jax import _validate, optim
 
 MAX_AUGMENTED_DIM = 2000
 
@@ -89,6 +89,9 @@ def _fedlsa_round(problem, step_size, num_local_steps):
     """``Gamma_bar = mean_c B_c^H`` and ``rho_bar = mean_c (I - B_c^H)(theta_c* - theta*)`` with
     ``B_c = I - eta A_bar[c]``; ``rho_bar`` is computed as
     ``eta mean_c sum_{k<H} B_c^k (b_c - A_c theta*)``, which needs no local inverse."""
+    if callable(step_size):
+        _validate.fail("step_size", step_size, "fedlsa_bias and fedlsa_round_bias take a constant step size; for a "
+                       "schedule the mean iterate is fj.theory.exact_mean(problem, fj.fedlsa(schedule, H), T)")
     eta = _validate.real("step_size", step_size, 0.0, low_open=True)
     H = _validate.integer("num_local_steps", num_local_steps)
     A, b, theta_star = _arrays(problem)
@@ -167,79 +170,6 @@ def _expected_weights(channel, N: int) -> tuple[float, float, float]:
     return _server_weight(channel, N), same, other
 
 
-def _round_maps(problem, algorithm):
-    """Broadcast, local-step and aggregation matrices on Y, and index helpers (Y has
-    no control-variate block for FedLSA and QFedTD; Scaffnew's ends with ``x_sync``).
-
-    The maps are those of the mean: the aggregation matrix uses expected channel
-    weights, exact for the mean and for second moments only with an exact channel
-    (checked by the callers). Scaffnew's local-step matrix is the coin's mixture
-    ``(1 - p) L_local + p L_comm L_local`` of a local step and a local step followed by
-    a communication.
-    """
-    name = algorithm.name
-    if name not in ("fedlsa", "scafflsa", "qfedtd", "scaffnew"):
-        _validate.fail("algorithm", name, "exact recursions cover 'fedlsa', 'scafflsa', 'qfedtd' and 'scaffnew'")
-    cfg = algorithm.config
-    eta, H = float(cfg.step_size), int(cfg.num_local_steps)
-    A, _, _ = _arrays(problem)
-    rho = _residuals(problem)
-    N, d = rho.shape
-    cfg.channel.quantizer.check_dim(d)
-    n_xi = N if name in ("scafflsa", "scaffnew") else 0  # control variates only where they exist
-    n_sync = 1 if name == "scaffnew" else 0  # Scaffnew's last synchronised iterate x_sync
-    D = 1 + d + (n_xi + N + n_sync) * d
-    if D > MAX_AUGMENTED_DIM:
-        _validate.fail(
-            "problem", f"N={N}, d={d}",
-            f"the exact recursion's state for {name} has {D} coordinates (1 + d + N d"
-            f"{', plus N d control variates' if n_xi else ''}{', plus d' if n_sync else ''})"
-            f" > MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}",
-        )
-    th = slice(1, 1 + d)
-    xi = [slice(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(n_xi)]
-    loc = [slice(1 + d + (n_xi + c) * d, 1 + d + (n_xi + c + 1) * d) for c in range(N)]
-    I = np.eye(d)
-    w_server = _expected_weights(cfg.channel, N)[0]
-
-    L_b = np.eye(D)
-    L_s = np.eye(D)
-    for c in range(N):
-        # QFedTD's message is the TD direction, i.e. its local iterate is theta + eta g: same map.
-        L_s[loc[c], loc[c]] = I - eta * A[c]
-        L_s[loc[c], 0] = -eta * rho[c]  # error coordinates: e_c <- (I - eta A_c) e_c - eta rho_c
-        if n_xi:
-            L_s[loc[c], xi[c]] = eta * I
-    if name == "scaffnew":
-        # The agents keep their iterates across rounds (no broadcast); theta <- mean_c x_c ends a round.
-        p = float(cfg.comm_prob)
-        sync = slice(D - d, D)
-        L_c = np.eye(D)  # communication, in mean: x_sync <- x_sync + sum_j E[w_j] m_j, m_j = x_j - x_sync
-        L_c[sync, sync] = (1.0 - N * w_server) * I
-        for c in range(N):
-            L_c[sync, loc[c]] = w_server * I
-        for c in range(N):
-            L_c[loc[c]] = L_c[sync]  # every agent restarts from the new x_sync
-        _control_variate_rows(L_c, xi, loc, sync, cfg.channel, N, eta / p)
-        L_s = ((1.0 - p) * np.eye(D) + p * L_c) @ L_s
-        L_a = np.eye(D)
-        L_a[th, th] = 0.0
-        for c in range(N):
-            L_a[th, loc[c]] = I / N
-        return L_b, L_s, L_a, H, eta, th, loc
-    for c in range(N):
-        L_b[loc[c], loc[c]] = 0.0
-        L_b[loc[c], th] = I
-    # Aggregation on the messages m_c = theta^c - theta: theta <- theta + sum_c E[w_c] m_c.
-    L_a = np.eye(D)
-    L_a[th, th] = (1.0 - N * w_server) * I
-    for c in range(N):
-        L_a[th, loc[c]] = w_server * I
-    if name == "scafflsa":
-        _control_variate_rows(L_a, xi, loc, th, cfg.channel, N, eta * H)
-    return L_b, L_s, L_a, H, eta, th, loc
-
-
 def _control_variate_rows(L, xi, loc, ref, channel, N: int, denominator: float) -> None:
     """Adds to ``L`` the mean control-variate step on the messages ``m_j = Y[loc_j] - Y[ref]``
     (SCAFFLSA, Scaffnew): ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator``."""
@@ -251,6 +181,291 @@ def _control_variate_rows(L, xi, loc, ref, channel, N: int, denominator: float) 
             coef = (w_same - p if j == c else w_other) / denominator
             L[xi[c], loc[j]] += coef * I
             L[xi[c], ref] -= coef * I
+
+
+def _affine_optimizer(server_optimizer, d: int, error0: np.ndarray):
+    """A server optimizer as an affine map, probed in float64: ``[u; s'] = M [g; s; params] + c`` for the
+    pseudo-gradient g (d), its flattened state s (n_s) and ``params`` (d); returns ``(M, c, s0, n_s)``
+    with ``s0`` the flattened initial state. Refuses optimizers that are not affine (Adam) or that
+    count steps (a schedule inside the optimizer: not constant)."""
+    import jax
+    import jax.numpy as jnp
+
+    what = server_optimizer.describe()
+    with jax.enable_x64(True):
+        tx = server_optimizer.build()
+        s0 = tx.init(jnp.asarray(error0, jnp.float64))
+        leaves, treedef = jax.tree.flatten(s0)
+        if any(not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) for x in leaves):
+            _validate.fail("server_optimizer", what, "exact_mean and exact_mse need a constant affine server "
+                           "optimizer such as optax.sgd(lr, momentum=beta); this one's state counts steps (Adam's bias "
+                           "correction, or a schedule inside it), so its update changes with t: estimate it by "
+                           "simulation")
+        shapes = [jnp.shape(x) for x in leaves]
+        sizes = [int(np.prod(s)) for s in shapes]
+        n_s = sum(sizes)
+
+        def f(z):
+            g, s, p = z[:d], z[d:d + n_s], z[d + n_s:]
+            parts = np.split(np.arange(n_s), np.cumsum(sizes)[:-1]) if n_s else []
+            state = jax.tree.unflatten(treedef, [s[idx].reshape(shape) for idx, shape in zip(parts, shapes)])
+            u, state = tx.update(g, state, p)
+            return jnp.concatenate([jnp.ravel(u), *[jnp.ravel(x) for x in jax.tree.leaves(state)]])
+
+        f = jax.jit(f)
+        n = 2 * d + n_s
+        c = np.asarray(f(jnp.zeros(n)), np.float64)
+        if c.shape != (d + n_s,):
+            _validate.fail("server_optimizer", what, "exact theory needs an optimizer whose state keeps its shape")
+        M = np.stack([np.asarray(f(jnp.eye(n)[i]), np.float64) - c for i in range(n)], axis=1)
+        rng = np.random.default_rng(0)
+        for scale in (1e-3, 1.0, 1e3):  # an affine map matches c + M z everywhere
+            z = scale * rng.standard_normal(n)
+            out = np.asarray(f(jnp.asarray(z)), np.float64)
+            pred = c + M @ z
+            if not np.allclose(out, pred, rtol=1e-8, atol=1e-12 * (np.abs(M) @ np.abs(z) + np.abs(c)).max()):
+                _validate.fail("server_optimizer", what, "exact_mean and exact_mse need an affine server optimizer "
+                               "(updates and state linear in the pseudo-gradient, the state and the iterate, e.g. "
+                               "optax.sgd(lr, momentum=beta)); this one is not (Adam- and RMSProp-type updates divide by a "
+                               "running second moment): estimate it by simulation")
+        s0 = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in leaves]) if n_s else np.zeros(0)
+    return M, c, s0, n_s
+
+
+class _Model:
+    """The exact recursion of one algorithm: the layout of the augmented state Y and its
+    affine maps (mean dynamics), built for each step size.
+
+    ``Y = (1, theta, xi_1..xi_N, theta^1..theta^N [, x_sync] [, s] [, a] [, v])`` in error
+    coordinates: control variates only for SCAFFLSA and Scaffnew, ``x_sync`` for Scaffnew,
+    the server optimizer's flattened state ``s`` and a scratch block ``a`` for the
+    aggregate when there is a server optimizer, and the Polyak-Ruppert average ``v`` under
+    :func:`fedsa_jax.averaged`. A round t is
+
+        Y <- V_t A(eta_t) L(eta_{tH+H-1}) ... L(eta_{tH}) B Y
+
+    with the broadcast B (none for Scaffnew), the local steps L (for Scaffnew, the coin's
+    mixture ``(1 - p) L_local + p C L_local`` with the communication C), the server step A
+    (aggregate into ``a``, or into theta without optimizer; SCAFFLSA's control variates
+    against the aggregate, divided by ``sum_h eta_{tH+h}``; then the optimizer
+    ``theta <- theta + u``, ``s <- s'`` with ``[u; s'] = M [theta - a; s; theta_star + theta] + c``;
+    Scaffnew: ``theta <- mean_c x_c``) and the averaging V_t (``v <- v + (theta - v)/(t - b)``
+    for ``t > b``).
+    """
+
+    def __init__(self, problem, algorithm):
+        self.burn_in = None
+        if algorithm.name == "averaged":
+            self.burn_in = int(algorithm.config.burn_in)
+            algorithm = algorithm.config.inner
+        name = algorithm.name
+        if name not in ("fedlsa", "scafflsa", "qfedtd", "scaffnew"):
+            _validate.fail("algorithm", name, "exact recursions cover 'fedlsa', 'scafflsa', 'qfedtd' and 'scaffnew', "
+                           "their fj.averaged(...) and (exact_mean only) fj.richardson(...)")
+        self.algorithm, self.name, cfg = algorithm, name, algorithm.config
+        self.cfg, self.channel, self.H = cfg, cfg.channel, int(cfg.num_local_steps)
+        self.constant = optim.is_constant(cfg.step_size)
+        self.comm_prob = float(cfg.comm_prob) if name == "scaffnew" else 0.0
+        A, _, theta_star = _arrays(problem)
+        self.A, self.theta_star, self.rho = A, theta_star, _residuals(problem)
+        N, d = self.rho.shape
+        self.N, self.d = N, d
+        self.channel.quantizer.check_dim(d)
+        opt = getattr(cfg, "server_optimizer", None)
+        self.opt = None if opt is None else _affine_optimizer(opt, d, np.zeros(d))
+        n_xi = N if name in ("scafflsa", "scaffnew") else 0
+        n_s = 0 if self.opt is None else self.opt[3]
+        blocks = [("one", 1), ("theta", d), *((f"xi{c}", d) for c in range(n_xi)), *((f"loc{c}", d) for c in range(N))]
+        if name == "scaffnew":
+            blocks.append(("sync", d))
+        if self.opt is not None:
+            blocks += [("s", n_s), ("agg", d)]
+        if self.burn_in is not None:
+            blocks.append(("avg", d))
+        D = sum(n for _, n in blocks)
+        if D > MAX_AUGMENTED_DIM:
+            _validate.fail("problem", f"N={N}, d={d}", f"the exact recursion's state for {name} has {D} coordinates "
+                           f"({' + '.join(f'{n} ({b})' for b, n in blocks if n)}) > MAX_AUGMENTED_DIM = "
+                           f"{MAX_AUGMENTED_DIM}")
+        self.D, starts = D, np.cumsum([0] + [n for _, n in blocks])
+        self.slices = {b: slice(int(s), int(s) + n) for (b, n), s in zip(blocks, starts)}
+        self.th = self.slices["theta"]
+        self.xi = [self.slices[f"xi{c}"] for c in range(n_xi)]
+        self.loc = [self.slices[f"loc{c}"] for c in range(N)]
+        self.ref = self.slices.get("sync", self.th)  # the server iterate the messages are taken against
+        self.agg = self.slices.get("agg", self.ref)  # where the aggregate goes
+        self.w_server = _expected_weights(self.channel, N)[0]
+        self._cache: dict = {}
+
+    # -- step sizes --------------------------------------------------------------------------
+    def etas(self, num_rounds: int) -> np.ndarray:
+        """``(num_rounds, H)`` step sizes of every local step (float64)."""
+        if self.constant:
+            return np.full((num_rounds, self.H), float(self.cfg.step_size))
+        import jax
+
+        with jax.enable_x64(True):
+            values = optim.schedule_values(self.cfg.step_size, num_rounds * self.H)
+        if not np.all(np.isfinite(values) & (values > 0)):
+            k = int(np.argmax(~(np.isfinite(values) & (values > 0))))
+            _validate.fail("step_size", self.cfg.step_size.describe(), f"the schedule gives {float(values[k])!r} at k={k}; "
+                           "step sizes must be finite and > 0")
+        return values.reshape(num_rounds, self.H)
+
+    def _cached(self, key, build):
+        if key not in self._cache:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = build()
+        return self._cache[key]
+
+    # -- maps --------------------------------------------------------------------------------
+    def broadcast(self) -> np.ndarray:
+        def build():
+            L = np.eye(self.D)
+            if self.name != "scaffnew":  # Scaffnew's agents keep their iterates across rounds
+                for l in self.loc:
+                    L[l, l] = 0.0
+                    L[l, self.th] = np.eye(self.d)
+            return L
+
+        return self._cached("broadcast", build)
+
+    def _local_only(self, eta: float) -> np.ndarray:
+        """``e_c <- (I - eta A_c) e_c - eta rho_c (+ eta xi_c)`` (error coordinates)."""
+        L = np.eye(self.D)
+        for c, l in enumerate(self.loc):
+            L[l, l] = np.eye(self.d) - eta * self.A[c]
+            L[l, 0] = -eta * self.rho[c]
+            if self.xi:
+                L[l, self.xi[c]] = eta * np.eye(self.d)
+        return L
+
+    def local(self, eta: float) -> np.ndarray:
+        """One local step's mean map (Scaffnew: with its coin's communication mixed in)."""
+        def build():
+            L = self._local_only(eta)
+            if self.name == "scaffnew":
+                p = self.comm_prob
+                L = ((1.0 - p) * np.eye(self.D) + p * self.communication(eta)) @ L
+            return L
+
+        return self._cached(("local", eta), build)
+
+    def _aggregation(self, denominator: float) -> np.ndarray:
+        """``a <- ref + sum_c E[w_c] (loc_c - ref)`` (into ``ref`` without optimizer) and the control
+        variates' mean step against it."""
+        L = np.eye(self.D)
+        d = self.d
+        L[self.agg] = 0.0
+        L[self.agg, self.ref] = (1.0 - self.N * self.w_server) * np.eye(d)
+        for l in self.loc:
+            L[self.agg, l] = self.w_server * np.eye(d)
+        if self.xi:
+            _control_variate_rows(L, self.xi, self.loc, self.ref, self.channel, self.N, denominator)
+        return L
+
+    def optimizer(self) -> np.ndarray | None:
+        """``ref <- ref + u``, ``s <- s'``, ``[u; s'] = M [ref - a; s; theta_star + ref] + c`` (None without one)."""
+        if self.opt is None:
+            return None
+
+        def build():
+            M, c, _, n_s = self.opt
+            d, I = self.d, np.eye(self.d)
+            Mg, Ms, Mp = M[:, :d], M[:, d:d + n_s], M[:, d + n_s:]
+            L = np.eye(self.D)
+            ref, s, agg = self.ref, self.slices["s"], self.agg
+            out = np.zeros((d + n_s, self.D))  # rows of [u; s']
+            out[:, ref] = Mg + Mp
+            out[:, agg] = -Mg
+            out[:, s] = Ms
+            out[:, 0] = c + Mp @ self.theta_star
+            L[ref] = out[:d]
+            L[ref, ref] += I
+            L[s] = out[d:]
+            return L
+
+        return self._cached("optimizer", build)
+
+    def communication(self, eta: float) -> np.ndarray:
+        """Scaffnew's communication at a local step of size eta: aggregate, control variates (divided
+        by ``eta / p``), the optimizer, and every agent restarting from ``x_sync``."""
+        def build():
+            L = self._aggregation(eta / self.comm_prob)
+            opt = self.optimizer()
+            if opt is not None:
+                L = opt @ L
+            restart = np.eye(self.D)
+            for l in self.loc:
+                restart[l] = 0.0
+                restart[l, self.ref] = np.eye(self.d)
+            return restart @ L
+
+        return self._cached(("communication", eta), build)
+
+    def server(self, etas: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The end of a round: ``(aggregation, optimizer)`` maps (Scaffnew: ``theta <- mean_c x_c``, None)."""
+        if self.name == "scaffnew":
+            def build():
+                L = np.eye(self.D)
+                L[self.th] = 0.0
+                for l in self.loc:
+                    L[self.th, l] = np.eye(self.d) / self.N
+                return L
+
+            return self._cached("mean", build), None
+        total = float(np.sum(etas))
+        return self._cached(("aggregation", total), lambda: self._aggregation(total)), self.optimizer()
+
+    def averaging(self, t: int) -> np.ndarray | None:
+        """``v <- v + (theta - v) / (t - b)`` after round t (None before the burn-in ends)."""
+        if self.burn_in is None or t <= self.burn_in:
+            return None
+        n = t - self.burn_in
+        L = np.eye(self.D)
+        v = self.slices["avg"]
+        L[v, v] = (1.0 - 1.0 / n) * np.eye(self.d)
+        L[v, self.th] = np.eye(self.d) / n
+        return L
+
+    def scored(self, t: int) -> slice:
+        """The block holding the reported iterate after round t."""
+        return self.slices["avg"] if self.burn_in is not None and t > self.burn_in else self.th
+
+    def round_map(self, t: int, etas: np.ndarray) -> np.ndarray:
+        """The mean map of round t (0-based: its count after the round is t + 1)."""
+        L = self.broadcast()
+        for eta in etas:
+            L = self.local(float(eta)) @ L
+        agg, opt = self.server(etas)
+        L = agg @ L
+        if opt is not None:
+            L = opt @ L
+        avg = self.averaging(t + 1)
+        return L if avg is None else avg @ L
+
+    def initial(self, problem, theta0) -> np.ndarray:
+        """``E[Y_0]``: ``theta_0 - theta_star`` (``theta_0`` default 0) in theta, Scaffnew's agents,
+        ``x_sync`` and the average; the optimizer's initial state."""
+        d = self.d
+        m = np.zeros(self.D)
+        m[0] = 1.0
+        e0 = -self.theta_star
+        if theta0 is not None:
+            theta0 = _validate.array("theta0", theta0, 1)
+            if theta0.shape != (d,):
+                _validate.fail("theta0", theta0, f"expected shape ({d},) to match the problem's dimension")
+            e0 = theta0 - self.theta_star
+        m[self.th] = e0
+        if self.name == "scaffnew":
+            for part in [*self.loc, self.slices["sync"]]:
+                m[part] = e0
+        if "avg" in self.slices:
+            m[self.slices["avg"]] = e0
+        if self.opt is not None:
+            m[self.slices["s"]] = _affine_optimizer(self.algorithm.config.server_optimizer, d, e0)[2]
+        return m
 
 
 def _conjugator(L):
@@ -278,25 +493,6 @@ def _residuals(problem) -> np.ndarray:
     return np.einsum("cij,j->ci", A, theta_star) - b
 
 
-def _initial(problem, algorithm, theta0, D, th, loc):
-    """``E[Y_0]`` in error coordinates: ``theta_0 - theta_star`` (``theta_0`` default 0); Scaffnew's
-    agents and ``x_sync`` start there too."""
-    d = problem.dim
-    m = np.zeros(D)
-    m[0] = 1.0
-    theta_star = np.asarray(problem.theta_star, np.float64)
-    m[th] = -theta_star
-    if theta0 is not None:
-        theta0 = _validate.array("theta0", theta0, 1)
-        if theta0.shape != (d,):
-            _validate.fail("theta0", theta0, f"expected shape ({d},) to match the problem's dimension")
-        m[th] = theta0 - theta_star
-    if algorithm.name == "scaffnew":
-        for part in [*loc, slice(D - d, D)]:
-            m[part] = m[th]
-    return m
-
-
 def _require_iid(problem):
     if getattr(problem, "sampling", "generative") != "generative":
         _validate.fail("problem.sampling", problem.sampling, "exact recursions need i.i.d. ('generative') sampling")
@@ -304,21 +500,27 @@ def _require_iid(problem):
 
 def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     """``E[theta_t]`` for ``t = 0..num_rounds`` (shape ``(T+1, d)``), exact for i.i.d.
-    observations, for FedLSA, SCAFFLSA, QFedTD and Scaffnew, with any unbiased channel.
+    observations, for FedLSA, SCAFFLSA, QFedTD and Scaffnew, with any unbiased channel, any
+    step-size schedule, any affine server optimizer (``optax.sgd`` with or without momentum),
+    their Polyak-Ruppert average (:func:`fedsa_jax.averaged`) and Richardson-Romberg
+    extrapolation (:func:`fedsa_jax.richardson`: ``2 E[theta(eta)] - E[theta(2 eta)]``).
 
     For QFedTD: ``E[theta_{k+1}] = (I - alpha p_eff mean A_bar) E[theta_k] + alpha p_eff mean b_bar``
     with ``p_eff = p`` (``"divide_by_n"``) or ``1 - (1 - p)^N`` (``"divide_by_received"``).
     """
     _require_iid(problem)
     T = _validate.integer("num_rounds", num_rounds, 0)
-    L_b, L_s, L_a, H, _, th, loc = _round_maps(problem, algorithm)
-    L_round = L_a @ np.linalg.matrix_power(L_s, H) @ L_b
-    m = _initial(problem, algorithm, theta0, L_b.shape[0], th, loc)
-    out = [m[th].copy()]
-    for _ in range(T):
-        m = L_round @ m
-        out.append(m[th].copy())
-    return np.asarray(out) + np.asarray(problem.theta_star, np.float64)  # from error coordinates
+    if algorithm.name == "richardson":
+        cfg = algorithm.config
+        return 2 * exact_mean(problem, cfg.inner, T, theta0) - exact_mean(problem, cfg.doubled, T, theta0)
+    model = _Model(problem, algorithm)
+    etas = model.etas(T)
+    m = model.initial(problem, theta0)
+    out = [m[model.scored(0)].copy()]
+    for t in range(T):
+        m = model.round_map(t, etas[t]) @ m
+        out.append(m[model.scored(t + 1)].copy())
+    return np.asarray(out) + model.theta_star  # from error coordinates
 
 
 def _noise_model(problem):
@@ -502,91 +704,93 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     and Scaffnew, and d for Scaffnew's ``x_sync``; at most ``MAX_AUGMENTED_DIM``);
     memory O(D^2).
     """
-    th, moments = _second_moments(problem, algorithm, num_rounds, theta0)
-    return np.asarray([np.trace(S[th, th]) for S in moments])  # error coordinates: no cancellation
+    model, moments = _second_moments(problem, algorithm, num_rounds, theta0)
+    # error coordinates: no cancellation
+    return np.asarray([np.trace(S[model.scored(t), model.scored(t)]) for t, S in enumerate(moments)])
 
 
 def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
-    """``(theta's slice of Y, an iterator over S_t = E[Y_t Y_t^T] for t = 0..num_rounds)``: the
-    recursion of :func:`exact_mse`, its arguments checked before it returns."""
+    """``(model, an iterator over S_t = E[Y_t Y_t^T] for t = 0..num_rounds)``: the recursion of
+    :func:`exact_mse` (``model.scored(t)`` is the reported iterate's block of Y after round t),
+    its arguments checked before it returns."""
     T = _validate.integer("num_rounds", num_rounds, 0)
-    name = algorithm.name
-    channel = algorithm.config.channel
+    if algorithm.name == "richardson":
+        _validate.fail("algorithm", "richardson", "exact_mse does not cover Richardson-Romberg extrapolation (its two "
+                       "runs share their noise); exact_mean does")
+    model = _Model(problem, algorithm)
+    name, channel = model.name, model.channel
     if name in ("scafflsa", "scaffnew") and not channel.trivial:
-        _validate.fail("algorithm", algorithm.describe()["channel"],
+        _validate.fail("algorithm", model.algorithm.describe()["channel"],
                        f"exact_mse covers {'SCAFFLSA' if name == 'scafflsa' else 'Scaffnew'} with an exact channel "
                        "only (identity quantizer, success_prob=1); exact_mean covers any unbiased channel")
     noise = _noise_model(problem)
-    L_b, L_s, L_a, H, eta, th, loc = _round_maps(problem, algorithm)
-    A, _, theta_star = _arrays(problem)
-    rho = _residuals(problem)
-    N, d, _ = A.shape
-    D = L_b.shape[0]
+    etas = model.etas(T)
+    A, theta_star, rho = model.A, model.theta_star, model.rho
+    N, d, D, H = model.N, model.d, model.D, model.H
     quant = _quantizer_covariance(channel.quantizer, d)
     c_same, c_other = _weight_covariance(channel, N)
     w_sq = c_same + _server_weight(channel, N) ** 2  # E[w_c^2]
-    loc_idx = np.concatenate([np.arange(D)[l] for l in loc])  # (N d,)
-    xi_idx = loc_idx - N * d if name in ("scafflsa", "scaffnew") else None
-    B = np.eye(d) - eta * A  # (N, d, d)
-    th_idx = np.arange(D)[th]
+    loc_idx = np.concatenate([np.arange(D)[l] for l in model.loc])  # (N d,)
+    xi_idx = np.concatenate([np.arange(D)[x] for x in model.xi]) if model.xi else None
+    th_idx = np.arange(D)[model.th]
+    agg = model.agg
     rows = loc_idx.reshape(N, d)
     blocks = (rows[:, :, None], rows[:, None, :])  # S[blocks]: the N diagonal (d, d) blocks of the locals
+    conjugators: dict = {}
 
-    def local_rows(S):
-        """``L_s @ S``: only the local-iterate rows change."""
+    def conjugate(L, S):
+        if id(L) not in conjugators:
+            conjugators[id(L)] = (L, _conjugator(L))  # L kept alive: ids stay unique
+        return conjugators[id(L)][1](S)
+
+    def local_rows(S, eta):
+        """``L(eta) @ S`` for a local step (not Scaffnew's communication): only the local rows change."""
         R = S.copy()
+        B = np.eye(d) - eta * A  # (N, d, d)
         rows = B @ S[loc_idx].reshape(N, d, D) - eta * rho[:, :, None] * S[0][None, None]
         if xi_idx is not None:
             rows = rows + eta * S[xi_idx].reshape(N, d, D)
         R[loc_idx] = rows.reshape(N * d, D)
         return R
 
-    comm_prob = float(algorithm.config.comm_prob) if name == "scaffnew" else 0.0
-    sync_idx = np.arange(D - d, D)
-
-    def comm_rows(S):
-        """Scaffnew's communication (exact channel) ``L_comm @ S``: every ``x_c`` and ``x_sync``
-        become ``xbar = mean_j x_j``, ``xi_c <- xi_c + (p / eta) (xbar - x_c)``."""
-        R = S.copy()
-        x = S[loc_idx].reshape(N, d, D)
-        xbar = x.mean(axis=0)
-        R[xi_idx] += ((comm_prob / eta) * (xbar[None] - x)).reshape(N * d, D)
-        R[loc_idx] = np.broadcast_to(xbar, (N, d, D)).reshape(N * d, D)
-        R[sync_idx] = xbar
-        return R
-
-    m = _initial(problem, algorithm, theta0, D, th, loc)
-    broadcast, aggregate = _conjugator(L_b), _conjugator(L_a)
-
     def moments(S):
         yield S
-        for _ in range(T):
-            S = broadcast(S)
-            for _ in range(H):
+        for t in range(T):
+            S = conjugate(model.broadcast(), S)
+            for eta in etas[t]:
+                eta = float(eta)
                 # the noise model takes the local iterates' moments in theta coordinates
                 m_e = S[0, loc_idx].reshape(N, d)
                 X = S[blocks] + theta_star[:, None] * m_e[:, None, :] + m_e[:, :, None] * theta_star[None, :] \
                     + np.outer(theta_star, theta_star)  # (N, d, d): E[theta^c theta^c^T]
                 cov = (eta * eta) * noise(m_e + theta_star, X)
-                S = local_rows(local_rows(S).T)
+                S = local_rows(local_rows(S, eta).T, eta)
                 S[blocks] += cov
-                if comm_prob:  # Scaffnew: a communication with probability p, independent of the state
-                    S = (1.0 - comm_prob) * S + comm_prob * comm_rows(comm_rows(S).T)
+                if model.comm_prob:  # Scaffnew: a communication with probability p, independent of the state
+                    p = model.comm_prob
+                    S = (1.0 - p) * S + p * conjugate(model.communication(eta), S)
             extra = None
             if c_same or c_other or channel.quantizer.kind != "identity":
                 Sl = S[np.ix_(loc_idx, loc_idx)].reshape(N, d, N, d)
                 cross = S[np.ix_(loc_idx, th_idx)].reshape(N, d, d)  # E[loc_c theta^T]
                 # E[m_c m_j^T] for the messages m_c = loc_c - theta
-                M = Sl - cross[:, :, None, :] - np.transpose(cross, (2, 0, 1))[None] + S[th, th][None, :, None, :]
+                M = Sl - cross[:, :, None, :] - np.transpose(cross, (2, 0, 1))[None] + S[model.th, model.th][None, :, None, :]
                 diag_sum = np.einsum("cicj->ij", M)
                 extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
                 extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
-            S = aggregate(S)
-            if extra is not None:
-                S[th, th] += extra
+            aggregation, opt = model.server(etas[t])
+            S = conjugate(aggregation, S)
+            if extra is not None:  # the channel's noise enters the aggregate
+                S[agg, agg] += extra
+            if opt is not None:
+                S = conjugate(opt, S)
+            avg = model.averaging(t + 1)
+            if avg is not None:
+                S = conjugate(avg, S)
             yield S
 
-    return th, moments(np.outer(m, m))
+    m = model.initial(problem, theta0)
+    return model, moments(np.outer(m, m))
 
 
 def lsa_step_size_bound(A) -> float:
@@ -599,28 +803,28 @@ def lsa_step_size_bound(A) -> float:
 
 
 def _mean_spectral_radius(problem, algorithm) -> float:
-    """Spectral radius of one round of the exact mean recursion, on the state that
-    persists across rounds: theta (FedLSA, QFedTD); theta and the control variates
-    (SCAFFLSA), or the control variates, the agents' iterates and ``x_sync``
-    (Scaffnew, whose theta is their mean), restricted to ``sum_c xi_c = 0`` (both keep
-    that sum at 0)."""
-    L_b, L_s, L_a, H, _, th, _ = _round_maps(problem, algorithm)
+    """Spectral radius of one round of the exact mean recursion (constant step), on the state
+    that persists across rounds: theta (FedLSA, QFedTD) and the control variates (SCAFFLSA),
+    or the control variates, the agents' iterates and ``x_sync`` (Scaffnew, whose theta is
+    their mean), and the server optimizer's state; restricted to ``sum_c xi_c = 0`` (both
+    control-variate algorithms keep that sum at 0)."""
+    model = _Model(problem, algorithm)
     with np.errstate(over="ignore", invalid="ignore"):
-        R = L_a @ np.linalg.matrix_power(L_s, H) @ L_b
+        R = model.round_map(0, model.etas(1)[0])
     if not np.all(np.isfinite(R)):
         return np.inf
-    N, d = problem.num_agents, problem.dim
-    if algorithm.name not in ("scafflsa", "scaffnew"):
-        return float(np.max(np.abs(np.linalg.eigvals(R[th, th]))))
-    if algorithm.name == "scafflsa":
-        keep, first_xi = np.arange(1, 1 + d + N * d), d  # theta, xi_1..xi_N
-    else:
-        keep, first_xi = np.arange(1 + d, R.shape[0]), 0  # xi_1..xi_N, x_1..x_N, x_sync
+    d = model.d
+    parts = [*model.xi] + ([model.th] if model.name != "scaffnew" else [*model.loc, model.slices["sync"]])
+    if "s" in model.slices:
+        parts.append(model.slices["s"])
+    keep = np.concatenate([np.arange(model.D)[sl] for sl in parts])
     M = R[np.ix_(keep, keep)]
-    # Orthonormal basis of {sum_c xi_c = 0} in the kept coordinates.
+    if not model.xi:
+        return float(np.max(np.abs(np.linalg.eigvals(M))))
+    # Orthonormal basis of {sum_c xi_c = 0} in the kept coordinates (the xi blocks come first).
     sums = np.zeros((d, len(keep)))
-    for c in range(N):
-        sums[:, first_xi + c * d: first_xi + (c + 1) * d] = np.eye(d)
+    for c in range(len(model.xi)):
+        sums[:, c * d:(c + 1) * d] = np.eye(d)
     _, _, Vt = np.linalg.svd(sums)
     Q = Vt[d:].T
     return float(np.max(np.abs(np.linalg.eigvals(Q.T @ M @ Q))))
@@ -651,6 +855,14 @@ def max_stable_step_size(problem, algorithm="fedlsa", num_local_steps: int | Non
     if isinstance(algorithm, algorithms.Algorithm):
         if num_local_steps is not None:
             _validate.fail("num_local_steps", num_local_steps, "leave it out: it is taken from the algorithm")
+        while algorithm.name == "averaged":  # averaging does not change the stability of the iterates
+            algorithm = algorithm.config.inner
+        if algorithm.name == "richardson":
+            _validate.fail("algorithm", "richardson", "pass the algorithm it extrapolates (its 2 eta run must be "
+                           "stable: halve the bound)")
+        if not optim.is_constant(getattr(algorithm.config, "step_size", 0.0)):
+            _validate.fail("algorithm", algorithm.name, "max_stable_step_size varies a constant step size; this "
+                           "algorithm has a schedule")
         base_alg = algorithm
     else:
         _validate.choice("algorithm", algorithm, ("fedlsa", "scafflsa", "qfedtd"))

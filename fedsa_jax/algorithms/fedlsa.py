@@ -63,7 +63,7 @@ class FedLSAState(NamedTuple):
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> FedLSAState:
     error = initial_error(problem, theta0)
     return FedLSAState(problem.theta_star + error, error, init_samplers(key, problem), jnp.int32(0),
-                       optim.init_server(config.server_optimizer, error))
+                       optim.init_server(config, error))
 
 
 def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsConfig):
@@ -73,7 +73,7 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     view = ErrorCoordinates(problem)
     local, sampler = run_agents(rand.obs, view, state.sampler, state.error, eta, config.skip)
     aggregate, delivery = server_update(rand.channel, state.error, local, config.channel)
-    error, opt_state = optim.server_step(config.server_optimizer, state.opt_state, state.error, aggregate,
+    error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate,
                                          problem.theta_star)
     state = FedLSAState(problem.theta_star + error, error, sampler, state.count + 1, opt_state)
     return state, round_info(local, error, delivery, config, problem)

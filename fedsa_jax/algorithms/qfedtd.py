@@ -51,7 +51,7 @@ class QFedTDState(NamedTuple):
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> QFedTDState:
     error = initial_error(problem, theta0)
     return QFedTDState(problem.theta_star + error, error, init_samplers(key, problem), jnp.int32(0),
-                       optim.init_server(config.server_optimizer, error))
+                       optim.init_server(config, error))
 
 
 def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsConfig):
@@ -75,7 +75,7 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
     else:
         delivery = transmit(rand.channel, g, ch)
         aggregate = state.error + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
-    error, opt_state = optim.server_step(config.server_optimizer, state.opt_state, state.error, aggregate,
+    error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate,
                                          problem.theta_star)
     info = round_info(jnp.broadcast_to(state.error, g.shape), state.error, delivery, config, problem)
     info = info._replace(client_drift=jnp.zeros((), g.dtype))  # one step: no local drift (nothing computed)

@@ -65,7 +65,7 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
     error = initial_error(problem, theta0)
     xi = jnp.zeros((problem.num_agents, problem.dim), problem.dtype)
     return SCAFFLSAState(problem.theta_star + error, error, xi, init_samplers(key, problem), jnp.int32(0),
-                         optim.init_server(config.server_optimizer, error))
+                         optim.init_server(config, error))
 
 
 def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStepsConfig):
@@ -78,7 +78,7 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     )
     aggregate, delivery = server_update(rand.channel, state.error, local, config.channel)
     xi = control_variate_update(state.xi, aggregate, local, delivery, config.channel, optim.round_step_sum(eta, H))
-    error, opt_state = optim.server_step(config.server_optimizer, state.opt_state, state.error, aggregate,
+    error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate,
                                          problem.theta_star)
     state = SCAFFLSAState(problem.theta_star + error, error, xi, sampler, state.count + 1, opt_state)
     return state, round_info(local, error, delivery, config, problem)

@@ -115,7 +115,7 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: ScaffnewConfig) -> 
     x = jnp.broadcast_to(error, (problem.num_agents, problem.dim))
     xi = jnp.zeros((problem.num_agents, problem.dim), problem.dtype)
     return ScaffnewState(problem.theta_star + error, error, x, xi, error, init_samplers(key, problem), jnp.int32(0),
-                         optim.init_server(config.server_optimizer, error))
+                         optim.init_server(config, error))
 
 
 def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewConfig):
@@ -138,7 +138,7 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
         xh = x - eta * (jax.vmap(view.direction)(params, o, x) - xi)
         aggregate, delivery = server_update(key, x_sync, xh, ch)
         xi_synced = control_variate_update(xi, aggregate, xh, delivery, ch, eta / p)
-        synced, opt_synced = optim.server_step(config.server_optimizer, opt_state, x_sync, aggregate,
+        synced, opt_synced = optim.server_step(config, opt_state, x_sync, aggregate,
                                                problem.theta_star)
         x = jnp.where(coin, jnp.broadcast_to(synced, xh.shape), xh)
         xi = jnp.where(coin, xi_synced, xi)
