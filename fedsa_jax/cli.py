@@ -4,6 +4,7 @@
     fedsa-jax run                      # heterogeneous Garnet, FedLSA vs SCAFFLSA
     fedsa-jax run --problem gaussian --algorithms fedlsa --step-size 0.1 --local-steps 10
     fedsa-jax run --algorithms fedlsa,mymodule:fedavgm --param beta=0.9   # a user's own algorithm
+    fedsa-jax run --schedule inverse-time --average 20 --server-optimizer sgd --server-momentum 0.5
     fedsa-jax sweep CONFIG.toml        # a grid of configurations, resumable
     fedsa-jax sweep CONFIG.toml --shard 3/8   # one task of a cluster job array
 
@@ -29,7 +30,9 @@ import warnings
 from pathlib import Path
 
 PROBLEMS = ("garnet", "gaussian", "qfedtd-mdp")
-ALGORITHMS = ("fedlsa", "scafflsa", "qfedtd")
+ALGORITHMS = ("fedlsa", "scafflsa", "qfedtd", "scaffnew")
+SCHEDULES = ("constant", "inverse-time")
+SERVER_OPTIMIZERS = ("none", "sgd", "adam")
 QUANTIZERS = ("none", "stochastic-uniform", "qsgd", "rand-k", "natural")
 HETEROGENEITY = ("homogeneous", "heterogeneous")
 X_AXES = ("rounds", "communications", "samples", "bits_sent", "bits_delivered")  # = fedsa_jax.result.X_AXES
@@ -62,6 +65,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 
@@ -196,6 +209,26 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--local-steps", "-H", type=_positive_int, default=1000, help="local steps H per round")
     a.add_argument("--skip", type=_positive_int, default=1,
                    help="keep one observation out of SKIP (Markovian sampling)")
+    a.add_argument("--comm-prob", type=_real, default=0.2,
+                   help="scaffnew: probability that a local step ends with a communication")
+    o = run.add_argument_group("step sizes, server optimizer, averaging (every built-in algorithm)")
+    o.add_argument("--schedule", choices=SCHEDULES, default="constant",
+                   help="step size of local step k = t H + h: constant eta, or inverse-time "
+                   "eta / (1 + k / DECAY_STEPS) (the 1/k regime); any optax schedule from Python")
+    o.add_argument("--decay-steps", type=_real, default=1000.0,
+                   help="inverse-time: local steps k0 over which the step size halves")
+    o.add_argument("--server-optimizer", choices=SERVER_OPTIMIZERS, default="none",
+                   help="optax optimizer on the server's pseudo-gradient theta_t - aggregate_t: none (plain "
+                   "averaging), sgd (with --server-momentum: FedAvgM) or adam (FedAdam)")
+    o.add_argument("--server-lr", type=_real, default=1.0, help="server optimizer's learning rate")
+    o.add_argument("--server-momentum", type=_real, default=0.0,
+                   help="sgd: momentum beta in [0, 1) (0: none)")
+    o.add_argument("--average", type=_nonnegative_int, default=None, metavar="BURN_IN",
+                   help="report the Polyak-Ruppert average of the iterates after BURN_IN rounds "
+                   "(fj.averaged); the last iterate's MSE is kept as the metric last_iterate_mse")
+    o.add_argument("--richardson", action="store_true",
+                   help="Richardson-Romberg: report 2 theta(eta) - theta(2 eta), both runs on the same random "
+                   "numbers (fj.richardson; with --average, of the averaged iterates)")
     c = run.add_argument_group("uplink channel (every built-in algorithm)")
     c.add_argument("--quantizer", choices=QUANTIZERS, default="none",
                    help="quantizer of the uplink message (FedLSA/SCAFFLSA: the model difference; QFedTD: "
@@ -303,14 +336,51 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
     import fedsa_jax as fj
 
     if ":" in name:
-        return _custom_algorithm(name, getattr(args, "params", None) or {}, args, option, param_option)
-    channel = dict(quantizer=_make_quantizer(args), success_prob=args.success_prob,
-                   aggregation=args.aggregation)
-    if name == "qfedtd":
-        return fj.qfedtd(args.step_size, **channel)
-    if name not in ALGORITHMS:
+        if args.schedule != "constant" or args.server_optimizer != "none":
+            raise ValueError(f"--schedule/--server-optimizer is invalid with {option}={name!r}: they configure the "
+                             "built-in algorithms (a factory takes its own step_size and server_optimizer)")
+        alg = _custom_algorithm(name, getattr(args, "params", None) or {}, args, option, param_option)
+    elif name not in ALGORITHMS:
         raise ValueError(f"algorithm={name!r} is invalid: expected one of {', '.join(ALGORITHMS)}")
-    return getattr(fj, name)(args.step_size, args.local_steps, skip=args.skip, **channel)
+    else:
+        step = args.step_size
+        if args.schedule == "inverse-time":
+            step = fj.schedule(fj.optim.inverse_time, eta0=float(args.step_size), k0=float(args.decay_steps))
+        kwargs = dict(quantizer=_make_quantizer(args), success_prob=args.success_prob,
+                      aggregation=args.aggregation, server_optimizer=_make_server_optimizer(args))
+        if name == "qfedtd":
+            alg = fj.qfedtd(step, **kwargs)
+        elif name == "scaffnew":
+            alg = fj.scaffnew(step, args.comm_prob, args.local_steps, skip=args.skip, **kwargs)
+        else:
+            alg = getattr(fj, name)(step, args.local_steps, skip=args.skip, **kwargs)
+    if args.average is not None:
+        alg = fj.averaged(alg, burn_in=args.average)
+    return fj.richardson(alg) if args.richardson else alg
+
+
+def _make_server_optimizer(args):
+    import fedsa_jax as fj
+
+    if args.server_optimizer == "none":
+        for option, value, default in (("--server-lr", args.server_lr, 1.0),
+                                       ("--server-momentum", args.server_momentum, 0.0)):
+            if value != default:
+                raise ValueError(f"{option}={value!r} is invalid: it sets --server-optimizer, which is 'none'")
+        return None
+    import optax
+
+    lr = float(args.server_lr)
+    if args.server_optimizer == "adam":
+        if args.server_momentum != 0.0:
+            raise ValueError(f"--server-momentum={args.server_momentum!r} is invalid: it applies to sgd")
+        return fj.optimizer(optax.adam, learning_rate=lr)
+    beta = float(args.server_momentum)
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"--server-momentum={beta!r} is invalid: expected a number in [0, 1)")
+    if beta == 0.0:
+        return fj.optimizer(optax.sgd, learning_rate=lr)
+    return fj.optimizer(optax.sgd, learning_rate=lr, momentum=beta)
 
 
 def _one_line(err: BaseException) -> str:
@@ -494,6 +564,7 @@ def cmd_run(args) -> int:
                 record_every=min(args.record_every, args.rounds), chunk_rounds=args.chunk_rounds,
                 checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / file_name,
                 progress=args.progress, quantiles=True if args.band == "quantiles" else None,
+                metrics=["last_iterate_mse"] if args.average is not None else None,
             )
             seconds = time.perf_counter() - t0
         timing = _timing(res, seconds, timer.seconds, problem, alg)
@@ -514,7 +585,7 @@ def cmd_run(args) -> int:
         print(f"{alg.name:9s} final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g} (s.e.), "
               f"{int(res.num_diverged[-1])} diverged, {_describe_timing(timing, args.rounds)} -> {path}")
     lines = {}
-    if "fedlsa" in args.algorithms:
+    if "fedlsa" in args.algorithms and args.schedule == "constant":
         bias = fj.theory.fedlsa_bias(problem, args.step_size, args.local_steps)
         level = float(np.sum(bias**2))
         summary["fedlsa_predicted_squared_bias"] = level
@@ -541,8 +612,15 @@ def cmd_run(args) -> int:
         from fedsa_jax.plotting import plot_mse
 
         title = f"{args.problem}, N={problem.num_agents}, d={problem.dim}, " + rf"$\eta$={args.step_size:g}"
+        if args.schedule != "constant":
+            title = title.replace(rf"$\eta$={args.step_size:g}", rf"$\eta_k$={args.step_size:g}/(1+k/{args.decay_steps:g})")
         if any(alg.name != "qfedtd" for alg in algs):
             title += f", H={args.local_steps}"
+        if args.server_optimizer != "none":
+            title += f", server {args.server_optimizer} lr={args.server_lr:g}"
+            title += f" momentum={args.server_momentum:g}" if args.server_momentum else ""
+        if args.average is not None:
+            title += f", averaged after {args.average}"
         if args.quantizer != "none":
             title += f", {args.quantizer}"
             title += f" {args.bits} bits" if args.quantizer == "stochastic-uniform" else ""
@@ -560,7 +638,7 @@ RUN_KEYS = {"seeds": 64, "seed": 1, "rounds": None, "total_local_steps": None, "
             "records": None, "dtype": "float32", "out": "fedsa_sweep", "figure_x": None}
 # run options that are not grid axes (they are [run] keys, or concern one run's files)
 NOT_GRID = {"algorithms", "param", "rounds", "seeds", "seed", "record_every", "dtype", "out", "no_plot", "x_axis",
-            "checkpoint_dir", "chunk_rounds", "progress", "band", "exact", "help"}
+            "checkpoint_dir", "chunk_rounds", "progress", "band", "exact", "help", "richardson"}
 PROBLEM_KEYS = ("problem", "agents", "heterogeneity", "states", "dim", "sampling", "noise_A", "noise_b",
                 "problem_seed", "dtype")
 

@@ -254,11 +254,16 @@ class _Model:
     """
 
     def __init__(self, problem, algorithm):
+        from fedsa_jax.algorithms.averaged import AveragedConfig, RichardsonConfig
+
         self.burn_in = None
-        if algorithm.name == "averaged":
+        if isinstance(algorithm.config, AveragedConfig):
             self.burn_in = int(algorithm.config.burn_in)
             algorithm = algorithm.config.inner
         name = algorithm.name
+        if isinstance(algorithm.config, (AveragedConfig, RichardsonConfig)):
+            _validate.fail("algorithm", name, "exact recursions cover one level of fj.averaged(...) around "
+                           "'fedlsa', 'scafflsa', 'qfedtd' or 'scaffnew'")
         if name not in ("fedlsa", "scafflsa", "qfedtd", "scaffnew"):
             _validate.fail("algorithm", name, "exact recursions cover 'fedlsa', 'scafflsa', 'qfedtd' and 'scaffnew', "
                            "their fj.averaged(...) and (exact_mean only) fj.richardson(...)")
@@ -498,6 +503,12 @@ def _require_iid(problem):
         _validate.fail("problem.sampling", problem.sampling, "exact recursions need i.i.d. ('generative') sampling")
 
 
+def _is_richardson(algorithm) -> bool:
+    from fedsa_jax.algorithms.averaged import RichardsonConfig
+
+    return isinstance(algorithm.config, RichardsonConfig)
+
+
 def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     """``E[theta_t]`` for ``t = 0..num_rounds`` (shape ``(T+1, d)``), exact for i.i.d.
     observations, for FedLSA, SCAFFLSA, QFedTD and Scaffnew, with any unbiased channel, any
@@ -510,7 +521,7 @@ def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     """
     _require_iid(problem)
     T = _validate.integer("num_rounds", num_rounds, 0)
-    if algorithm.name == "richardson":
+    if _is_richardson(algorithm):
         cfg = algorithm.config
         return 2 * exact_mean(problem, cfg.inner, T, theta0) - exact_mean(problem, cfg.doubled, T, theta0)
     model = _Model(problem, algorithm)
@@ -714,8 +725,8 @@ def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
     :func:`exact_mse` (``model.scored(t)`` is the reported iterate's block of Y after round t),
     its arguments checked before it returns."""
     T = _validate.integer("num_rounds", num_rounds, 0)
-    if algorithm.name == "richardson":
-        _validate.fail("algorithm", "richardson", "exact_mse does not cover Richardson-Romberg extrapolation (its two "
+    if _is_richardson(algorithm):
+        _validate.fail("algorithm", algorithm.name, "exact_mse does not cover Richardson-Romberg extrapolation (its two "
                        "runs share their noise); exact_mean does")
     model = _Model(problem, algorithm)
     name, channel = model.name, model.channel
@@ -855,10 +866,12 @@ def max_stable_step_size(problem, algorithm="fedlsa", num_local_steps: int | Non
     if isinstance(algorithm, algorithms.Algorithm):
         if num_local_steps is not None:
             _validate.fail("num_local_steps", num_local_steps, "leave it out: it is taken from the algorithm")
-        while algorithm.name == "averaged":  # averaging does not change the stability of the iterates
+        from fedsa_jax.algorithms.averaged import AveragedConfig
+
+        while isinstance(algorithm.config, AveragedConfig):  # averaging leaves the iterates' stability as is
             algorithm = algorithm.config.inner
-        if algorithm.name == "richardson":
-            _validate.fail("algorithm", "richardson", "pass the algorithm it extrapolates (its 2 eta run must be "
+        if _is_richardson(algorithm):
+            _validate.fail("algorithm", algorithm.name, "pass the algorithm it extrapolates (its 2 eta run must be "
                            "stable: halve the bound)")
         if not optim.is_constant(getattr(algorithm.config, "step_size", 0.0)):
             _validate.fail("algorithm", algorithm.name, "max_stable_step_size varies a constant step size; this "

@@ -13,6 +13,7 @@ import json
 
 import jax
 import numpy as np
+import optax
 import pytest
 from conftest import Z_TOL
 
@@ -76,6 +77,19 @@ RUNS = {
                                        sampling="generative", dtype="float32"),
         {"qfedtd": lambda: fj.qfedtd(0.4, fj.channel.rand_k(2), success_prob=0.6)},
     ),
+    "gaussian-schedule-momentum-averaged-float64": (
+        ["--problem", "gaussian", "--agents", "3", "--dim", "2", "--algorithms", "scafflsa,scaffnew",
+         "--local-steps", "2", "--step-size", "0.2", "--schedule", "inverse-time", "--decay-steps", "3",
+         "--server-optimizer", "sgd", "--server-lr", "0.8", "--server-momentum", "0.4", "--average", "2",
+         "--comm-prob", "0.5", "--dtype", "float64"],
+        lambda: fj.problems.random_gaussian_lsa(jax.random.key(0), num_agents=3, dim=2, heterogeneity=1.0,
+                                                noise_A=0.1, noise_b=0.5, dtype="float64"),
+        {f"averaged_{name}": (lambda make=make: fj.averaged(make(
+            fj.schedule(fj.optim.inverse_time, eta0=0.2, k0=3.0),
+            server_optimizer=fj.optimizer(optax.sgd, learning_rate=0.8, momentum=0.4)), burn_in=2))
+         for name, make in (("scafflsa", lambda eta, **kw: fj.scafflsa(eta, 2, **kw)),
+                            ("scaffnew", lambda eta, **kw: fj.scaffnew(eta, 0.5, 2, **kw)))},
+    ),
 }
 
 
@@ -90,7 +104,8 @@ def test_run_saves_what_the_library_computes(tmp_path, case):
     assert summary["problem"] == problem.describe()
     for name, make in algorithms.items():
         alg = make()
-        direct = fj.simulate(jax.random.key(2), problem, alg, 5, 6)
+        metrics = ["last_iterate_mse"] if name.startswith("averaged_") else None  # what --average records
+        direct = fj.simulate(jax.random.key(2), problem, alg, 5, 6, metrics=metrics)
         saved = fj.load(out / f"result_{name}.npz")
         assert saved.config["algorithm"] == alg.describe()
         assert saved.config["bits_per_message"] == alg.bits_per_message(problem.dim)
@@ -99,6 +114,9 @@ def test_run_saves_what_the_library_computes(tmp_path, case):
         np.testing.assert_array_equal(saved.mse_mean, direct.mse_mean)
         np.testing.assert_array_equal(saved.bits_delivered, direct.bits_delivered)
         assert summary["runs"][name]["final_mse"] == float(direct.mse_mean[-1])
+        if metrics:
+            np.testing.assert_array_equal(saved.metrics["last_iterate_mse"].mean,
+                                          direct.metrics["last_iterate_mse"].mean)
 
 
 @pytest.mark.parametrize("options,expected", [
@@ -119,6 +137,11 @@ def test_quantizer_options_build_the_named_quantizer(options, expected):
                 "--success-prob", "0.4", "--aggregation", "divide_by_received"],
      fj.fedlsa(0.3, 7, skip=3, quantizer=fj.channel.natural(), success_prob=0.4, aggregation="divide_by_received")),
     ("scafflsa", ["--eta", "0.2", "-H", "5", "-p", "0.9"], fj.scafflsa(0.2, 5, success_prob=0.9)),
+    ("scaffnew", ["--eta", "0.2", "-H", "5", "--comm-prob", "0.3"], fj.scaffnew(0.2, 0.3, 5)),
+    ("fedlsa", ["--eta", "0.2", "-H", "5", "--server-optimizer", "adam", "--server-lr", "0.01", "--richardson"],
+     fj.richardson(fj.fedlsa(0.2, 5, server_optimizer=fj.optimizer(optax.adam, learning_rate=0.01)))),
+    ("fedlsa", ["--eta", "0.2", "-H", "5", "--server-optimizer", "sgd", "--average", "0", "--richardson"],
+     fj.richardson(fj.averaged(fj.fedlsa(0.2, 5, server_optimizer=fj.optimizer(optax.sgd, learning_rate=1.0))))),
     ("qfedtd", ["--step-size", "0.6", "--local-steps", "9", "--skip", "2", "--quantizer", "stochastic-uniform",
                 "--bits", "2", "-p", "0.5"], fj.qfedtd(0.6, fj.channel.stochastic_uniform(2), success_prob=0.5)),
 ])

@@ -87,7 +87,7 @@ def test_last_iterate_metric_and_configuration(het_gaussian):
     np.testing.assert_allclose(res.metrics["last_iterate_mse"].mean, plain.mse_mean, rtol=1e-12)
     np.testing.assert_allclose(res.mse_mean[:11], plain.mse_mean[:11], rtol=1e-12)
     assert res.mse_mean[-1] < 0.5 * plain.mse_mean[-1]  # averaging removes most of the fluctuation
-    assert res.config["algorithm"]["algorithm"] == "averaged"
+    assert res.config["algorithm"]["algorithm"] == "averaged_fedlsa"
     assert res.config["algorithm"]["burn_in"] == 10
     assert res.config["algorithm"]["inner"]["step_size"] == 0.2
 

@@ -94,7 +94,8 @@ def step_averaged(rand: RoundRandomness, state: AveragedState, problem, config: 
 
 
 def averaged(algorithm: Algorithm, burn_in: int = 0) -> Algorithm:
-    """Polyak-Ruppert averaging of ``algorithm`` after ``burn_in`` rounds (module docstring).
+    """Polyak-Ruppert averaging of ``algorithm`` after ``burn_in`` rounds (module docstring); named
+    ``"averaged_<name>"``.
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -105,7 +106,7 @@ def averaged(algorithm: Algorithm, burn_in: int = 0) -> Algorithm:
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm to average")
     b = _validate.integer("burn_in", burn_in, 0)
-    return Algorithm(AveragedConfig(algorithm, b), "averaged", init_averaged, step_averaged)
+    return Algorithm(AveragedConfig(algorithm, b), f"averaged_{algorithm.name}", init_averaged, step_averaged)
 
 
 @jax.tree_util.register_dataclass
@@ -153,8 +154,8 @@ def scale_step_size(algorithm: Algorithm, factor: float) -> Algorithm:
 
 def richardson(algorithm: Algorithm) -> Algorithm:
     """Richardson-Romberg extrapolation ``2 theta(eta) - theta(2 eta)`` with common random numbers
-    (module docstring); the counts reported are those of both runs."""
+    (module docstring), named ``"richardson_<name>"``; the counts reported are those of both runs."""
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm")
-    return Algorithm(RichardsonConfig(algorithm, scale_step_size(algorithm, 2.0)), "richardson",
+    return Algorithm(RichardsonConfig(algorithm, scale_step_size(algorithm, 2.0)), f"richardson_{algorithm.name}",
                      init_richardson, step_richardson)
