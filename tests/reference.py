@@ -167,7 +167,7 @@ def td_support(problem):
 
 
 def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="divide_by_n", k=None,
-                   support=None):
+                   support=None, server=None, burn_in=None, with_mean=False):
     """Exact ``E|theta_t - theta_star|^2`` of a problem with i.i.d. observations of finite
     support (default: generative federated TD, :func:`td_support`) by brute force.
 
@@ -177,6 +177,12 @@ def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="di
     each agent's rand-k coordinate subset), each outcome's affine map weighted by its
     probability. Independent of ``fedsa_jax.theory`` (no shared code); only for tiny
     problems. QFedTD is FedLSA with H = 1 (its local iterate is ``theta + eta g``).
+
+    ``eta``: a float, or ``(T, H)`` step sizes (a schedule; SCAFFLSA divides by the sum of
+    the round's steps). ``server=(lr, beta)``: server SGD with momentum on the pseudo-gradient,
+    ``m <- (theta - a) + beta m``, ``theta <- theta - lr m`` (``a`` the aggregate), the momentum
+    ``m`` a block of Y. ``burn_in=b``: report the running mean ``v`` of ``theta_{b+1..t}``
+    (another block of Y). ``with_mean``: also return ``E[reported iterate]``.
     """
     import itertools
     from math import comb
@@ -185,10 +191,13 @@ def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="di
     obs = td_support(problem) if support is None else support
     theta_star = np.asarray(problem.theta_star, float)
     N, d = problem.num_agents, problem.dim
-    D = 1 + d + 2 * N * d
+    D = 1 + d + 2 * N * d + 2 * d
     th = np.arange(1, 1 + d)
     xi = [np.arange(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(N)]
     loc = [np.arange(1 + d + (N + c) * d, 1 + d + (N + c + 1) * d) for c in range(N)]
+    mom = np.arange(D - 2 * d, D - d)
+    avg = np.arange(D - d, D)
+    etas = np.broadcast_to(np.asarray(eta, float), (T, H))
     I = np.eye(d)
     if k is None:
         masks = [(1.0, np.ones(d))]
@@ -199,18 +208,22 @@ def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="di
     if theta0 is not None:
         y[th] = theta0
     M = np.outer(y, y)
+    means = []
 
-    def sq_err(M):
-        return np.trace(M[np.ix_(th, th)]) - 2 * theta_star @ M[0, th] + theta_star @ theta_star
+    def sq_err(M, t):
+        v = avg if burn_in is not None and t > burn_in else th
+        means.append(M[0, v].copy())
+        return np.trace(M[np.ix_(v, v)]) - 2 * theta_star @ M[0, v] + theta_star @ theta_star
 
-    out = [sq_err(M)]
-    for _ in range(T):
+    out = [sq_err(M, 0)]
+    for t in range(T):
         L = np.eye(D)
         for c in range(N):
             L[np.ix_(loc[c], loc[c])] = 0.0
             L[np.ix_(loc[c], th)] = I
         M = L @ M @ L.T
-        for _ in range(H):
+        for h in range(H):
+            eta = etas[t, h]
             new = np.zeros((D, D))
             for combo in itertools.product(*obs):
                 L = np.eye(D)
@@ -238,8 +251,18 @@ def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="di
                     L[np.ix_(th, loc[c])] += w[c] * np.diag(mask)
                 if name == "scafflsa":
                     for c in range(N):
-                        L[xi[c], :] += (L[th, :] - np.eye(D)[loc[c], :]) / (eta * H)
+                        L[xi[c], :] += (L[th, :] - np.eye(D)[loc[c], :]) / np.sum(etas[t])
+                if server is not None:  # L[th] is the aggregate a; momentum and theta from the old Y
+                    lr, beta = server
+                    L[mom, :] = np.eye(D)[th, :] - L[th, :] + beta * np.eye(D)[mom, :]
+                    L[th, :] = np.eye(D)[th, :] - lr * L[mom, :]
                 new += prob * L @ M @ L.T
         M = new
-        out.append(sq_err(M))
-    return np.asarray(out)
+        if burn_in is not None and t + 1 > burn_in:
+            n = t + 1 - burn_in
+            L = np.eye(D)
+            L[np.ix_(avg, avg)] = (1 - 1 / n) * I
+            L[np.ix_(avg, th)] = I / n
+            M = L @ M @ L.T
+        out.append(sq_err(M, t + 1))
+    return (np.asarray(means), np.asarray(out)) if with_mean else np.asarray(out)

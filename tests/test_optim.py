@@ -3,13 +3,11 @@
 * reductions: a constant schedule is the float step; ``optax.sgd(1.0)`` is the plain server
   update; averaging is the running mean of the plain iterates, seed by seed;
 * the exact theory (``exact_mean``/``exact_mse`` with schedules, server momentum, averaging)
-  against a brute-force enumeration written here in theta coordinates (independent of
-  ``fedsa_jax.theory``), against a hand mean recursion, and against Monte Carlo within
+  against the brute-force enumeration of ``tests/reference.py`` in theta coordinates
+  (independent of ``fedsa_jax.theory``), against a hand mean recursion, and against Monte Carlo within
   Z_TOL standard errors on Gaussian LSA and generative TD;
 * clear errors before anything compiles.
 """
-
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 from conftest import Z_TOL
-from reference import td_support
+from reference import enumerated_mse
 
 import fedsa_jax as fj
 from fedsa_jax import simulate as sim_mod
@@ -116,79 +114,6 @@ def test_sweep_over_a_schedule_scale_compiles_once(td2):
 # exact theory against an independent enumeration (theta coordinates, dense maps)
 
 
-def enumerated(problem, name, etas, H, T, theta0, lr=None, beta=0.0, burn_in=None):
-    """``(E[theta_t], E|theta_t - theta*|^2)`` for FedLSA/SCAFFLSA with an exact channel, step sizes
-    ``etas[t][h]``, server SGD ``(lr, momentum beta)`` and averaging, by pushing the second moment of
-    ``Y = (1, theta, xi_1..xi_N, x_1..x_N, m, v)`` through every joint observation of a local step."""
-    obs = td_support(problem)
-    star = np.asarray(problem.theta_star, float)
-    N, d = problem.num_agents, problem.dim
-    I = np.eye(d)
-    idx = iter(range(1, 10**6))
-    blk = lambda: np.array([next(idx) for _ in range(d)])  # noqa: E731
-    th = blk()
-    xi = [blk() for _ in range(N)]
-    loc = [blk() for _ in range(N)]
-    mom, avg = blk(), blk()
-    D = 1 + d * (3 + 2 * N)
-    y = np.zeros(D)
-    y[0] = 1.0
-    y[th] = theta0
-    y[avg] = theta0
-    M = np.outer(y, y)
-    means, mses = [], []
-
-    def record(M, t):
-        out = avg if burn_in is not None and t > burn_in else th
-        means.append(M[0, out].copy())
-        mses.append(np.trace(M[np.ix_(out, out)]) - 2 * star @ M[0, out] + star @ star)
-
-    record(M, 0)
-    for t in range(T):
-        L = np.eye(D)
-        for c in range(N):
-            L[np.ix_(loc[c], loc[c])] = 0.0
-            L[np.ix_(loc[c], th)] = I
-        M = L @ M @ L.T
-        for h in range(H):
-            eta = etas[t][h]
-            new = np.zeros((D, D))
-            for combo in itertools.product(*obs):
-                L = np.eye(D)
-                prob = 1.0
-                for c, (w, Az, bz) in enumerate(combo):
-                    prob *= w
-                    L[np.ix_(loc[c], loc[c])] = I - eta * Az
-                    L[loc[c], 0] = eta * bz
-                    if name == "scafflsa":
-                        L[np.ix_(loc[c], xi[c])] = eta * I
-                new += prob * L @ M @ L.T
-            M = new
-        # aggregate a = mean_c x_c; SCAFFLSA: xi_c += (a - x_c) / sum_h eta_h (from the old rows)
-        a_row = np.zeros((d, D))
-        for c in range(N):
-            a_row[:, loc[c]] += I / N
-        L = np.eye(D)
-        if name == "scafflsa":
-            for c in range(N):
-                L[xi[c], :] += (a_row - np.eye(D)[loc[c], :]) / np.sum(etas[t])
-        if lr is None:
-            L[th, :] = a_row
-        else:  # m <- (theta - a) + beta m,  theta <- theta - lr m
-            g = np.eye(D)[th, :] - a_row
-            L[mom, :] = g + beta * np.eye(D)[mom, :]
-            L[th, :] = np.eye(D)[th, :] - lr * L[mom, :]
-        M = L @ M @ L.T
-        if burn_in is not None and t + 1 > burn_in:
-            n = t + 1 - burn_in
-            L = np.eye(D)
-            L[np.ix_(avg, avg)] = (1 - 1 / n) * I
-            L[np.ix_(avg, th)] = I / n
-            M = L @ M @ L.T
-        record(M, t + 1)
-    return np.asarray(means), np.asarray(mses)
-
-
 THEORY_CASES = {
     # name, schedule (or float), optimizer (lr, beta) or None, burn-in or None
     "fedlsa_decay": ("fedlsa", decay, None, None),
@@ -213,8 +138,7 @@ def test_exact_theory_matches_enumeration(td2, case):
     alg = build(name, step, opt, burn_in, H)
     theta0 = np.array([0.7, -0.4])
     etas = [[step(t * H + h) if callable(step) else step for h in range(H)] for t in range(T)]
-    lr, beta = (None, 0.0) if opt is None else opt
-    mean_ref, mse_ref = enumerated(td2, name, etas, H, T, theta0, lr, beta, burn_in)
+    mean_ref, mse_ref = enumerated_mse(td2, name, etas, H, T, theta0, server=opt, burn_in=burn_in, with_mean=True)
     np.testing.assert_allclose(fj.theory.exact_mean(td2, alg, T, theta0=theta0), mean_ref, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(fj.theory.exact_mse(td2, alg, T, theta0=theta0), mse_ref, rtol=1e-10)
     # power: the plain algorithm's curve is elsewhere
