@@ -92,7 +92,7 @@ def test_save_load_round_trip(garnet, tmp_path):
     assert back.config == json.loads(json.dumps(res.config))
     cfg = back.config
     assert cfg["algorithm"] == {
-        "algorithm": "scafflsa", "step_size": 0.5, "num_local_steps": 2, "skip": 1,
+        "algorithm": "scafflsa", "step_size": 0.5, "num_local_steps": 2, "skip": 1, "server_optimizer": None,
         "channel": {"aggregation": "divide_by_n", "quantizer": {"kind": "identity"}, "success_prob": 1.0},
     }
     assert cfg["bits_per_message"] == 32 * 2
