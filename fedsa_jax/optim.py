@@ -94,6 +94,34 @@ def _owner(fn) -> str:
 _GLUE = ("with_extra_args_support", "init_empty_state")
 
 
+def code_digest(fn, depth: int = 0) -> str:
+    """A short digest of a function's code, constants and closure values (recursively): two
+    functions of the same name but different bodies or captured numbers differ, so checkpoint
+    fingerprints (which hash the description) tell them apart."""
+    import hashlib
+
+    h = hashlib.sha256()
+    f = getattr(fn, "update", fn)
+    code = getattr(f, "__code__", None)
+    if code is None or depth > 8:
+        h.update(repr(fn).encode())
+        return h.hexdigest()[:12]
+    h.update(code.co_code)
+    h.update(repr(code.co_consts).encode())
+    h.update(repr(code.co_names).encode())
+    for cell in f.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        for item in items:
+            inner = getattr(item, "update", item)
+            h.update((code_digest(inner, depth + 1) if callable(inner) and hasattr(inner, "__code__")
+                      else repr(item)).encode())
+    return h.hexdigest()[:12]
+
+
 def describe_closure(fn, depth: int = 0) -> dict[str, Any]:
     """``{"name": ..., <hyperparameter>: value, "parts": [...]}`` read from the closure of an optax
     function (schedule or ``update``): what optax exposes of its hyperparameters."""
@@ -149,11 +177,13 @@ class _Built:
         return self.fn(**self.hyperparams, **{k: v.value for k, v in self.static})
 
     def describe(self) -> dict[str, Any]:
+        """Name and hyperparameters (what optax exposes of a built object), and ``code``, a digest of
+        the function's code and captured values."""
         if not self.factory:
-            return describe_closure(getattr(self.fn, "update", self.fn))
+            return {**describe_closure(getattr(self.fn, "update", self.fn)), "code": code_digest(self.fn)}
         from fedsa_jax.algorithms._base import describe_value
 
-        out = {"name": _owner(self.fn)}
+        out = {"name": _owner(self.fn), "code": code_digest(self.fn)}
         for k, v in sorted([*self.hyperparams.items(), *((k, v.value) for k, v in self.static)]):
             out[k] = describe_value(v)
         return out

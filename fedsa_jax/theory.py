@@ -317,10 +317,12 @@ class _Model:
                            "step sizes must be finite and > 0")
         return values.reshape(num_rounds, self.H)
 
+    CACHE_SIZE = 32  # maps kept (a constant step needs a handful; a schedule's are used once each)
+
     def _cached(self, key, build):
         if key not in self._cache:
-            if len(self._cache) > 4096:
-                self._cache.clear()
+            if len(self._cache) >= self.CACHE_SIZE:
+                self._cache.pop(next(iter(self._cache)))  # the oldest
             self._cache[key] = build()
         return self._cache[key]
 
@@ -751,7 +753,9 @@ def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
 
     def conjugate(L, S):
         if id(L) not in conjugators:
-            conjugators[id(L)] = (L, _conjugator(L))  # L kept alive: ids stay unique
+            if len(conjugators) >= model.CACHE_SIZE:
+                conjugators.pop(next(iter(conjugators)))
+            conjugators[id(L)] = (L, _conjugator(L))  # L kept alive while cached: its id stays unique
         return conjugators[id(L)][1](S)
 
     def local_rows(S, eta):

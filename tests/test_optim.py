@@ -247,3 +247,20 @@ def test_bad_inputs_raise_before_compiling(td2):
         fj.theory.fedlsa_bias(td2, decay, 2)
     with pytest.raises(ValueError, match="has a schedule"):
         fj.theory.max_stable_step_size(td2, fj.fedlsa(decay, 2))
+
+
+def test_descriptions_tell_schedules_and_optimizers_apart():
+    """Checkpoint fingerprints hash the description: same-named functions with other bodies or captured
+    numbers must describe differently; equal ones equally."""
+    def make(c):
+        return lambda k: c / (1.0 + k)
+
+    a, b = fj.fedlsa(make(0.1), 2).describe(), fj.fedlsa(make(0.2), 2).describe()
+    assert a["step_size"]["schedule"]["name"] == b["step_size"]["schedule"]["name"]
+    assert a != b
+    assert fj.fedlsa(make(0.1), 2).describe() == a
+    sgd = lambda lr: fj.fedlsa(0.1, 2, server_optimizer=optax.sgd(lr, momentum=0.9)).describe()  # noqa: E731
+    assert sgd(0.5) == sgd(0.5) and sgd(0.5) != sgd(0.6)
+    assert {"name": "trace", "accumulator_dtype": None, "decay": 0.9, "nesterov": False} in sgd(0.5)["server_optimizer"]["parts"]
+    built = fj.fedlsa(0.1, 2, server_optimizer=fj.optimizer(optax.sgd, learning_rate=0.5)).describe()
+    assert built["server_optimizer"]["name"] == "sgd" and built["server_optimizer"]["learning_rate"] == 0.5
