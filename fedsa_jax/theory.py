@@ -51,6 +51,18 @@ Y: no broadcast; each local step is the local map above followed, with probabili
 ``((1 - p) I + p L_comm) L_s`` and the second moment by the same mixture of
 ``L_s S L_s^T + E[w w^T]`` and ``L_comm (L_s S L_s^T + E[w w^T]) L_comm^T``.
 
+**Schedules, server optimizers, averaging** (:mod:`fedsa_jax.optim`,
+:func:`fedsa_jax.averaged`). A step-size schedule makes the local map time-varying: local
+step ``k = t H + h`` uses ``eta_k`` (SCAFFLSA's control variates divide by
+``sum_h eta_{tH+h}``, Scaffnew's by ``eta_k / p``). A server optimizer is probed in float64
+as an affine map ``[u; s'] = M [g; s; theta] + c`` of the pseudo-gradient
+``g = theta - a``, its flattened state s and the iterate (``optax.sgd`` with momentum is
+``s' = g + beta s``, ``u = -lr s'``); Y gains the block s and a scratch block a for the
+aggregate, and the channel's noise enters a. Optimizers that are not affine (Adam,
+RMSProp) or whose state counts steps are refused. Averaging adds the running mean
+``v <- v + (theta - v) / (t - b)`` (``t > b``) to Y, and v is reported after the burn-in.
+Richardson-Romberg's mean is ``2 E[theta(eta)] - E[theta(2 eta)]`` (:func:`exact_mean`).
+
 Uplink channels keep the mean dynamics linear for every algorithm: in
 :func:`exact_mean` the server step uses the expected aggregation weights
 ``E[w_c]`` (``p / N`` for ``"divide_by_n"``, ``(1 - (1 - p)^N) / N`` for
