@@ -24,7 +24,7 @@ carries the initial error (exactly: its mean is 0.061 away from FedLSA's limit, 
 reported in the JSON as ``transient_from_zero``). Started at theta_star the runs measure
 variance and bias, which is what the rates are about (as Figure 2 of ``reproduce_scafflsa.py``).
 
-    python benchmarks/averaging.py            # about 10 min on 2 busy CPU cores
+    python benchmarks/averaging.py            # about 13 min on 2 busy CPU cores (exact curves cached)
     python benchmarks/averaging.py --quick    # smoke run, well under a minute (writes to benchmarks/out/)
 """
 
@@ -241,7 +241,7 @@ def main(argv=None):
                 rows[kind] = row
             level = float(bias[N] @ bias[N])
             ax.axhline(level, color="C3", ls="--", lw=1.2, label=r"FedLSA $\|$bias$\|^2$ (fedlsa_bias)")
-            note = "" if N == 10 else "\n(no exact curves at N=100: the recursion's state has 1+d+Nd = 809+ coordinates)"
+            note = "" if N == 10 else "\n(no exact curves: recursion state 1+d+Nd > 800)"
             finish(ax, f"{name}, heterogeneous Garnet, N={N}, H={H}, {seeds[N]} seeds{note}", legend=True)
             part1.append({"algorithm": name, "N": N, **rows})
     fig.suptitle(f"From $\\theta_0=\\theta_\\star$, T={T}: constant, 1/k, averaged steps", fontsize=11)
