@@ -191,7 +191,8 @@ MUTATIONS = [
     ),
     Mutation(
         "gaussian-noise-unscaled", "fedsa_jax/problems/gaussian.py",
-        "params.residual_star + params.noise_A * norm * z_A", "params.residual_star + params.noise_A * z_A",
+        "var = params.noise_A**2 * jnp.sum(theta * theta) + params.noise_b**2",
+        "var = params.noise_A**2 + params.noise_b**2",
         (f"{ALG}::test_gaussian_matches_numpy_loop[fedlsa]",),
         "G theta drawn as z instead of |theta| z",
     ),

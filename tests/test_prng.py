@@ -27,3 +27,16 @@ def test_uniform_matches_jax_float64():
     b = _prng.uniform(key, (4, 9), jnp.float64)
     assert b.dtype == jnp.float64
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_normal_matches_jax_bit_for_bit(dtype):
+    for seed in range(3):
+        key = jax.random.key(seed)
+        a = jax.random.normal(key, (3, 40), dtype)
+        b = jax.jit(lambda k: _prng.normal(k, (3, 40), dtype))(key)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        keys = jax.random.split(key, 4)  # and under vmap
+        a = jax.vmap(lambda k: jax.random.normal(k, (5, 20), dtype))(keys)
+        b = jax.jit(jax.vmap(lambda k: _prng.normal(k, (5, 20), dtype)))(keys)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
