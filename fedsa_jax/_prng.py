@@ -85,3 +85,13 @@ def normal(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
     hi = np.array(1.0, dtype)
     v = lax.max(lo, uniform(key, shape, dtype) * (hi - lo) + lo)
     return np.array(np.sqrt(2), dtype) * lax.erf_inv(v)
+
+
+def split(key: jax.Array, num: int = 2) -> jax.Array:
+    """``jax.random.split(key, num)``, bit for bit (key ``i`` is the hash of the counter
+    ``(0, i)``), as fusable elementwise ops; else ``jax.random.split``."""
+    if not (jax.config.jax_threefry_partitionable and "threefry2x32" in str(jax.random.key_impl(key))):
+        return jax.random.split(key, num)
+    kd = jax.random.key_data(key)
+    b1, b2 = threefry2x32(kd[0], kd[1], jnp.zeros((num,), np.uint32), lax.iota(np.uint32, num))
+    return jax.random.wrap_key_data(jnp.stack([b1, b2], axis=-1), impl=jax.random.key_impl(key))

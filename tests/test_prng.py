@@ -40,3 +40,11 @@ def test_normal_matches_jax_bit_for_bit(dtype):
         a = jax.vmap(lambda k: jax.random.normal(k, (5, 20), dtype))(keys)
         b = jax.jit(jax.vmap(lambda k: _prng.normal(k, (5, 20), dtype)))(keys)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_split_matches_jax_bit_for_bit():
+    keys = jax.random.split(jax.random.key(3), 5)
+    for num in (1, 2, 40):
+        a = jax.vmap(lambda k: jax.random.split(k, num))(keys)
+        b = jax.jit(jax.vmap(lambda k: _prng.split(k, num)))(keys)
+        np.testing.assert_array_equal(np.asarray(jax.random.key_data(a)), np.asarray(jax.random.key_data(b)))

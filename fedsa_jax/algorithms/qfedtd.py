@@ -36,7 +36,7 @@ from fedsa_jax.algorithms._base import (
     local_steps_config,
     round_info,
 )
-from fedsa_jax.channel import Delivery, transmit
+from fedsa_jax.channel import Delivery, aggregate, transmit
 
 
 class QFedTDState(NamedTuple):
@@ -70,7 +70,7 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
         error = state.error + alpha * g.mean(axis=0)
     else:
         delivery = transmit(rand.channel, g, ch)
-        error = state.error + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
+        error = state.error + alpha * aggregate(delivery)
     info = round_info(jnp.broadcast_to(state.error, g.shape), state.error, delivery, config, problem)
     info = info._replace(client_drift=jnp.zeros((), g.dtype))  # one step: no local drift (nothing computed)
     return QFedTDState(problem.theta_star + error, error, sampler), info
