@@ -95,3 +95,17 @@ def split(key: jax.Array, num: int = 2) -> jax.Array:
     kd = jax.random.key_data(key)
     b1, b2 = threefry2x32(kd[0], kd[1], jnp.zeros((num,), np.uint32), lax.iota(np.uint32, num))
     return jax.random.wrap_key_data(jnp.stack([b1, b2], axis=-1), impl=jax.random.key_impl(key))
+
+
+
+def bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """``jax.random.bits(key, shape, jnp.uint32)``, bit for bit (the word behind
+    :func:`uniform`'s float32 values), fused like :func:`uniform`."""
+    shape = tuple(shape)
+    if not (jax.config.jax_threefry_partitionable and "threefry2x32" in str(jax.random.key_impl(key))
+            and math.prod(shape) < 2**32):
+        return jax.random.bits(key, shape, jnp.uint32)
+    kd = jax.random.key_data(key)
+    counters = lax.iota(np.uint32, math.prod(shape)).reshape(shape)
+    b1, b2 = threefry2x32(kd[0], kd[1], jnp.zeros(shape, np.uint32), counters)
+    return b1 ^ b2

@@ -186,8 +186,21 @@ MUTATIONS = [
         "generative-kernel-of-agent-0", "fedsa_jax/problems/td.py",
         "return alias_draw(self.P_prob, self.P_alias, (c * S + state) * S, u_t, S)",
         "return alias_draw(self.P_prob, self.P_alias, state * S, u_t, S)",
-        (f"{ALG}::test_td_matches_numpy_loop[generative-1-fedlsa]",),
+        (f"{ALG}::test_td_matches_numpy_loop[markov-1-fedlsa]",),
         "every agent moves with agent 0's transition kernel",
+    ),
+    Mutation(
+        "generative-pairs-of-agent-0", "fedsa_jax/problems/td.py",
+        "pair = pair_draw(self.pair_threshold, self.pair_alias, c * (S * S), u, S * S)",
+        "pair = pair_draw(self.pair_threshold, self.pair_alias, 0 * (S * S), u, S * S)",
+        (f"{ALG}::test_td_matches_numpy_loop[generative-1-fedlsa]",),
+        "every agent draws its pairs (s, s') from agent 0's law",
+    ),
+    Mutation(
+        "pair-rewards-of-agent-0", "fedsa_jax/problems/td.py",
+        "self.pair_const[c * (S * S) + pair]", "self.pair_const[pair]",
+        (f"{ALG}::test_td_matches_numpy_loop[generative-1-fedlsa]",),
+        "every agent's TD error uses agent 0's rewards",
     ),
     Mutation(
         "gaussian-noise-unscaled", "fedsa_jax/problems/gaussian.py",

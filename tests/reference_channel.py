@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax.simulate import per_seed_keys
+from reference import generative_draw
 
 # The random numbers are drawn by small jitted functions of (key, seed, round): drawn op by op,
 # the threefry hash compiles dozens of tiny kernels per shape (seconds per test).
@@ -180,8 +181,7 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
 
         def g(c, h, th):
             if problem.sampling == "generative":
-                s = alias(mu_p[c], mu_a[c], u[c, 0, h])
-                s2 = alias(P_p[c, s], P_a[c, s], u[c, 1, h])
+                s, s2 = generative_draw(problem, c, u, h)
             else:
                 path = [chain[c]]
                 for j in range(skip):

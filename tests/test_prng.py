@@ -48,3 +48,10 @@ def test_split_matches_jax_bit_for_bit():
         a = jax.vmap(lambda k: jax.random.split(k, num))(keys)
         b = jax.jit(jax.vmap(lambda k: _prng.split(k, num)))(keys)
         np.testing.assert_array_equal(np.asarray(jax.random.key_data(a)), np.asarray(jax.random.key_data(b)))
+
+
+def test_bits_match_jax_bit_for_bit():
+    keys = jax.random.split(jax.random.key(4), 3)
+    a = jax.vmap(lambda k: jax.random.bits(k, (10, 7), jnp.uint32))(keys)
+    b = jax.jit(jax.vmap(lambda k: _prng.bits(k, (10, 7))))(keys)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
