@@ -9,8 +9,10 @@ by side in one run:
   numpy    the same algorithm in numpy, vectorised over seeds and agents:
            "plain": inverse-CDF sampling (compare the uniform with the CDF row,
            O(S) per draw) and uniforms drawn per local step, as such loops are
-           usually written; "alias": the kernel's own O(1) alias sampling and one
-           block of uniforms per round (a tuned baseline)
+           usually written; "alias": O(1) alias sampling of s then s' and one
+           block of uniforms per round (a tuned baseline); "pair tables": the
+           kernel's own sampler (one alias draw of the pair (s, s') from one
+           32-bit word, one [phi(s) | psi] row per step, error coordinates)
   unif     only drawing the kernel's 2 uniforms per observation: with
            ``jax.random.uniform`` as one flat array, and with the kernel's own
            draw (fused threefry, one block per seed and round from fold_in keys)
@@ -69,6 +71,34 @@ def numpy_fedlsa_td(problem, step_size, H, T, n, rng, dtype):
     return theta
 
 
+def numpy_fedlsa_td_pairs(problem, step_size, H, T, n, rng, dtype):
+    """FedLSA TD(0), numpy, vectorised over seeds and agents, with the kernel's pair sampler: one
+    32-bit word per step, one alias table over (s, s') per agent, one [phi | psi] row per step."""
+    N, S, d = problem.num_agents, problem.num_states, problem.dim
+    K = S * S
+    thr = np.asarray(problem.pair_threshold).astype(np.uint64)
+    al = np.asarray(problem.pair_alias)
+    rows = np.asarray(problem.pair_rows)
+    const = np.asarray(problem.pair_const)  # v(s) - gamma v(s') - r_c(s): error coordinates
+    eta = dtype(step_size)
+    cK = (np.arange(N, dtype=np.int64) * K)[None, :, None]
+    error = np.broadcast_to(-np.asarray(problem.theta_star), (n, d)).astype(dtype)  # theta0 = 0
+    for _ in range(T):
+        w = rng.integers(0, 2**32, (n, N, H), dtype=np.uint64) * np.uint64(K)
+        i = (w >> np.uint64(32)).astype(np.int64)
+        j = cK + i
+        pair = np.where((w & np.uint64(0xFFFFFFFF)) < thr[j], i, al[j])
+        row = rows[pair]  # (n, N, H, 2d)
+        c = const[cK + pair]
+        e = np.broadcast_to(error[:, None, :], (n, N, d)).copy()
+        for h in range(H):
+            r = row[:, :, h]
+            dot = np.einsum("ijk,ijk->ij", r[..., d:], e)
+            e -= eta * (dot + c[:, :, h])[..., None] * r[..., :d]
+        error = e.mean(axis=1)
+    return error
+
+
 def numpy_fedlsa_td_plain(problem, step_size, H, T, n, rng, dtype):
     """FedLSA TD(0), numpy, vectorised over seeds and agents, inverse-CDF sampling per step."""
     N, S, d = problem.num_agents, problem.num_states, problem.dim
@@ -121,11 +151,14 @@ def main(argv=None):
 
     dtype = np.dtype(problem.dtype).type
     rng = np.random.default_rng(0)
-    t_np = t_plain = float("nan")
+    t_np = t_plain = t_pair = float("nan")
     if not args.no_numpy:
         np_run = lambda: numpy_fedlsa_td(problem, args.step_size, H, T, n, rng, dtype)  # noqa: E731
         np_run()
         t_np = best_of(np_run, max(1, args.repeats // 2))
+        pair_run = lambda: numpy_fedlsa_td_pairs(problem, args.step_size, H, T, n, rng, dtype)  # noqa: E731
+        pair_run()
+        t_pair = best_of(pair_run, max(1, args.repeats // 2))
         plain_run = lambda: numpy_fedlsa_td_plain(problem, args.step_size, H, T, n, rng, dtype)  # noqa: E731
         plain_run()
         t_plain = best_of(plain_run, max(1, args.repeats // 2))
@@ -155,9 +188,11 @@ def main(argv=None):
                     "processor": platform.processor() or platform.machine(), "jax": jax.__version__},
         "agent_steps": steps,
         "seconds": {"jax": t_jax, "jax_first_call_incl_compile": first, "numpy_plain": t_plain,
-                    "numpy_alias": t_np, "jax_random_uniform": t_flat, "kernel_draw_only": t_draw},
-        "agent_steps_per_s": {"jax": steps / t_jax, "numpy_plain": steps / t_plain, "numpy_alias": steps / t_np},
+                    "numpy_alias": t_np, "numpy_pairs": t_pair, "jax_random_uniform": t_flat, "kernel_draw_only": t_draw},
+        "agent_steps_per_s": {"jax": steps / t_jax, "numpy_plain": steps / t_plain, "numpy_alias": steps / t_np,
+                              "numpy_pairs": steps / t_pair},
         "ratios": {"numpy_plain_over_jax": t_plain / t_jax, "numpy_alias_over_jax": t_np / t_jax,
+                   "numpy_pairs_over_jax": t_pair / t_jax,
                    "jax_over_jax_random_uniform": t_jax / t_flat, "jax_over_kernel_draw": t_jax / t_draw},
     }
     print(f"federated TD(0) FedLSA: N={N} S={args.states} d={args.dim} H={H} T={T} seeds={n} "
@@ -168,6 +203,8 @@ def main(argv=None):
           f"numpy/jax = {t_plain / t_jax:.2f}x")
     print(f"  numpy, alias (tuned)         {t_np:8.3f} s   {steps / t_np:10.3g} steps/s   "
           f"numpy/jax = {t_np / t_jax:.2f}x")
+    print(f"  numpy, pair tables (kernel's) {t_pair:8.3f} s   {steps / t_pair:10.3g} steps/s   "
+          f"numpy/jax = {t_pair / t_jax:.2f}x")
     print(f"  uniforms only, jax.random.uniform  {t_flat:8.3f} s   jax/draw = {t_jax / t_flat:.2f}x")
     print(f"  uniforms only, the kernel's draw   {t_draw:8.3f} s   jax/draw = {t_jax / t_draw:.2f}x")
     return write_json(args.json, out)

@@ -263,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also compute the exact MSE curve (fj.theory.exact_mse; built-in algorithms on Gaussian "
                    "or generative TD problems, small N d) and draw it dotted")
     s.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
+    _cache_option(s)
     sw = sub.add_parser(
         "sweep",
         help="run a grid of configurations from a TOML file; finished ones are skipped on rerun",
@@ -285,7 +286,24 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bars (default: on a terminal only)")
     sw.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
+    _cache_option(sw)
     return parser
+
+
+def _cache_option(group) -> None:
+    group.add_argument("--no-compile-cache", action="store_true",
+                       help="do not keep compiled kernels on disk (default: kept in "
+                       "$XDG_CACHE_HOME/fedsa_jax/jax_compile_cache, ~/.cache without XDG_CACHE_HOME, so a "
+                       "repeated run does not compile again; FEDSA_JAX_COMPILE_CACHE=off disables it too, "
+                       "FEDSA_JAX_COMPILE_CACHE=FOLDER moves it)")
+
+
+def _enable_compile_cache(args) -> None:
+    from fedsa_jax import compile_cache
+
+    folder = compile_cache.configured_dir(opt_out=args.no_compile_cache)
+    if folder is not None:
+        compile_cache.enable(folder)
 
 
 def _make_problem(args, key):
@@ -533,6 +551,7 @@ def cmd_run(args) -> int:
 
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
+    _enable_compile_cache(args)
     import numpy as np
 
     import fedsa_jax as fj
@@ -757,6 +776,7 @@ def cmd_sweep(args) -> int:
 
     if run["dtype"] == "float64":
         jax.config.update("jax_enable_x64", True)
+    _enable_compile_cache(args)
     import fedsa_jax as fj
     from fedsa_jax.sweep import config_name
 

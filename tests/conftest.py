@@ -1,7 +1,14 @@
 """Test configuration: float64 everywhere, warnings are errors (pyproject), small sizes."""
 
+import os
+
 import jax
 import matplotlib
+
+# The command line keeps compiled kernels on disk unless told otherwise; tests that call it in this
+# process must neither write to the user's cache folder nor turn JAX's disk cache on for the suite
+# (tests/test_compile_cache.py checks the cache itself, in subprocesses).
+os.environ["FEDSA_JAX_COMPILE_CACHE"] = "off"
 
 jax.config.update("jax_enable_x64", True)
 matplotlib.use("Agg")  # figures are checked, never shown

@@ -105,9 +105,9 @@ MUTATIONS = [
     # --- quantizers ---------------------------------------------------------------------------
     Mutation(
         "qsgd-extra-level", "fedsa_jax/channel/quantizers.py",
-        "xi = _stochastic_round(key, jnp.abs(x) / safe * s)\n"
+        "xi = _stochastic_round(u, jnp.abs(x) / safe * s)\n"
         "    return jnp.where(norm > 0, jnp.sign(x) * norm * xi / s, 0.0)",
-        "xi = _stochastic_round(key, jnp.abs(x) / safe * (s + 1))\n"
+        "xi = _stochastic_round(u, jnp.abs(x) / safe * (s + 1))\n"
         "    return jnp.where(norm > 0, jnp.sign(x) * norm * xi / (s + 1), 0.0)",
         (f"{CP}::test_quantizer_outputs_lie_on_the_grid_its_bits_describe[qsgd-3]",
          f"{CP}::test_quantizer_exact_variance[qsgd-3]"),
@@ -122,26 +122,26 @@ MUTATIONS = [
     Mutation(
         "natural-wide-grid", "fedsa_jax/channel/quantizers.py",
         "low = jnp.ldexp(jnp.ones_like(x), e - 1)\n"
-        "    up = jax.random.uniform(key, x.shape, x.dtype) < (2.0 * m - 1.0)\n"
+        "    up = u < (2.0 * m - 1.0)\n"
         "    return jnp.sign(x) * jnp.where(up, 2.0 * low, low)",
         "low = jnp.ldexp(jnp.ones_like(x), e - 2)\n"
-        "    up = jax.random.uniform(key, x.shape, x.dtype) < (jnp.abs(x) - low) / (3.0 * low)\n"
+        "    up = u < (jnp.abs(x) - low) / (3.0 * low)\n"
         "    return jnp.sign(x) * jnp.where(up, 4.0 * low, low)",
         (f"{CP}::test_quantizer_exact_variance[natural]",),
         "natural compression rounds between 2^(e-2) and 2^e: unbiased powers of two, too much variance",
     ),
     Mutation(
         "quantizer-key-shared-by-agents", "fedsa_jax/channel/erasures.py",
-        "quantized = jax.vmap(ch.quantizer)(jax.random.split(k_q, N), messages)",
-        "quantized = jax.vmap(ch.quantizer, in_axes=(None, 0))(k_q, messages)",
+        "u = jax.vmap(lambda k: _prng.uniform(k, (d,), dtype))(_prng.split(k_q, N))",
+        "u = jnp.broadcast_to(_prng.uniform(k_q, (d,), dtype), (N, d))",
         (f"{CP}::test_channel_trajectories_match_numpy_loop[qfedtd-randk-erasures-markov]",),
         "every agent's quantizer draws the same random numbers (rand-k keeps the same coordinates)",
     ),
     Mutation(
         "rand-k-with-replacement", "fedsa_jax/channel/quantizers.py",
-        "rank = jnp.argsort(jnp.argsort(jax.random.uniform(key, x.shape, x.dtype)))\n"
+        "rank = jnp.argsort(jnp.argsort(u))  # the k smallest uniforms: k coordinates without replacement\n"
         "    return jnp.where(rank < q.k, x * (d / q.k), 0.0)",
-        "picks = jax.random.randint(key, (q.k,), 0, d)\n"
+        "picks = jnp.minimum((u[: q.k] * d).astype(jnp.int32), d - 1)\n"
         "    return x * jnp.zeros(d, x.dtype).at[picks].add(1.0) * (d / q.k)",
         (f"{CP}::test_quantizer_exact_variance[rand-3]",),
         "rand-k draws k coordinates with replacement: unbiased, wrong variance and covariance",
@@ -156,8 +156,8 @@ MUTATIONS = [
     ),
     Mutation(
         "erasures-all-or-nothing", "fedsa_jax/channel/erasures.py",
-        "delivered = jax.random.uniform(k_e, (N,), messages.dtype) < p",
-        "delivered = jnp.broadcast_to(jax.random.uniform(k_e, (), messages.dtype) < p, (N,))",
+        "delivered = _prng.uniform(k_e, (N,), dtype) < p",
+        "delivered = jnp.broadcast_to(_prng.uniform(k_e, (), dtype) < p, (N,))",
         (f"{CP}::test_channel_trajectories_match_numpy_loop[scafflsa-qsgd-erasures]",),
         "one erasure draw for all agents: each message still arrives with probability p, never independently",
     ),
@@ -186,12 +186,26 @@ MUTATIONS = [
         "generative-kernel-of-agent-0", "fedsa_jax/problems/td.py",
         "return alias_draw(self.P_prob, self.P_alias, (c * S + state) * S, u_t, S)",
         "return alias_draw(self.P_prob, self.P_alias, state * S, u_t, S)",
-        (f"{ALG}::test_td_matches_numpy_loop[generative-1-fedlsa]",),
+        (f"{ALG}::test_td_matches_numpy_loop[markov-1-fedlsa]",),
         "every agent moves with agent 0's transition kernel",
     ),
     Mutation(
+        "generative-pairs-of-agent-0", "fedsa_jax/problems/td.py",
+        "pair = pair_draw(self.pair_threshold, self.pair_alias, c * (S * S), u, S * S)",
+        "pair = pair_draw(self.pair_threshold, self.pair_alias, 0 * (S * S), u, S * S)",
+        (f"{ALG}::test_td_matches_numpy_loop[generative-1-fedlsa]",),
+        "every agent draws its pairs (s, s') from agent 0's law",
+    ),
+    Mutation(
+        "pair-rewards-of-agent-0", "fedsa_jax/problems/td.py",
+        "self.pair_const[c * (S * S) + pair]", "self.pair_const[pair]",
+        (f"{ALG}::test_td_matches_numpy_loop[generative-1-fedlsa]",),
+        "every agent's TD error uses agent 0's rewards",
+    ),
+    Mutation(
         "gaussian-noise-unscaled", "fedsa_jax/problems/gaussian.py",
-        "params.residual_star + params.noise_A * norm * z_A", "params.residual_star + params.noise_A * z_A",
+        "var = params.noise_A**2 * jnp.sum(theta * theta) + params.noise_b**2",
+        "var = params.noise_A**2 + params.noise_b**2",
         (f"{ALG}::test_gaussian_matches_numpy_loop[fedlsa]",),
         "G theta drawn as z instead of |theta| z",
     ),

@@ -41,6 +41,25 @@ def alias(prob, al, u):
     return i if u * S - i < prob[i] else int(al[i])
 
 
+def generative_draw(problem, c, u, h):
+    """Agent c's h-th generative observation ``(s, s')`` from the round's block ``u``: with pair
+    tables one uint32 word ``w`` per step, ``w K = i 2^32 + f`` (exact integers), column i kept
+    if ``f < threshold``, else its alias (``pair = s S + s'``); otherwise two uniforms, ``s ~ mu_c``
+    then ``s' ~ P_c(s, .)``."""
+    N, S = problem.num_agents, problem.num_states
+    if problem.pair_tables:
+        K = S * S
+        w = int(u[c, h]) * K
+        i, f = w >> 32, w & 0xFFFFFFFF
+        j = c * K + i
+        pair = i if f < int(problem.pair_threshold[j]) else int(problem.pair_alias[j])
+        return divmod(pair, S)
+    mu_p, mu_a = np.asarray(problem.mu_prob).reshape(N, S), np.asarray(problem.mu_alias).reshape(N, S)
+    P_p, P_a = np.asarray(problem.P_prob).reshape(N, S, S), np.asarray(problem.P_alias).reshape(N, S, S)
+    s = alias(mu_p[c], mu_a[c], u[c, 0, h])
+    return s, alias(P_p[c, s], P_a[c, s], u[c, 1, h])
+
+
 def federated_loop(problem, algorithm, T, theta0, agent_round, coins=None):
     """FedLSA / SCAFFLSA / Scaffnew rounds; ``agent_round(t)`` returns ``g(c, h, theta)``, the
     direction ``A_c(Z) theta - b_c(Z)`` of agent c's h-th local step in round t; ``coins(t)``
@@ -120,8 +139,7 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
 
         def g(c, h, th):
             if problem.sampling == "generative":
-                s = alias(mu_p[c], mu_a[c], u[c, 0, h])
-                s2 = alias(P_p[c, s], P_a[c, s], u[c, 1, h])
+                s, s2 = generative_draw(problem, c, u, h)
             else:
                 path = [chain[c]]
                 for j in range(skip):
@@ -144,10 +162,10 @@ def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
     sb = np.asarray(problem.noise_b)
 
     def agent_round(t):
-        z = round_randomness(problem, key, seed, t, H)  # (N, H, 2, d)
-        # G theta with G ~ N(0,1)^{d x d} has the law of |theta| z_A.
+        z = round_randomness(problem, key, seed, t, H).reshape(problem.num_agents, H, -1)  # (N, H, d)
+        # sA G theta - sb g, G ~ N(0,1)^{d x d}, has the law of sqrt(sA^2 |theta|^2 + sb^2) z.
         return lambda c, h, th: (
-            A[c] @ th - b[c] + sA[c] * np.linalg.norm(th) * z[c, h, 0] - sb[c] * z[c, h, 1]
+            A[c] @ th - b[c] + np.sqrt(sA[c] ** 2 * (th @ th) + sb[c] ** 2) * z[c, h]
         )
 
     return federated_loop(problem, algorithm, T, theta0, agent_round, _coins(algorithm, key, seed))

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax.simulate import per_seed_keys
+from reference import generative_draw
 
 # The random numbers are drawn by small jitted functions of (key, seed, round): drawn op by op,
 # the threefry hash compiles dozens of tiny kernels per shape (seconds per test).
@@ -180,8 +181,7 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
 
         def g(c, h, th):
             if problem.sampling == "generative":
-                s = alias(mu_p[c], mu_a[c], u[c, 0, h])
-                s2 = alias(P_p[c, s], P_a[c, s], u[c, 1, h])
+                s, s2 = generative_draw(problem, c, u, h)
             else:
                 path = [chain[c]]
                 for j in range(skip):
@@ -204,10 +204,10 @@ def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
     sb = np.asarray(problem.noise_b)
 
     def agent_round(t):
-        z = round_randomness(problem, key, seed, t, H)  # (N, H, 2, d)
-        # G theta with G ~ N(0,1)^{d x d} has the law of |theta| z_A.
+        z = round_randomness(problem, key, seed, t, H).reshape(problem.num_agents, H, -1)  # (N, H, d)
+        # sA G theta - sb g, G ~ N(0,1)^{d x d}, has the law of sqrt(sA^2 |theta|^2 + sb^2) z.
         return lambda c, h, th: (
-            A[c] @ th - b[c] + sA[c] * np.linalg.norm(th) * z[c, h, 0] - sb[c] * z[c, h, 1]
+            A[c] @ th - b[c] + np.sqrt(sA[c] ** 2 * (th @ th) + sb[c] ** 2) * z[c, h]
         )
 
     return federated_loop(problem, algorithm, T, theta0, agent_round, key, seed)

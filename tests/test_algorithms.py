@@ -16,15 +16,20 @@ from conftest import Z_TOL
 from reference import gaussian_loop, td_loop
 
 import fedsa_jax as fj
+from fedsa_jax.problems import td as td_module
 
 ALGS = {"fedlsa": fj.fedlsa, "scafflsa": fj.scafflsa}
 
 
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
-@pytest.mark.parametrize("sampling,skip", [("generative", 1), ("markov", 1), ("markov", 3)])
-def test_td_matches_numpy_loop(tiny_td, name, sampling, skip):
+@pytest.mark.parametrize("sampling,skip", [("generative", 1), ("markov", 1), ("markov", 3), ("state-tables", 1)])
+def test_td_matches_numpy_loop(tiny_td, name, sampling, skip, monkeypatch):
     P, r, Phi = tiny_td
+    if sampling == "state-tables":  # the path of large S: per-state alias tables and feature rows
+        monkeypatch.setattr(td_module, "PAIR_TABLE_MAX", 0)
+        sampling = "generative"
     problem = fj.problems.federated_td(P, r, Phi, 0.9, sampling=sampling)
+    assert problem.pair_tables == (td_module.PAIR_TABLE_MAX > 0)
     alg = ALGS[name](0.3, 4, skip=skip)
     key = jax.random.key(11)
     T, n = 6, 3

@@ -27,3 +27,31 @@ def test_uniform_matches_jax_float64():
     b = _prng.uniform(key, (4, 9), jnp.float64)
     assert b.dtype == jnp.float64
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_normal_matches_jax_bit_for_bit(dtype):
+    for seed in range(3):
+        key = jax.random.key(seed)
+        a = jax.random.normal(key, (3, 40), dtype)
+        b = jax.jit(lambda k: _prng.normal(k, (3, 40), dtype))(key)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        keys = jax.random.split(key, 4)  # and under vmap
+        a = jax.vmap(lambda k: jax.random.normal(k, (5, 20), dtype))(keys)
+        b = jax.jit(jax.vmap(lambda k: _prng.normal(k, (5, 20), dtype)))(keys)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_split_matches_jax_bit_for_bit():
+    keys = jax.random.split(jax.random.key(3), 5)
+    for num in (1, 2, 40):
+        a = jax.vmap(lambda k: jax.random.split(k, num))(keys)
+        b = jax.jit(jax.vmap(lambda k: _prng.split(k, num)))(keys)
+        np.testing.assert_array_equal(np.asarray(jax.random.key_data(a)), np.asarray(jax.random.key_data(b)))
+
+
+def test_bits_match_jax_bit_for_bit():
+    keys = jax.random.split(jax.random.key(4), 3)
+    a = jax.vmap(lambda k: jax.random.bits(k, (10, 7), jnp.uint32))(keys)
+    b = jax.jit(jax.vmap(lambda k: _prng.bits(k, (10, 7))))(keys)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax import _validate, optim
-from fedsa_jax.channel import Channel, Delivery, channel, transmit
+from fedsa_jax.channel import Channel, Delivery, aggregate, channel, transmit
 
 
 @jax.tree_util.register_dataclass
@@ -206,7 +206,7 @@ def server_update(key: jax.Array, theta: jax.Array, local: jax.Array, ch: Channe
         weights = jnp.full((N,), 1.0 / N, local.dtype)
         return local.mean(axis=0), Delivery(local - theta, delivered, weights)
     delivery = transmit(key, local - theta, ch)
-    return theta + jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0), delivery
+    return theta + aggregate(delivery), delivery
 
 
 def control_variate_update(xi: jax.Array, theta: jax.Array, local: jax.Array, delivery: Delivery, ch: Channel,

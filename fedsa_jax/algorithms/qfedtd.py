@@ -37,7 +37,7 @@ from fedsa_jax.algorithms._base import (
     local_steps_config,
     round_info,
 )
-from fedsa_jax.channel import Delivery, transmit
+from fedsa_jax.channel import Delivery, aggregate, transmit
 
 
 class QFedTDState(NamedTuple):
@@ -71,12 +71,10 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
     if ch.trivial:
         N = g.shape[0]
         delivery = Delivery(g, jnp.ones((N,), bool), jnp.full((N,), 1.0 / N, g.dtype))
-        aggregate = state.error + alpha * g.mean(axis=0)
     else:
         delivery = transmit(rand.channel, g, ch)
-        aggregate = state.error + alpha * jnp.sum(delivery.weights[:, None] * delivery.messages, axis=0)
-    error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate,
-                                         problem.theta_star)
+    combined = state.error + alpha * aggregate(delivery)  # sum_c w_c q(g_c), as a dot (faster)
+    error, opt_state = optim.server_step(config, state.opt_state, state.error, combined, problem.theta_star)
     info = round_info(jnp.broadcast_to(state.error, g.shape), state.error, delivery, config, problem)
     info = info._replace(client_drift=jnp.zeros((), g.dtype))  # one step: no local drift (nothing computed)
     return QFedTDState(problem.theta_star + error, error, sampler, state.count + 1, opt_state), info

@@ -1,6 +1,6 @@
 """Finite-rate, lossy uplink: unbiased random quantizers and Bernoulli erasures."""
 
-from fedsa_jax.channel.erasures import AGGREGATIONS, Channel, Delivery, channel, transmit
+from fedsa_jax.channel.erasures import AGGREGATIONS, Channel, Delivery, aggregate, channel, transmit
 from fedsa_jax.channel.quantizers import (
     Quantizer,
     identity,
@@ -15,6 +15,7 @@ __all__ = [
     "Channel",
     "Delivery",
     "Quantizer",
+    "aggregate",
     "channel",
     "identity",
     "natural",

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import _validate
+from fedsa_jax import _prng, _validate
 from fedsa_jax.channel.quantizers import Quantizer, identity
 
 AGGREGATIONS = ("divide_by_n", "divide_by_received")
@@ -67,13 +67,24 @@ class Delivery(NamedTuple):
 
 
 def transmit(key: jax.Array, messages: jax.Array, ch: Channel) -> Delivery:
-    """Send every agent's message ``(N, d)`` through the channel."""
-    N = messages.shape[0]
-    k_q, k_e = jax.random.split(key)
-    quantized = jax.vmap(ch.quantizer)(jax.random.split(k_q, N), messages)
+    """Send every agent's message ``(N, d)`` through the channel.
+
+    Randomness: ``(k_q, k_e) = split(key)``; agent c's quantizer uses
+    ``uniform(split(k_q, N)[c], (d,))`` and the erasures ``uniform(k_e, (N,)) < p``
+    (``jax.random``'s values, computed with the fused threefry of :mod:`fedsa_jax._prng`:
+    with ``jax.random`` itself a QFedTD round took about twice as long).
+    """
+    N, d = messages.shape
+    dtype = messages.dtype
+    k_q, k_e = _prng.split(key)
+    if ch.quantizer.kind == "identity":
+        quantized = messages
+    else:
+        u = jax.vmap(lambda k: _prng.uniform(k, (d,), dtype))(_prng.split(k_q, N))
+        quantized = jax.vmap(ch.quantizer.apply)(u, messages)
     if ch.erasures:
-        p = jnp.asarray(ch.success_prob, messages.dtype)
-        delivered = jax.random.uniform(k_e, (N,), messages.dtype) < p
+        p = jnp.asarray(ch.success_prob, dtype)
+        delivered = _prng.uniform(k_e, (N,), dtype) < p
     else:
         delivered = jnp.ones((N,), bool)
     count = jnp.sum(delivered)
@@ -82,3 +93,13 @@ def transmit(key: jax.Array, messages: jax.Array, ch: Channel) -> Delivery:
     else:
         weights = delivered / jnp.maximum(count, 1).astype(messages.dtype)
     return Delivery(jnp.where(delivered[:, None], quantized, 0.0), delivered, weights.astype(messages.dtype))
+
+
+def aggregate(delivery: Delivery) -> jax.Array:
+    """The server's update ``sum_c w_c q(m_c)`` (``(d,)``) from the delivered messages.
+
+    Written as the product ``weights @ messages``: XLA:CPU emits a dot for it, about
+    1.7x faster over a whole QFedTD round (N=40, d=10) than the elementwise product
+    and sum over agents (the same sum, up to the order of the additions).
+    """
+    return delivery.weights @ delivery.messages

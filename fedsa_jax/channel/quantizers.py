@@ -32,18 +32,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import _validate
+from fedsa_jax import _prng, _validate
 
 KINDS = ("identity", "stochastic_uniform", "qsgd", "rand_k", "natural")
 
 
-def _stochastic_round(key, y):
-    """``floor(y) + Bernoulli(y - floor(y))``: unbiased integer rounding."""
+def _stochastic_round(u, y):
+    """``floor(y) + Bernoulli(y - floor(y))`` with the uniforms ``u``: unbiased integer rounding."""
     lo = jnp.floor(y)
-    return lo + (jax.random.uniform(key, y.shape, y.dtype) < (y - lo))
+    return lo + (u < (y - lo))
 
 
-def _uniform(q, key, x):
+def _uniform(q, u, x):
     L = 2**q.bits_per_coordinate - 1
     if q.range is None:
         M = jnp.max(jnp.abs(x))
@@ -51,35 +51,35 @@ def _uniform(q, key, x):
         M = jnp.asarray(q.range, x.dtype)
         x = jnp.clip(x, -M, M)
     safe = jnp.where(M > 0, M, 1.0)
-    k = jnp.clip(_stochastic_round(key, (x / safe + 1.0) * (L / 2)), 0, L)
+    k = jnp.clip(_stochastic_round(u, (x / safe + 1.0) * (L / 2)), 0, L)
     return jnp.where(M > 0, (2.0 * k / L - 1.0) * M, 0.0)
 
 
-def _qsgd(q, key, x):
+def _qsgd(q, u, x):
     s = q.levels
     norm = jnp.sqrt(jnp.sum(x * x))
     safe = jnp.where(norm > 0, norm, 1.0)
-    xi = _stochastic_round(key, jnp.abs(x) / safe * s)
+    xi = _stochastic_round(u, jnp.abs(x) / safe * s)
     return jnp.where(norm > 0, jnp.sign(x) * norm * xi / s, 0.0)
 
 
-def _rand_k(q, key, x):
+def _rand_k(q, u, x):
     d = x.shape[-1]
-    rank = jnp.argsort(jnp.argsort(jax.random.uniform(key, x.shape, x.dtype)))
+    rank = jnp.argsort(jnp.argsort(u))  # the k smallest uniforms: k coordinates without replacement
     return jnp.where(rank < q.k, x * (d / q.k), 0.0)
 
 
-def _natural(q, key, x):
+def _natural(q, u, x):
     del q
     # |x| = m 2^e, m in [0.5, 1): round between 2^(e-1) and 2^e, up w.p. 2m - 1.
     m, e = jnp.frexp(jnp.abs(x))
     low = jnp.ldexp(jnp.ones_like(x), e - 1)
-    up = jax.random.uniform(key, x.shape, x.dtype) < (2.0 * m - 1.0)
+    up = u < (2.0 * m - 1.0)
     return jnp.sign(x) * jnp.where(up, 2.0 * low, low)
 
 
-def _identity(q, key, x):
-    del q, key
+def _identity(q, u, x):
+    del q, u
     return x
 
 
@@ -96,7 +96,8 @@ _APPLY = {
 @dataclasses.dataclass(frozen=True)
 class Quantizer:
     """A random quantizer (all fields static: changing one recompiles, as a structural
-    option should). Call it as ``q(key, x)`` on one message ``x (d,)``."""
+    option should). Call it as ``q(key, x)`` on one message ``x (d,)``, or as
+    ``q.apply(u, x)`` with its uniforms given."""
 
     kind: str = dataclasses.field(metadata=dict(static=True))
     bits_per_coordinate: int | None = dataclasses.field(default=None, metadata=dict(static=True))
@@ -105,7 +106,13 @@ class Quantizer:
     k: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     def __call__(self, key: jax.Array, x: jax.Array) -> jax.Array:
-        return _APPLY[self.kind](self, key, x)
+        return self.apply(None if self.kind == "identity" else _prng.uniform(key, x.shape, x.dtype), x)
+
+    def apply(self, u: jax.Array | None, x: jax.Array) -> jax.Array:
+        """The quantizer on ``x`` with its random numbers given: ``u`` holds one uniform in
+        ``[0, 1)`` per coordinate (shape of ``x``; ``None`` for the identity).
+        ``q(key, x) == q.apply(jax.random.uniform(key, x.shape, x.dtype), x)``."""
+        return _APPLY[self.kind](self, u, x)
 
     @property
     def unbiased(self) -> bool:

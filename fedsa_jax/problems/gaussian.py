@@ -6,11 +6,18 @@ Agent ``c`` observes, at every local step, a fresh independent draw
 
 with ``G (d, d)`` and ``g (d,)`` i.i.d. standard normal.
 
-Sampling note: the algorithms only ever use ``A_c(Z) theta`` for the one
-``theta`` of the step at which Z is drawn, and ``G theta`` given ``theta`` is
-``N(0, |theta|^2 I)``. We therefore draw ``G theta`` as ``|theta| z`` with
-``z ~ N(0, I_d)``: the law of every trajectory is exactly the model's, at 2d
-normals per step instead of d^2 + d.
+Sampling note: the algorithms only ever use the direction
+``A_c(Z) theta - b_c(Z)`` at the one ``theta`` of the step at which Z is drawn,
+and given ``theta`` its noise ``noise_A G theta - noise_b g`` is
+``N(0, (noise_A^2 |theta|^2 + noise_b^2) I)`` (``G theta ~ N(0, |theta|^2 I)``,
+independent of ``g``). We therefore draw it as
+``sqrt(noise_A^2 |theta|^2 + noise_b^2) z`` with one ``z ~ N(0, I_d)`` per step:
+the law of every trajectory is exactly the model's, at d normals per step
+instead of d^2 + d. ``A_c(Z)`` is never formed; a step costs the mean part
+``A_bar[c] theta`` (d^2 multiply-adds) and O(d).
+
+The normals are ``jax.random.normal``'s values, drawn with the fused threefry
+(:func:`fedsa_jax._prng.normal`) as one flat ``(N, H d)`` block per round.
 
 References: Mangold et al., "SCAFFLSA: Taming Heterogeneity in Federated Linear
 Stochastic Approximation and TD Learning", NeurIPS 2024, arXiv:2402.04114 (A1).
@@ -25,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import _validate
+from fedsa_jax import _prng, _validate
 from fedsa_jax.problems._base import fixed_points
 
 
@@ -71,33 +78,31 @@ class GaussianLSA:
         return jnp.zeros((), jnp.int32)  # i.i.d. observations carry no state
 
     def randomness(self, key: jax.Array, num_agents: int, num_obs: int, skip: int = 1) -> jax.Array:
-        """All agents' normals ``(z_A, z_b)`` for one round, drawn in one block."""
+        """All agents' normals for one round, one flat block ``(num_agents, num_obs * d)``
+        (flat so that ``erf_inv`` vectorises; :meth:`observe` reshapes it)."""
         # i.i.d. observations: discarding skip-1 of every skip leaves the law unchanged.
         del skip
-        return jax.random.normal(key, (num_agents, num_obs, 2, self.dim), self.dtype)
+        return _prng.normal(key, (num_agents, num_obs * self.dim), self.dtype)
 
     def observe(self, params: GaussianParams, sampler: jax.Array, z: jax.Array, skip: int = 1):
+        """One agent's observations: ``z (num_obs, d)``, one standard normal vector per step."""
         del params, skip
-        return z, sampler
+        return z.reshape(-1, self.dim), sampler
+
+    @staticmethod
+    def _noise(params: GaussianParams, z: jax.Array, theta: jax.Array) -> jax.Array:
+        """``noise_A G theta - noise_b g`` given ``theta``: ``sqrt(noise_A^2 |theta|^2 + noise_b^2) z``."""
+        var = params.noise_A**2 * jnp.sum(theta * theta) + params.noise_b**2
+        return jnp.sqrt(var) * z
 
     def direction(self, params: GaussianParams, obs: jax.Array, theta: jax.Array) -> jax.Array:
-        """``A_c(Z) theta - b_c(Z)`` with ``G theta`` drawn as ``|theta| z_A``."""
-        z_A, z_b = obs[0], obs[1]
-        norm = jnp.sqrt(jnp.sum(theta * theta))
-        return (
-            params.A_bar @ theta
-            - params.b_bar
-            + params.noise_A * norm * z_A
-            - params.noise_b * z_b
-        )
+        """``A_c(Z) theta - b_c(Z) = A_bar theta - b_bar + noise`` (see :meth:`_noise`)."""
+        return params.A_bar @ theta - params.b_bar + self._noise(params, obs, theta)
 
     def error_direction(self, params: GaussianParams, obs: jax.Array, error: jax.Array) -> jax.Array:
         """The direction at ``theta_star + error``, accurate in ``error``:
-        ``A_bar error + (A_bar theta_star - b_bar) + noise_A |theta| z_A - noise_b z_b``."""
-        z_A, z_b = obs[0], obs[1]
-        theta = self.theta_star + error
-        norm = jnp.sqrt(jnp.sum(theta * theta))
-        return params.A_bar @ error + params.residual_star + params.noise_A * norm * z_A - params.noise_b * z_b
+        ``A_bar error + (A_bar theta_star - b_bar) + noise``."""
+        return params.A_bar @ error + params.residual_star + self._noise(params, obs, self.theta_star + error)
 
     def describe(self) -> dict[str, Any]:
         return {"family": "gaussian_lsa", "num_agents": self.num_agents, "dim": self.dim}

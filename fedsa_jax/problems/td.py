@@ -11,12 +11,22 @@ and ``b(Z) = r_c(s) phi(s)``, so ``b(Z) - A(Z) theta`` is the TD(0) direction
 ``(r_c(s) + gamma phi(s')^T theta - phi(s)^T theta) phi(s)``. ``A(Z)`` is never
 formed: an observation is ``(s, s', r_c(s))`` and the update reads two rows of Phi.
 
-Sampling (alias tables, one uniform and O(1) work per draw whatever S):
+Sampling (alias tables, O(1) work per draw whatever S):
 
 * ``"generative"``: ``s ~ mu_c``, ``s' ~ P_c(s, .)``, i.i.d. across steps;
 * ``"markov"``: one trajectory per agent and seed, started from ``mu_c`` and
   carried across rounds; observation k is ``(s_k, s_{k+1})``. With ``skip > 1``
   the chain moves ``skip`` steps per kept observation.
+
+Pair tables (when ``S^2 <= 2^16`` and ``S^2 2d <= PAIR_TABLE_MAX``, e.g. ``S <= 256`` at
+``d = 10``): a generative observation is one draw of the pair ``(s, s')`` from
+the joint law ``mu_c(s) P_c(s, s')`` (an alias table over ``S^2`` outcomes read
+with one 32-bit word, :func:`pair_draw`), and a step reads one row
+``[phi(s) | phi(s) - gamma phi(s')]`` and one constant
+``v(s) - gamma v(s') - r_c(s)`` (``v = Phi theta_star``, from float64) indexed by
+the pair: about 1.8x faster than two dependent draws and two feature rows (same
+law, another random stream; Markov observations use the same rows, same
+stream). Larger S keeps per-state tables (``S^2`` rows would not fit in cache).
 
 References: Mangold et al., SCAFFLSA, NeurIPS 2024, arXiv:2402.04114, Sec. 2;
 Dal Fabbro, Mitra, Pappas, "Federated TD Learning over Finite-Rate Erasure
@@ -41,12 +51,17 @@ from fedsa_jax.problems._base import (
 )
 
 SAMPLING_MODES = ("generative", "markov")
+# Pair tables (one row per (s, s'): phi(s) and phi(s) - gamma phi(s')) when they hold at most this
+# many values (8 MB in float32) and S^2 <= 2^16: S <= 256 at d = 10. Larger S reads two rows of
+# [Phi | Phi theta_star] per step.
+PAIR_TABLE_MAX = 2**21
 
 
 class TDObservation(NamedTuple):
     state: jax.Array  # () int32, s
     next_state: jax.Array  # () int32, s'
     reward: jax.Array  # () r_c(s)
+    pair: jax.Array  # () int32, s * S + s'
 
 
 @jax.tree_util.register_dataclass
@@ -68,7 +83,12 @@ class FederatedTD:
     P_prob: jax.Array  # (N*S*S,) alias tables of the rows of P_c, flat
     P_alias: jax.Array  # (N*S*S,)
     features_star: jax.Array  # (S, d + 1) [Phi | Phi theta_star], the values from float64 (error_direction)
+    pair_threshold: jax.Array  # (N*S*S,) uint32 alias tables of the pair laws mu_c(s) P_c(s, s') (pair_draw)
+    pair_alias: jax.Array  # (N*S*S,)
+    pair_rows: jax.Array  # (S*S, 2d) [phi(s) | phi(s) - gamma phi(s')] at row s*S + s' ((0, 2d) without pair tables)
+    pair_const: jax.Array  # (N*S*S,) v(s) - gamma v(s') - r_c(s), v = Phi theta_star, from float64 ((0,) without)
     sampling: str = dataclasses.field(default="generative", metadata=dict(static=True))
+    pair_tables: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
     def num_agents(self) -> int:
@@ -96,9 +116,13 @@ class FederatedTD:
         return alias_draw(self.mu_prob, self.mu_alias, c * self.num_states, u, self.num_states)
 
     def randomness(self, key: jax.Array, num_agents: int, num_obs: int, skip: int = 1) -> jax.Array:
-        """All agents' uniforms for one round, drawn in one block."""
+        """All agents' random numbers for one round, drawn in one block: with pair tables one
+        uint32 word per generative observation ``(N, H)``, else uniforms ``(N, 2, H)``
+        (generative) or ``(N, H skip)`` (Markov)."""
         if self.sampling == "generative":
             # i.i.d. observations: discarding skip-1 of every skip leaves the law unchanged.
+            if self.pair_tables:  # one uint32 word per observation (pair_draw)
+                return _prng.bits(key, (num_agents, num_obs))
             return _prng.uniform(key, (num_agents, 2, num_obs), self.dtype)
         return _prng.uniform(key, (num_agents, num_obs * skip), self.dtype)
 
@@ -109,6 +133,11 @@ class FederatedTD:
         def move(state, u_t):
             return alias_draw(self.P_prob, self.P_alias, (c * S + state) * S, u_t, S)
 
+        if self.sampling == "generative" and self.pair_tables:
+            pair = pair_draw(self.pair_threshold, self.pair_alias, c * (S * S), u, S * S)
+            s = pair // S
+            s_next = pair - s * S
+            return TDObservation(s, s_next, self.rewards.reshape(-1)[c * S + s], pair), sampler
         if self.sampling == "generative":
             s = alias_draw(self.mu_prob, self.mu_alias, c * S, u[0], S)
             s_next = move(s, u[1])
@@ -122,7 +151,7 @@ class FederatedTD:
             path = jnp.concatenate([sampler[None], path])  # s_0 .. s_{H skip}
             s, s_next = path[:-1:skip], path[1::skip]
             sampler = last
-        return TDObservation(s, s_next, self.rewards.reshape(-1)[c * S + s]), sampler
+        return TDObservation(s, s_next, self.rewards.reshape(-1)[c * S + s], s * S + s_next), sampler
 
     def direction(self, c: jax.Array, obs: TDObservation, theta: jax.Array) -> jax.Array:
         """``A(Z) theta - b(Z) = ((phi(s) - gamma phi(s'))^T theta - r(s)) phi(s)``."""
@@ -135,6 +164,11 @@ class FederatedTD:
         ``(psi^T error + v(s) - gamma v(s') - r(s)) phi(s)`` with the TD error at the optimum
         from ``v = Phi theta_star`` (computed in float64)."""
         d = self.dim
+        if self.pair_tables:  # one row gather and one scalar gather per step
+            S = self.num_states
+            pair = obs.pair
+            row = self.pair_rows[pair]
+            return (jnp.dot(row[d:], error) + self.pair_const[c * (S * S) + pair]) * row[:d]
         row = self.features_star[obs.state]  # one gather gives phi(s) and v(s)
         full = row - self.gamma * self.features_star[obs.next_state]  # (psi, v(s) - gamma v(s'))
         return (jnp.dot(full[:d], error) + (full[d] - obs.reward)) * row[:d]
@@ -147,6 +181,23 @@ class FederatedTD:
             "dim": self.dim,
             "sampling": self.sampling,
         }
+
+
+def pair_draw(threshold: jax.Array, alias: jax.Array, offset: jax.Array, w: jax.Array, K: int) -> jax.Array:
+    """Alias draw over ``K < 2^16`` outcomes from one uint32 word ``w``: with ``w K = i 2^32 + f``
+    (``i = floor(w K / 2^32)`` the column, ``f`` the remainder), keep ``i`` if
+    ``f < threshold[offset + i]`` (``prob * 2^32``, uint32), else ``alias[offset + i]``.
+
+    Integer arithmetic, not a float uniform ``u`` with ``floor(K u)``: float32's 23 bits
+    would give the ``K`` columns unequal masses (relative error ``K / 2^23``, 1e-4 at
+    ``K = 900``); 32-bit words err by at most ``K / 2^32`` (1e-7 at ``K = 400``) in any dtype.
+    """
+    k = np.uint32(K)
+    # i = floor(w K / 2^32) from 16-bit halves (no uint64 without x64); f = w K mod 2^32 wraps.
+    i = (((w >> np.uint32(16)) * k + (((w & np.uint32(0xFFFF)) * k) >> np.uint32(16))) >> np.uint32(16))
+    i = i.astype(jnp.int32)
+    j = offset + i
+    return jnp.where(w * k < threshold[j], i, alias[j])
 
 
 def td_system(P: np.ndarray, r: np.ndarray, Phi: np.ndarray, gamma: float, mu: np.ndarray):
@@ -201,6 +252,17 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
     theta_star, local = fixed_points(A, b)
     mu_prob, mu_alias = alias_tables(mu)
     P_prob, P_alias = alias_tables(P)
+    d = Phi.shape[1]
+    pair_tables = S * S * 2 * d <= PAIR_TABLE_MAX and S * S <= 2**16
+    if pair_tables:
+        v = Phi @ theta_star
+        pair_rows = np.concatenate([np.repeat(Phi, S, axis=0), (Phi[:, None] - g * Phi[None]).reshape(S * S, d)], 1)
+        pair_const = (v[:, None] - g * v[None, :])[None] - r[:, :, None]  # (N, S, S)
+        pair_prob, pair_alias = alias_tables((mu[:, :, None] * P).reshape(N, S * S))
+        pair_threshold = np.minimum(np.floor(pair_prob * 2.0**32), 2.0**32 - 1).astype(np.uint32)
+    else:
+        pair_rows, pair_const = np.zeros((0, 2 * d)), np.zeros((0,))
+        pair_threshold, pair_alias = np.zeros((0,), np.uint32), np.zeros((0,), np.int32)
     f = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
     i = lambda x: jnp.asarray(x, dtype=jnp.int32)  # noqa: E731
     return FederatedTD(
@@ -208,5 +270,5 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
         A_bar=f(A), b_bar=f(b), theta_star=f(theta_star), local_theta_star=f(local),
         mu_prob=f(mu_prob.ravel()), mu_alias=i(mu_alias.ravel()),
         P_prob=f(P_prob.ravel()), P_alias=i(P_alias.ravel()), features_star=f(np.hstack([Phi, (Phi @ theta_star)[:, None]])),
-        sampling=sampling,
+        pair_threshold=jnp.asarray(pair_threshold.ravel(), jnp.uint32), pair_alias=i(pair_alias.ravel()), pair_rows=f(pair_rows), pair_const=f(pair_const.ravel()), sampling=sampling, pair_tables=pair_tables,
     )

@@ -1,0 +1,109 @@
+"""Throughput table: every algorithm x problem family x sampling x channel, side by side in one run.
+
+Rows: FedLSA, SCAFFLSA, QFedTD (one local step per round) and Scaffnew, on federated TD
+(Garnet MRPs, S=20, generative and Markov sampling), Gaussian LSA and least squares
+(`fj.problems.least_squares`, 100 rows per agent), each over the exact channel and over
+4-bit stochastic uniform quantization with erasures (p = 0.6). N=10 agents, d=10, H=10
+local steps (QFedTD: 1), 1000 seeds, about 3e6 agent-steps per timed call, float32.
+Last, the QFedTD setting of the performance issue (N=40, S=20, Markov, 4 bits, p = 0.6).
+
+Columns: warm agent-local steps per second (best of ``--repeats`` calls after the first),
+its ratio to TD FedLSA (generative, exact; the first row), and the first call's wall time,
+which includes tracing and compiling (in its own column, never mixed into the rate).
+
+    python benchmarks/table.py [--seeds 1000] [--json out.json]     # about 4 min on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import jax
+import numpy as np
+
+import fedsa_jax as fj
+from _bench import write_json
+
+
+def problems(N: int, d: int, S: int):
+    rng = np.random.default_rng(0)
+    X = [rng.normal(size=(100, d)) for _ in range(N)]
+    y = [x @ rng.normal(size=d) + 0.5 * rng.normal(size=100) for x in X]
+    return {
+        ("TD Garnet", "generative"): fj.problems.garnet(jax.random.key(0), num_agents=N, num_states=S, dim=d),
+        ("TD Garnet", "markov"): fj.problems.garnet(jax.random.key(0), num_agents=N, num_states=S, dim=d,
+                                                    sampling="markov"),
+        ("Gaussian LSA", "generative"): fj.problems.random_gaussian_lsa(jax.random.key(0), num_agents=N, dim=d),
+        ("least squares", "generative"): fj.problems.least_squares(X, y, dtype="float32"),
+    }
+
+
+def algorithms(H: int, lossy: bool):
+    ch = dict(quantizer=fj.channel.stochastic_uniform(4), success_prob=0.6) if lossy else {}
+    return {
+        "FedLSA": (fj.fedlsa(0.05, H, **ch), H),
+        "SCAFFLSA": (fj.scafflsa(0.05, H, **ch), H),
+        "QFedTD": (fj.qfedtd(0.1, **ch), 1),
+        "Scaffnew": (fj.scaffnew(0.05, 0.2, H, **ch), H),
+    }
+
+
+def measure(problem, alg, steps_per_round, seeds, target_steps, repeats):
+    rounds = max(1, int(round(target_steps / (seeds * steps_per_round))))
+    run = lambda: fj.simulate(1, problem, alg, rounds, seeds, record_every=rounds, quantiles=False)  # noqa: E731
+    t0 = time.perf_counter()
+    run()
+    first = time.perf_counter() - t0
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return seeds * rounds * steps_per_round / best, first
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=1000)
+    ap.add_argument("--agents", type=int, default=10)
+    ap.add_argument("--dim", type=int, default=10)
+    ap.add_argument("--states", type=int, default=20)
+    ap.add_argument("--local-steps", type=int, default=10)
+    ap.add_argument("--steps", type=float, default=3e6, help="agent-local steps per timed call")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    N, H, n = args.agents, args.local_steps, args.seeds
+    print(f"N={N} d={args.dim} S={args.states} H={H} (QFedTD 1), {n} seeds, ~{args.steps:.0e} agent-steps per "
+          f"call, float32, {jax.default_backend()}, {os.cpu_count()} cores, jax {jax.__version__}")
+    print(f"{'algorithm':9s} {'problem':14s} {'sampling':10s} {'channel':13s} {'agent-steps/s':>13s} "
+          f"{'vs TD FedLSA':>12s} {'first call s':>12s}")
+    rows, reference = [], None
+
+    def report(alg_name, fam, sampling, channel, rate, first):
+        nonlocal reference
+        reference = reference or rate
+        rows.append(dict(algorithm=alg_name, problem=fam, sampling=sampling, channel=channel,
+                         agent_steps_per_s=rate, ratio=rate / reference, first_call_s=first))
+        print(f"{alg_name:9s} {fam:14s} {sampling:10s} {channel:13s} {rate:13.3g} {rate / reference:12.2f} "
+              f"{first:12.2f}", flush=True)
+
+    for (fam, sampling), problem in problems(N, args.dim, args.states).items():
+        for lossy in (False, True):
+            for alg_name, (alg, h) in algorithms(H, lossy).items():
+                rate, first = measure(problem, alg, N * h, n, args.steps, args.repeats)
+                report(alg_name, fam, sampling, "4-bit, p=0.6" if lossy else "exact", rate, first)
+    q = fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=40)  # the issue's QFedTD setting
+    alg = fj.qfedtd(0.6, fj.channel.stochastic_uniform(4), 0.6)
+    rate, first = measure(q, alg, 40, n, args.steps, args.repeats)
+    report("QFedTD", "QFedTD MDP N=40", "markov", "4-bit, p=0.6", rate, first)
+    machine = {"platform": jax.default_backend(), "cpu_count": os.cpu_count(),
+               "processor": platform.processor() or platform.machine(), "jax": jax.__version__}
+    return write_json(args.json, {"config": vars(args), "machine": machine, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
