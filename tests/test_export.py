@@ -9,6 +9,7 @@ never compiled, so each case takes a fraction of a second.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedsa_jax as fj
@@ -64,6 +65,9 @@ ALGORITHMS = {
     "qfedtd-lossy": lambda: fj.qfedtd(0.5, fj.channel.stochastic_uniform(4), success_prob=0.6),
     "fedlsa-qsgd-lossy": lambda: fj.fedlsa(0.1, 2, quantizer=fj.channel.qsgd(3), success_prob=0.7),
     "scaffnew": lambda: fj.scaffnew(0.1, 0.5, 2),
+    # schedules, server optimizers (optax) and the wrappers
+    "richardson-averaged-scafflsa-schedule-adam": lambda: fj.richardson(fj.averaged(fj.scafflsa(
+        fj.schedule(fj.optim.inverse_time, eta0=0.1, k0=10.0), 2, server_optimizer=optax.adam(1e-2)), burn_in=1)),
 }
 CASES = [("td", a) for a in ALGORITHMS if a != "qfedtd-lossy"] + [("td-markov", "qfedtd-lossy")] + [
     ("gaussian", a) for a in ALGORITHMS if a != "fedlsa-qsgd-lossy"]
