@@ -47,13 +47,13 @@ def threefry2x32(k1, k2, x1, x2):
     return x1, x2
 
 
+def _threefry(key: jax.Array) -> bool:
+    """Whether ``key`` draws with jax's partitionable threefry (the counters reproduced here)."""
+    return jax.config.jax_threefry_partitionable and "threefry2x32" in str(jax.random.key_impl(key))
+
+
 def _fusable(key: jax.Array, dtype, size: int) -> bool:
-    return (
-        jax.config.jax_threefry_partitionable
-        and "threefry2x32" in str(jax.random.key_impl(key))
-        and dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
-        and size < 2**32
-    )
+    return _threefry(key) and dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)) and size < 2**32
 
 
 def uniform(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
@@ -90,7 +90,7 @@ def normal(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
 def split(key: jax.Array, num: int = 2) -> jax.Array:
     """``jax.random.split(key, num)``, bit for bit (key ``i`` is the hash of the counter
     ``(0, i)``), as fusable elementwise ops; else ``jax.random.split``."""
-    if not (jax.config.jax_threefry_partitionable and "threefry2x32" in str(jax.random.key_impl(key))):
+    if not _threefry(key):
         return jax.random.split(key, num)
     kd = jax.random.key_data(key)
     b1, b2 = threefry2x32(kd[0], kd[1], jnp.zeros((num,), np.uint32), lax.iota(np.uint32, num))
@@ -102,8 +102,7 @@ def bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """``jax.random.bits(key, shape, jnp.uint32)``, bit for bit (the word behind
     :func:`uniform`'s float32 values), fused like :func:`uniform`."""
     shape = tuple(shape)
-    if not (jax.config.jax_threefry_partitionable and "threefry2x32" in str(jax.random.key_impl(key))
-            and math.prod(shape) < 2**32):
+    if not (_threefry(key) and math.prod(shape) < 2**32):
         return jax.random.bits(key, shape, jnp.uint32)
     kd = jax.random.key_data(key)
     counters = lax.iota(np.uint32, math.prod(shape)).reshape(shape)
