@@ -317,8 +317,18 @@ def local_updates(problem, params, obs, theta, step_size, control=None):
 
     ``obs`` has leading axis H (drawn in one block); ``step_size`` is a scalar or the round's
     ``(H,)`` step sizes (a schedule, :func:`fedsa_jax.optim.step_sizes`); ``control`` is
-    SCAFFLSA's ``xi_c`` (``None`` for FedLSA).
+    SCAFFLSA's ``xi_c`` (``None`` for FedLSA). In error coordinates a problem may run the steps
+    itself, laid out for speed: ``problem.error_local_steps(params, obs, error, step_sizes (H,),
+    control (d,))`` (same updates; returns ``None`` to decline), e.g. the Gaussian family.
     """
+
+    if isinstance(problem, ErrorCoordinates) and hasattr(problem.problem, "error_local_steps"):
+        H = jax.tree.leaves(obs)[0].shape[0]
+        etas = jnp.broadcast_to(jnp.asarray(step_size, theta.dtype), (H,))
+        zero = jnp.zeros_like(theta) if control is None else control
+        out = problem.problem.error_local_steps(params, obs, theta, etas, zero)
+        if out is not None:
+            return out
 
     def body(th, xs):
         o, eta = xs

@@ -19,6 +19,14 @@ instead of d^2 + d. ``A_c(Z)`` is never formed; a step costs the mean part
 The normals are ``jax.random.normal``'s values, drawn with the fused threefry
 (:func:`fedsa_jax._prng.normal`) as one flat ``(N, H d)`` block per round.
 
+Layout of the local steps (:meth:`GaussianLSA.error_local_steps`). Vmapped the usual way, one
+step's work sits in arrays ``(seeds, agents, d)`` whose short minor axis ``d`` leaves XLA:CPU two
+transposes around the batched ``A_bar[c] @ e`` and an unvectorised ``|theta|^2`` per step. The H
+local steps therefore run in a custom batching rule with the agents leading and the seeds last,
+``(agents, d, seeds)``: the product is one ``(d, d) x (d, seeds)`` GEMM per agent and every other
+operation vectorises along the seeds; the transposes happen once per round. Measured
+(``benchmarks/kernel_paths.py``): see ``benchmarks/README.md``.
+
 References: Mangold et al., "SCAFFLSA: Taming Heterogeneity in Federated Linear
 Stochastic Approximation and TD Learning", NeurIPS 2024, arXiv:2402.04114 (A1).
 """
@@ -26,6 +34,7 @@ Stochastic Approximation and TD Learning", NeurIPS 2024, arXiv:2402.04114 (A1).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -34,7 +43,6 @@ import numpy as np
 
 from fedsa_jax import _prng, _validate
 from fedsa_jax.problems._base import fixed_points
-
 
 class GaussianParams(NamedTuple):
     A_bar: jax.Array  # (d, d)
@@ -104,8 +112,85 @@ class GaussianLSA:
         ``A_bar error + (A_bar theta_star - b_bar) + noise``."""
         return params.A_bar @ error + params.residual_star + self._noise(params, obs, self.theta_star + error)
 
+    def error_local_steps(self, params: GaussianParams, z: jax.Array, error: jax.Array, step_sizes: jax.Array,
+                          control: jax.Array):
+        """H local steps of one agent in error coordinates, ``e <- e - eta_h (A_bar e + residual_star
+        + noise_h - control)`` (the scan of :meth:`error_direction` in
+        :func:`fedsa_jax.algorithms.local_updates`), laid out for vmapping (module docstring).
+        ``z (H, d)``, ``step_sizes (H,)``, ``control (d,)``. ``None`` for a subclass that
+        changes the directions (the algorithms then scan :meth:`error_direction`)."""
+        cls = type(self)
+        if cls.error_direction is not GaussianLSA.error_direction or cls._noise is not GaussianLSA._noise:
+            return None
+        args = (params.A_bar, params.residual_star, params.noise_A, params.noise_b, self.theta_star, z, error,
+                step_sizes, control)
+        return _batched_steps(0, 0)(*args)
+
     def describe(self) -> dict[str, Any]:
         return {"family": "gaussian_lsa", "num_agents": self.num_agents, "dim": self.dim}
+
+
+# error_local_steps' arguments, unbatched: A_bar (d, d), residual_star (d,), noise_A (), noise_b (),
+# theta_star (d,), z (H, d), error (d,), step_sizes (H,), control (d,); error is the carry.
+_ERROR = 6
+
+
+def _batched_steps(front: int, back: int):
+    """The local steps for arguments with ``front`` leading and ``back`` trailing batch axes
+    (``(*front, *core, *back)``): each vmap level adds one, leading where ``A_bar`` is batched
+    (agents), trailing otherwise (seeds, sweep configurations)."""
+
+    @jax.custom_batching.custom_vmap
+    def steps(*args):
+        return _steps_laid_out(front, back, args)
+
+    @steps.def_vmap
+    def rule(axis_size, in_batched, *args):
+        lead = bool(in_batched[0])  # A_bar batched at this level: a leading axis
+        moved = []
+        for i, (x, batched) in enumerate(zip(args, in_batched)):
+            if i == _ERROR and not batched:  # the carry has every batch axis
+                x = jnp.broadcast_to(x, (axis_size,) + x.shape)
+            elif not batched:
+                x = x[None]
+            moved.append(x if lead else jnp.moveaxis(x, 0, -1))
+        out = _batched_steps(front + lead, back + (not lead))(*moved)
+        return (out if lead else jnp.moveaxis(out, -1, 0)), True
+
+    return steps
+
+
+def _steps_laid_out(front: int, back: int, args):
+    """The scan, on arguments ``(*front, *core, *back)`` (size 1 where unbatched), in the layout
+    ``(F, d, B)``: ``F`` the leading batch axes (agents) flattened, ``B`` the trailing ones (seeds)."""
+    e = args[_ERROR]
+    fshape, bshape = e.shape[:front], e.shape[e.ndim - back:]
+    F, B = math.prod(fshape), math.prod(bshape)
+
+    def canon(x):  # (*front, *core, *back) -> (F or 1, *core, B or 1)
+        f, b = x.shape[:front], x.shape[x.ndim - back:]
+        core = x.shape[front:x.ndim - back]
+        f = fshape if f != fshape and any(n != 1 for n in f) else f
+        b = bshape if b != bshape and any(n != 1 for n in b) else b
+        x = jnp.broadcast_to(x, f + core + b)
+        return x.reshape((math.prod(f),) + core + (math.prod(b),))
+
+    A, res, sA, sb, ts, z, e, eta, ctrl = map(canon, args)
+    A = A[..., 0]  # (F|1, d, d): A_bar is batched along leading axes only
+    z = jnp.moveaxis(z, 1, 0)  # (H, F|1, d, B|1)
+    eta = jnp.moveaxis(eta, 1, 0)[:, :, None]  # (H, F|1, 1, B|1)
+    sA, sb = sA[:, None], sb[:, None]  # (F|1, 1, B|1)
+
+    def step(x, inputs):
+        z_h, eta_h = inputs
+        theta = ts + x
+        var = sA**2 * jnp.sum(theta * theta, axis=1, keepdims=True) + sb**2
+        g = jnp.einsum("fij,fjb->fib", A, x) + res + jnp.sqrt(var) * z_h
+        return x - eta_h * (g - ctrl), None
+
+    unroll = min(8, z.shape[0])
+    out, _ = jax.lax.scan(step, jnp.broadcast_to(e, (F,) + e.shape[1:-1] + (B,)), (z, eta), unroll=unroll)
+    return out.reshape(fshape + out.shape[1:2] + bshape)
 
 
 def _per_agent(name: str, value: Any, num_agents: int) -> np.ndarray:
