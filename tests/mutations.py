@@ -204,10 +204,23 @@ MUTATIONS = [
     ),
     Mutation(
         "gaussian-noise-unscaled", "fedsa_jax/problems/gaussian.py",
+        "var = sA**2 * jnp.sum(theta * theta, axis=1, keepdims=True) + sb**2",
+        "var = sA**2 + sb**2",
+        (f"{ALG}::test_gaussian_matches_numpy_loop[fedlsa]",),
+        "G theta drawn as z instead of |theta| z (the laid-out local steps)",
+    ),
+    Mutation(
+        "gaussian-direction-noise-unscaled", "fedsa_jax/problems/gaussian.py",
         "var = params.noise_A**2 * jnp.sum(theta * theta) + params.noise_b**2",
         "var = params.noise_A**2 + params.noise_b**2",
-        (f"{ALG}::test_gaussian_matches_numpy_loop[fedlsa]",),
-        "G theta drawn as z instead of |theta| z",
+        ("tests/test_problems.py::test_gaussian_laid_out_steps_equal_the_scan[fedlsa]",),
+        "the same in error_direction (QFedTD, subclasses, the scan the layout is tested against)",
+    ),
+    Mutation(
+        "gaussian-laid-out-control-dropped", "fedsa_jax/problems/gaussian.py",
+        "return x - eta_h * (g - ctrl), None", "return x - eta_h * g, None",
+        (f"{ALG}::test_gaussian_matches_numpy_loop[scafflsa]",),
+        "SCAFFLSA's control variates ignored by the Gaussian laid-out local steps",
     ),
     # --- statistics and merges ----------------------------------------------------------------
     Mutation(
