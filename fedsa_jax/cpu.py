@@ -20,6 +20,13 @@ before that: right after ``import fedsa_jax``. The command line
 (``fedsa-jax run``, ``fedsa-jax sweep``) calls it at start (``--cpu-devices N``
 chooses the count); importing :mod:`fedsa_jax` never does.
 
+How JAX behaves (checked with JAX 0.10): ``jax.config.update("jax_num_cpu_devices", n)``
+after the backends started raises JAX's own ``RuntimeError`` unless ``n`` is the value
+already set, whatever the actual device count; before, it takes precedence over
+``XLA_FLAGS=--xla_force_host_platform_device_count``. So :func:`use_cpu_cores` reads that
+flag first (the user's choice wins), and asks ``jax._src.xla_bridge.backends_are_initialized``
+whether the backends started (then it compares with ``len(jax.devices("cpu"))``).
+
 Example:
   >>> import fedsa_jax as fj
   >>> fj.use_cpu_cores()  # doctest: +SKIP
