@@ -6,9 +6,10 @@ a time (on the dim axis S = max(20, 2 d), since features need full column
 rank; the states axis shows that S itself does not matter). Reported: agent-local-steps per second of ``fj.simulate`` (best of
 ``--repeats`` after a warm-up call that compiles), and the cost per step
 relative to the base point. With alias sampling the cost of a step must not
-grow with the number of states S.
+grow with the number of states S. JAX runs on one CPU device per core
+(``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device).
 
-    python benchmarks/scaling.py [--json out.json] [--quick]
+    python benchmarks/scaling.py [--json out.json] [--quick] [--cpu-devices N]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 import jax
 
 import fedsa_jax as fj
-from _bench import write_json
+from _bench import add_cpu_devices_option, use_cpu_devices, write_json
 
 BASE = dict(seeds=1000, agents=10, dim=10, states=20)
 AXES = {
@@ -63,13 +64,15 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (for a smoke run)")
     ap.add_argument("--repeats", type=int, default=3)
+    add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
+    devices = use_cpu_devices(args.cpu_devices)  # before any JAX computation
     axes = {k: (v[:3] if args.quick else v) for k, v in AXES.items()}
     target = 2e6 if args.quick else 2e7
     base = measure(**BASE, target_steps=target, repeats=args.repeats)
     out = {"base": {**BASE, **base}, "axes": {}, "platform": jax.default_backend(),
            "devices": jax.device_count()}
-    print(f"base {BASE}: {base['steps_per_s']:.3g} agent-steps/s")
+    print(f"base {BASE}, {devices}: {base['steps_per_s']:.3g} agent-steps/s")
     for axis, values in axes.items():
         rows = []
         for v in values:

@@ -11,7 +11,9 @@ Columns: warm agent-local steps per second (best of ``--repeats`` calls after th
 its ratio to TD FedLSA (generative, exact; the first row), and the first call's wall time,
 which includes tracing and compiling (in its own column, never mixed into the rate).
 
-    python benchmarks/table.py [--seeds 1000] [--json out.json]     # about 4 min on 2 CPU cores
+JAX runs on one CPU device per core (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device).
+
+    python benchmarks/table.py [--seeds 1000] [--json out.json] [--cpu-devices N]   # about 4 min on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import jax
 import numpy as np
 
 import fedsa_jax as fj
-from _bench import write_json
+from _bench import add_cpu_devices_option, use_cpu_devices, write_json
 
 
 def problems(N: int, d: int, S: int):
@@ -75,10 +77,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=float, default=3e6, help="agent-local steps per timed call")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", default=None)
+    add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
+    devices = use_cpu_devices(args.cpu_devices)  # before any JAX computation
     N, H, n = args.agents, args.local_steps, args.seeds
     print(f"N={N} d={args.dim} S={args.states} H={H} (QFedTD 1), {n} seeds, ~{args.steps:.0e} agent-steps per "
-          f"call, float32, {jax.default_backend()}, {os.cpu_count()} cores, jax {jax.__version__}")
+          f"call, float32, {devices}, {os.cpu_count()} cores, jax {jax.__version__}")
     print(f"{'algorithm':9s} {'problem':14s} {'sampling':10s} {'channel':13s} {'agent-steps/s':>13s} "
           f"{'vs TD FedLSA':>12s} {'first call s':>12s}")
     rows, reference = [], None
@@ -100,7 +104,7 @@ def main(argv=None):
     alg = fj.qfedtd(0.6, fj.channel.stochastic_uniform(4), 0.6)
     rate, first = measure(q, alg, 40, n, args.steps, args.repeats)
     report("QFedTD", "QFedTD MDP N=40", "markov", "4-bit, p=0.6", rate, first)
-    machine = {"platform": jax.default_backend(), "cpu_count": os.cpu_count(),
+    machine = {"platform": jax.default_backend(), "cpu_count": os.cpu_count(), "device_count": jax.device_count(),
                "processor": platform.processor() or platform.machine(), "jax": jax.__version__}
     return write_json(args.json, {"config": vars(args), "machine": machine, "rows": rows})
 

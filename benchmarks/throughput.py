@@ -17,9 +17,10 @@ by side in one run:
            ``jax.random.uniform`` as one flat array, and with the kernel's own
            draw (fused threefry, one block per seed and round from fold_in keys)
 
-Every timing is the best of ``--repeats`` runs after one warm-up call.
+Every timing is the best of ``--repeats`` runs after one warm-up call. JAX runs on one
+CPU device per core (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device).
 
-    python benchmarks/throughput.py [--seeds 1000] [--json out.json]
+    python benchmarks/throughput.py [--seeds 1000] [--json out.json] [--cpu-devices N]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedsa_jax as fj
-from _bench import best_of, write_json
+from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
 from fedsa_jax.simulate import seed_keys
 
 
@@ -136,7 +137,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--no-numpy", action="store_true", help="skip the numpy baselines (e.g. at 1e5 seeds on a GPU)")
+    add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
+    devices = use_cpu_devices(args.cpu_devices)  # before any JAX computation
     n, N, H, T = args.seeds, args.agents, args.local_steps, args.rounds
     problem = fj.problems.garnet(jax.random.key(0), num_agents=N, num_states=args.states, dim=args.dim)
     alg = fj.fedlsa(args.step_size, H)
@@ -184,7 +187,7 @@ def main(argv=None):
     out = {
         "config": {"seeds": n, "agents": N, "states": args.states, "dim": args.dim,
                    "local_steps": H, "rounds": T, "dtype": str(np.dtype(problem.dtype))},
-        "machine": {"platform": jax.default_backend(), "cpu_count": os.cpu_count(),
+        "machine": {"platform": jax.default_backend(), "cpu_count": os.cpu_count(), "device_count": jax.device_count(),
                     "processor": platform.processor() or platform.machine(), "jax": jax.__version__},
         "agent_steps": steps,
         "seconds": {"jax": t_jax, "jax_first_call_incl_compile": first, "numpy_plain": t_plain,
@@ -197,7 +200,7 @@ def main(argv=None):
     }
     print(f"federated TD(0) FedLSA: N={N} S={args.states} d={args.dim} H={H} T={T} seeds={n} "
           f"({steps:.3g} agent-steps, {out['config']['dtype']}, {jax.default_backend()}, "
-          f"{os.cpu_count()} cores)")
+          f"{os.cpu_count()} cores, {devices})")
     print(f"  jax                          {t_jax:8.3f} s   {steps / t_jax:10.3g} steps/s   (first call incl. compile {first:.2f} s)")
     print(f"  numpy, plain (inverse CDF)   {t_plain:8.3f} s   {steps / t_plain:10.3g} steps/s   "
           f"numpy/jax = {t_plain / t_jax:.2f}x")

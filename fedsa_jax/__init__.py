@@ -3,11 +3,17 @@
 FedLSA, SCAFFLSA, Scaffnew (and, through the channel, QFedTD) with agents, local steps and
 independent seeds vmapped and scanned into one jitted kernel; step-size schedules, server
 optimizers (optax), Polyak-Ruppert averaging and Richardson-Romberg extrapolation on top.
+
+On a CPU, call :func:`use_cpu_cores` right after ``import fedsa_jax`` (before any JAX
+computation): JAX then has one CPU device per core and ``simulate`` shards its seeds over
+them (1.2x to 1.6x faster on 2 cores than JAX's single multi-threaded device). Importing
+the package never changes JAX's configuration.
 """
 
 __version__ = "0.1.0"
 
 from fedsa_jax import algorithms, channel, metrics, optim, problems, theory
+from fedsa_jax.cpu import use_cpu_cores
 from fedsa_jax.algorithms import Algorithm, RoundInfo, averaged, fedlsa, qfedtd, richardson, scafflsa, scaffnew
 from fedsa_jax.optim import optimizer, schedule
 from fedsa_jax.result import MetricStats, SimulationResult, load
@@ -39,6 +45,7 @@ __all__ = [
     "simulate",
     "sweep",
     "theory",
+    "use_cpu_cores",
     "plotting",
 ]
 

@@ -11,6 +11,10 @@ import matplotlib
 os.environ["FEDSA_JAX_COMPILE_CACHE"] = "off"
 
 jax.config.update("jax_enable_x64", True)
+# Start JAX's backends now, on its default devices: every test in this process then runs on the same
+# devices whatever ran first, and the command line called in this process keeps them (it would otherwise
+# give JAX one CPU device per core; tests/test_cpu.py checks that in subprocesses).
+jax.devices()
 matplotlib.use("Agg")  # figures are checked, never shown
 
 import numpy as np  # noqa: E402
