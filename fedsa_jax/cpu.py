@@ -7,8 +7,9 @@ little. :func:`fedsa_jax.simulate` shards the seed axis over every device in
 ``jax.devices()``, so with one CPU device per core each core runs its own share
 of the seeds instead. Measured on a 2-core machine with
 ``benchmarks/kernel_paths.py`` (1000 seeds, warm agent-steps/s, 1 -> 2 devices):
-TD FedLSA 3.37e7 -> 5.47e7, TD SCAFFLSA 3.12e7 -> 4.68e7, Gaussian FedLSA
-1.53e7 -> 2.21e7, QFedTD (4 bits, p = 0.6) 1.94e7 -> 2.41e7.
+TD FedLSA 4.08e7 -> 6.4e7, TD SCAFFLSA 3.77e7 -> 5.6e7, QFedTD (4 bits, p = 0.6)
+2.19e7 -> 2.8e7, Gaussian FedLSA 2.49e7 -> 2.7e7 (its normal draw already used
+both cores); ``benchmarks/README.md``.
 
 Per-seed results do not depend on the device count (means differ at float
 rounding only, from the different batch shape; see "Precision and

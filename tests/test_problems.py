@@ -79,6 +79,8 @@ def test_alias_tables_sample_exact_law():
 def test_generative_pairs_follow_mu_times_P(tiny_td):
     P, r, Phi = tiny_td
     p = fj.problems.federated_td(P, r, Phi, 0.9)
+    assert p.describe()["sampler"] == "pair_tables"  # recorded: the stream differs from per-state draws
+    assert fj.problems.federated_td(P, r, Phi, 0.9, sampling="markov").describe()["sampler"] == "per_state"
     u = p.randomness(jax.random.key(0), 3, 100_000)
     obs, _ = jax.vmap(p.observe, (0, None, 0))(p.agent_params(), 0, u)
     for c in range(3):

@@ -180,6 +180,8 @@ class FederatedTD:
             "num_states": self.num_states,
             "dim": self.dim,
             "sampling": self.sampling,
+            # which generative sampler ran (same law, different random streams): pair tables or per-state
+            "sampler": "pair_tables" if self.pair_tables and self.sampling == "generative" else "per_state",
         }
 
 
