@@ -55,8 +55,8 @@ MUTATIONS = [
     # --- local steps --------------------------------------------------------------------------
     Mutation(
         "local-step-dropped", "fedsa_jax/algorithms/_base.py",
-        "theta, _ = jax.lax.scan(body, theta, obs, ",
-        "theta, _ = jax.lax.scan(body, theta, jax.tree.map(lambda o: o[1:], obs), ",
+        "theta, _ = jax.lax.scan(body, theta, (obs, etas), ",
+        "theta, _ = jax.lax.scan(body, theta, (jax.tree.map(lambda o: o[1:], obs), None if etas is None else etas[1:]), ",
         (f"{ALG}::test_td_matches_numpy_loop[generative-1-fedlsa]",),
         "each agent runs H - 1 local steps",
     ),
@@ -171,8 +171,8 @@ MUTATIONS = [
     # --- samplers -----------------------------------------------------------------------------
     Mutation(
         "qfedtd-chain-not-carried", "fedsa_jax/algorithms/qfedtd.py",
-        "return QFedTDState(problem.theta_star + error, error, sampler), info",
-        "return QFedTDState(problem.theta_star + error, error, state.sampler), info",
+        "return QFedTDState(problem.theta_star + error, error, sampler, ",
+        "return QFedTDState(problem.theta_star + error, error, state.sampler, ",
         (f"{CP}::test_qfedtd_markov_reduces_to_fedtd",),
         "QFedTD restarts each agent's Markov chain from the same state every round",
     ),
