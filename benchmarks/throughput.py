@@ -13,9 +13,11 @@ by side in one run:
            block of uniforms per round (a tuned baseline); "pair tables": the
            kernel's own sampler (one alias draw of the pair (s, s') from one
            32-bit word, one [phi(s) | psi] row per step, error coordinates)
-  unif     only drawing the kernel's 2 uniforms per observation: with
-           ``jax.random.uniform`` as one flat array, and with the kernel's own
-           draw (fused threefry, one block per seed and round from fold_in keys)
+  unif     only drawing random numbers: two uniforms per observation with
+           ``jax.random.uniform`` as one flat array (what a sampler of s then s'
+           consumes), and the kernel's own block (fused threefry, one block per
+           seed and round from fold_in keys: one 32-bit word per observation with
+           pair tables); both sharded over the kernel's devices
 
 Every timing is the best of ``--repeats`` runs after one warm-up call. JAX runs on one
 CPU device per core (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device).
@@ -166,23 +168,32 @@ def main(argv=None):
         plain_run()
         t_plain = best_of(plain_run, max(1, args.repeats // 2))
 
-    flat = jax.jit(lambda k: jnp.sum(jax.random.uniform(k, (2 * steps,), problem.dtype)))
+    # The draw-only rows run sharded over the same devices as the kernel (a seed axis, a flat axis).
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("seeds",))
+    spread = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
+    flat_len = -(-2 * steps // jax.device_count()) * jax.device_count()
+    flat = jax.jit(lambda k: jnp.sum(jax.lax.with_sharding_constraint(
+        jax.random.uniform(k, (flat_len,), problem.dtype), spread)))
     flat(key).block_until_ready()
     t_flat = best_of(lambda: flat(key).block_until_ready(), args.repeats)
 
+    padded = -(-n // jax.device_count()) * jax.device_count()
+    round_keys = jax.device_put(jax.random.key_data(seed_keys(key, padded)[1]), spread)
+
     @jax.jit
-    def kernel_draw(k):
-        _, round_keys = seed_keys(k, n)
+    def kernel_draw(kd):
+        rk = jax.random.wrap_key_data(kd)
 
         def body(acc, t):
-            ks = jax.vmap(jax.random.fold_in, in_axes=(0, None))(round_keys, t)
+            ks = jax.vmap(jax.random.fold_in, in_axes=(0, None))(rk, t)
             u = jax.vmap(lambda kk: problem.randomness(kk, N, H))(ks)
-            return acc + jnp.sum(u), None
+            return acc + jnp.sum(u, axis=tuple(range(1, u.ndim))).astype(problem.dtype), None
 
-        return jax.lax.scan(body, jnp.zeros((), problem.dtype), jnp.arange(T, dtype=jnp.uint32))[0]
+        acc = jax.lax.with_sharding_constraint(jnp.zeros((padded,), problem.dtype), spread)
+        return jax.lax.scan(body, acc, jnp.arange(T, dtype=jnp.uint32))[0]
 
-    kernel_draw(key).block_until_ready()
-    t_draw = best_of(lambda: kernel_draw(key).block_until_ready(), args.repeats)
+    kernel_draw(round_keys).block_until_ready()
+    t_draw = best_of(lambda: kernel_draw(round_keys).block_until_ready(), args.repeats)
 
     out = {
         "config": {"seeds": n, "agents": N, "states": args.states, "dim": args.dim,
