@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import fedsa_jax as fj  # noqa: E402
+from _bench import add_cpu_devices_option, use_cpu_devices  # noqa: E402
 from fedsa_jax._io import atomic_write, write_json  # noqa: E402
 from fedsa_jax.plotting import MSE_LABEL  # noqa: E402
 from reproduce_scafflsa import cached  # noqa: E402
@@ -143,7 +144,9 @@ def main(argv=None):
     ap.add_argument("--figures", type=Path, default=None, help="default benchmarks/figures")
     ap.add_argument("--cache", type=Path, default=Path("benchmarks/out/averaging"),
                     help="exact curves are cached here (file names carry their parameters)")
+    add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
+    use_cpu_devices(args.cpu_devices)
     if args.quick:
         args.rounds, args.seeds, args.seeds_large, args.records = 200, 32, 16, 100
         quick_dir = Path("benchmarks/out/averaging-quick")

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 import fedsa_jax as fj
-from _bench import best_of, write_json
+from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
 from fedsa_jax import theory
 
 
@@ -47,7 +47,9 @@ def dense_exact_mse(problem, algorithm, T):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default=None)
+    add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
+    use_cpu_devices(args.cpu_devices)
     report = {"backend": jax.default_backend(), "devices": jax.device_count()}
 
     print("(a) quantile histogram, recording every round, 1000 seeds")

@@ -26,6 +26,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 import fedsa_jax as fj  # noqa: E402
+from _bench import add_cpu_devices_option, use_cpu_devices  # noqa: E402
 
 ETAS = [10.0**-k for k in range(1, 9)]
 
@@ -49,7 +50,9 @@ def main():
     ap.add_argument("--seeds", type=int, default=256)
     ap.add_argument("--exact-from", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "precision.json")
+    add_cpu_devices_option(ap)
     args = ap.parse_args()
+    use_cpu_devices(args.cpu_devices)
     stored = json.loads(args.exact_from.read_text())["exact"] if args.exact_from else {}
     rows, exact_all = [], {}
     t0 = time.perf_counter()

@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fedsa_jax as fj
+from _bench import add_cpu_devices_option, use_cpu_devices
 from fedsa_jax._io import atomic_write
 from fedsa_jax.plotting import plot_mse
 
@@ -61,7 +62,9 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path("benchmarks/out/qfedtd"))
     ap.add_argument("--figures", type=Path, default=Path("benchmarks/figures"),
                     help="where the PNGs are copied for the README")
+    add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
+    use_cpu_devices(args.cpu_devices)
     args.out.mkdir(parents=True, exist_ok=True)
     args.figures.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(2023)

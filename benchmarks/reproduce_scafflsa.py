@@ -34,6 +34,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fedsa_jax as fj
+from _bench import add_cpu_devices_option, use_cpu_devices
 from fedsa_jax._io import atomic_savez, atomic_write
 from fedsa_jax import plotting
 
@@ -75,7 +76,9 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path("benchmarks/out/scafflsa"))
     ap.add_argument("--figures", type=Path, default=Path("benchmarks/figures"))
     ap.add_argument("--no-exact", action="store_true", help="skip the exact second-moment curves")
+    add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
+    use_cpu_devices(args.cpu_devices)
     args.out.mkdir(parents=True, exist_ok=True)
     args.figures.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(2024)
