@@ -97,9 +97,11 @@ TINY = ["run", "--algorithms", "scafflsa", "--agents", "2", "--states", "4", "--
         "--rounds", "3", "--seeds", "5", "--dtype", "float64", "--no-plot"]
 
 
-def test_cli_cpu_devices_recorded_and_results_equal(tmp_path):
+@pytest.mark.parametrize("problem", ["garnet", "gaussian"])  # gaussian: its laid-out local steps, sharded
+def test_cli_cpu_devices_recorded_and_results_equal(tmp_path, problem):
     """Two fresh CLI processes side by side: 2 devices and 1; seeds padded to the device count."""
-    procs = {n: subprocess.Popen([sys.executable, "-m", "fedsa_jax.cli", *TINY, "--cpu-devices", str(n),
+    procs = {n: subprocess.Popen([sys.executable, "-m", "fedsa_jax.cli", *TINY, "--problem", problem,
+                                  "--cpu-devices", str(n),
                                   "--out", str(tmp_path / str(n))], env=fresh_env(), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for n in (2, 1)}
     logs = {n: p.communicate(timeout=300) for n, p in procs.items()}
