@@ -83,6 +83,13 @@ class Problem(Protocol):
       ``error = theta - theta_star`` (see :mod:`fedsa_jax.algorithms`): in float32,
       updates ``eta (A theta - b)`` far below the resolution of ``theta`` itself are
       then kept. Without it they use ``direction(params, obs, theta_star + error)``.
+    * ``error_local_steps(params, obs, error, step_sizes, control) -> (d,)`` or ``None``:
+      one agent's H local steps ``e <- e - eta_h (direction at theta_star + e - control)``
+      (``obs`` with leading axis H, ``step_sizes (H,)``, ``control (d,)``, zero for FedLSA),
+      when the problem can lay them out better than a vmapped scan of
+      ``error_direction`` (FedLSA and SCAFFLSA call it; ``None`` declines). The
+      Gaussian family does (a custom batching rule, seeds minor; see
+      ``problems/gaussian.py``); its results must equal the scan's to rounding.
     * ``finite_support() -> FiniteSupport``: for observations with finitely many
       values per agent; makes :func:`fedsa_jax.theory.exact_mse` exact for the
       problem (see :class:`FiniteSupport`).
