@@ -1,41 +1,138 @@
-"""Plain numpy loops (seed by seed, agent by agent, step by step) used as references.
+"""The test suite's independent references (not a test): numpy loops and brute-force enumerations.
 
-They consume the same random numbers as the JAX kernel (taken from the same key
-derivation), so trajectories must agree to float64 rounding.
+Two kinds of reference live here, each piece of logic once.
+
+**Loops fed the kernel's random numbers.** Plain numpy loops, seed by seed, agent by agent,
+step by step, for FedLSA, SCAFFLSA, QFedTD and Scaffnew on federated TD and Gaussian LSA
+problems, with the uplink channel (quantizers written from their definitions, Bernoulli
+erasures, both aggregation rules). They draw the same random numbers as the kernel, from
+the driver's documented key derivation:
+
+* seed i: ``(init_key, round_key) = split(fold_in(key, i))``; Markov chains start at
+  ``alias(mu_c, uniform(split(init_key, N)[c]))``;
+* round t: ``(k_obs, k_channel) = split(fold_in(round_key, t))``; the observations are the
+  problem's raw draws ``problem.randomness(k_obs, N, H, skip)`` (uniforms, uint32 words or
+  normals), turned into observations here;
+* uplink: ``(k_q, k_e) = split(k_channel)``, agent c's quantizer uniforms
+  ``uniform(split(k_q, N)[c], (d,))``, deliveries ``uniform(k_e, (N,)) < p``;
+* Scaffnew: ``(k_coin, k_send) = split(k_channel)``, coins ``uniform(k_coin, (H,)) < p``.
+
+so trajectories must agree with the kernel's to float64 rounding. Only the key derivation
+(``fedsa_jax.simulate.per_seed_keys``, ``jax.random``) and the problems' raw draws and alias
+tables are shared with the library: everything that turns random numbers into iterates
+(alias sampling, the TD direction, the Gaussian noise, local steps, control variates,
+quantizers, erasures, aggregation, Scaffnew's coins) is written again below from the
+update rules (Mangold et al. 2024, SCAFFLSA; Dal Fabbro et al. 2023, QFedTD; Mishchenko
+et al. 2022, ProxSkip). A change of the key derivation changes every seed's stream and must
+be made here too. One round (theta the server iterate, eta the step size, H local steps):
+
+* FedLSA / SCAFFLSA: ``theta^c_{h+1} = theta^c_h - eta (A_c(Z_h) theta^c_h - b_c(Z_h) - xi_c)``
+  from ``theta^c_0 = theta`` (``xi_c = 0`` for FedLSA); agent c sends ``m_c = theta^c_H - theta``;
+* QFedTD: agent c sends ``m_c = g_c = b_c(Z) - A_c(Z) theta`` (one observation);
+* the channel: ``q_c = Q(m_c)``, delivered when ``u_c < p``; weights ``w_c = 1{c in R} / N``
+  (``divide_by_n``) or ``1{c in R} / max(|R|, 1)`` (``divide_by_received``); the server sets
+  ``theta <- theta + sum_c w_c q_c`` (times eta for QFedTD); SCAFFLSA moves the delivered
+  agents' control variates, ``xi_c <- xi_c + (mean_{j in R} q_j - q_c) / (eta H)``. The
+  exact channel is the special case Q = identity, p = 1: ``theta <- mean_c theta^c_H``,
+  ``xi_c <- xi_c + (theta_new - theta^c_H) / (eta H)``;
+* Scaffnew (exact channel): agents' iterates x_c and control variates h_c persist; each local
+  step ``xh_c = x_c - eta (A_c(Z) x_c - b_c(Z) - h_c)``; if the step's coin is 1,
+  ``x_c <- mean_j xh_j`` and ``h_c <- h_c + (p / eta)(mean_j xh_j - xh_c)``, else ``x_c <- xh_c``;
+  the reported iterate is ``mean_c x_c``.
+
+**Enumeration of exact second moments.** For observations of finite support (generative TD,
+least squares rows, Gaussian LSA through Rademacher noise with the Gaussian's first two
+moments), ``E|theta_t - theta_star|^2`` by brute force: the second moment ``E[Y Y^T]`` of the
+stacked state ``Y`` is pushed through every outcome of a round's randomness, each outcome's
+affine map ``Y -> L Y`` weighted by its probability. Independent of ``fedsa_jax.theory``
+(no shared code); only for tiny problems.
+
+Also :func:`step_trajectories` (the algorithms' own ``init``/``step`` with the driver's keys,
+a cheap stand-in for the driver) and :func:`check_against_loop` (driver or steps against a
+loop, seed by seed). The random numbers are drawn by small jitted functions of
+``(key, seed, round)``: drawn op by op, the threefry hash compiles dozens of tiny kernels per
+shape (seconds per test).
 """
 
+import functools
+import itertools
+from math import comb
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax.simulate import seed_keys
+from fedsa_jax.simulate import per_seed_keys
+
+# ---------------------------------------------------------------------------------------------
+# The kernel's random numbers
 
 
-def round_keys(key, seed, t):
+def _seed_keys(key, seed):
+    """Seed ``seed``'s ``(init_key, round_key)``, as in the driver."""
+    init, rounds = per_seed_keys(key, jnp.asarray(seed, jnp.uint32)[None])
+    return init[0], rounds[0]
+
+
+def _round_keys(key, seed, t):
     """``(k_obs, k_channel)`` of seed ``seed``'s round ``t``."""
-    _, keys = seed_keys(key, seed + 1)
-    return jax.random.split(jax.random.fold_in(keys[seed], np.uint32(t)))
+    round_key = _seed_keys(key, seed)[1]
+    return jax.random.split(jax.random.fold_in(round_key, jnp.asarray(t, jnp.uint32)))
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _observation_draws(problem, key, seed, t, H, skip):
+    return problem.randomness(_round_keys(key, seed, t)[0], problem.num_agents, H, skip)
 
 
 def round_randomness(problem, key, seed, t, H, skip=1):
-    k_obs, _ = round_keys(key, seed, t)  # the other half keys the channel
-    return np.asarray(problem.randomness(k_obs, problem.num_agents, H, skip))
+    """The problem's raw draws for round t's observations (all agents)."""
+    return np.asarray(_observation_draws(problem, key, seed, t, H, skip))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _init_draws(key, seed, N):
+    keys = jax.random.split(_seed_keys(key, seed)[0], N)
+    return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float64))(keys)
+
+
+def init_randomness(key, seed, N):
+    """One uniform per agent from the seed's init key (the Markov chains' first states)."""
+    return [float(u) for u in _init_draws(key, seed, N)]
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _channel_draws(key, seed, t, N, d):
+    k_q, k_e = jax.random.split(_round_keys(key, seed, t)[1])
+    u_q = jax.vmap(lambda k: jax.random.uniform(k, (d,), jnp.float64))(jax.random.split(k_q, N))
+    return u_q, jax.random.uniform(k_e, (N,), jnp.float64)
+
+
+def channel_uniforms(key, seed, t, N, d):
+    """The uniforms of round t's uplink: ``(N, d)`` for the quantizers (one row per
+    agent) and ``(N,)`` for the erasures, from the kernel's key derivation."""
+    u_q, u_e = _channel_draws(key, seed, t, N, d)
+    return np.asarray(u_q), np.asarray(u_e)
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _coin_draws(key, seed, t, H):
+    k_coin, _ = jax.random.split(_round_keys(key, seed, t)[1])
+    return jax.random.uniform(k_coin, (H,), jnp.float64)
 
 
 def scaffnew_coins(key, seed, t, H, p):
     """Scaffnew's communication coins of round t: ``uniform(k_coin, (H,)) < p`` with
     ``(k_coin, k_send) = split(k_channel)`` (fedsa_jax/algorithms/scaffnew.py)."""
-    _, k_channel = round_keys(key, seed, t)
-    k_coin, _ = jax.random.split(k_channel)
-    return np.asarray(jax.random.uniform(k_coin, (H,), np.float64)) < p
+    return np.asarray(_coin_draws(key, seed, t, H)) < p
 
 
-def init_randomness(key, seed, N):
-    init_keys, _ = seed_keys(key, seed + 1)
-    keys = jax.random.split(init_keys[seed], N)
-    return [float(jax.random.uniform(k, (), np.float64)) for k in keys]
+# ---------------------------------------------------------------------------------------------
+# Observations
 
 
 def alias(prob, al, u):
+    """Walker's alias method: column ``i = floor(u S)``, kept if ``u S - i < prob[i]``, else ``al[i]``."""
     S = len(prob)
     i = min(int(u * S), S - 1)
     return i if u * S - i < prob[i] else int(al[i])
@@ -60,48 +157,125 @@ def generative_draw(problem, c, u, h):
     return s, alias(P_p[c, s], P_a[c, s], u[c, 1, h])
 
 
-def federated_loop(problem, algorithm, T, theta0, agent_round, coins=None):
-    """FedLSA / SCAFFLSA / Scaffnew rounds; ``agent_round(t)`` returns ``g(c, h, theta)``, the
-    direction ``A_c(Z) theta - b_c(Z)`` of agent c's h-th local step in round t; ``coins(t)``
-    Scaffnew's communication coins of round t."""
+# ---------------------------------------------------------------------------------------------
+# The uplink channel
+
+
+def quantize(q, u, x):
+    """Quantizer ``q`` applied to ``x (d,)`` with the uniforms ``u (d,)``, written from
+    the definitions: stochastic rounding goes up from grid point ``lo`` to ``lo + delta``
+    when ``u < (y - lo) / delta``."""
+    d = x.shape[0]
+    if q.kind == "identity":
+        return x.copy()
+    if q.kind == "rand_k":  # the k coordinates with the smallest uniforms, scaled by d/k
+        out = np.zeros(d)
+        keep = np.argsort(u)[: q.k]
+        out[keep] = x[keep] * d / q.k
+        return out
+    if q.kind == "natural":  # |x| in [2^e, 2^(e+1)): 2^e or 2^(e+1)
+        a = np.abs(x)
+        lo = np.ldexp(1.0, np.frexp(a)[1] - 1)
+        up = u < (a - lo) / lo
+        return np.where(a > 0, np.sign(x) * np.where(up, 2 * lo, lo), 0.0)
+    if q.kind == "qsgd":  # |x|_2 sign(x_i) l_i / s, l_i in {0..s}
+        norm = np.linalg.norm(x)
+        if norm == 0:
+            return np.zeros(d)
+        y = np.abs(x) / norm * q.levels
+        lo = np.floor(y)
+        return np.sign(x) * norm * (lo + (u < y - lo)) / q.levels
+    assert q.kind == "stochastic_uniform", q.kind
+    L = 2**q.bits_per_coordinate - 1  # 2^b points -M, -M + delta, ..., M
+    M = np.max(np.abs(x)) if q.range is None else q.range
+    if M == 0:
+        return np.zeros(d)
+    x = np.clip(x, -M, M)
+    delta = 2 * M / L
+    y = (x + M) / delta
+    lo = np.floor(y)
+    return -M + np.minimum(lo + (u < y - lo), L) * delta
+
+
+def uplink(channel, messages, u_q=None, u_e=None):
+    """Quantized messages ``(N, d)`` (0 where lost), delivered mask and aggregation weights.
+
+    The uniforms ``u_q (N, d)`` and ``u_e (N,)`` are read only by a quantizer other than the
+    identity and by erasures: the exact channel needs none and delivers ``m_c`` with ``w_c = 1/N``."""
+    N = messages.shape[0]
+    q = np.stack([quantize(channel.quantizer, None if u_q is None else u_q[c], messages[c]) for c in range(N)])
+    delivered = u_e < float(channel.success_prob) if channel.erasures else np.ones(N, bool)
+    count = delivered.sum()
+    if channel.aggregation == "divide_by_n":
+        w = delivered / N
+    else:
+        w = delivered / max(count, 1)
+    return np.where(delivered[:, None], q, 0.0), delivered, w
+
+
+# ---------------------------------------------------------------------------------------------
+# Loops
+
+
+def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
+    """Every round's server iterate ``theta_0..theta_T (T + 1, d)`` of FedLSA / SCAFFLSA / QFedTD
+    (Scaffnew: :func:`scaffnew_loop`); ``agent_round(t)`` returns ``g(c, h, theta)``, the
+    direction ``A_c(Z) theta - b_c(Z)`` of agent c's h-th local step in round t.
+
+    The uplink runs through :func:`uplink`, on the kernel's channel uniforms of seed ``seed``
+    under ``key`` unless the channel is exact: FedLSA and SCAFFLSA send ``m_c = theta^c - theta``,
+    QFedTD sends ``g_c = b_c(Z) - A_c(Z) theta``, and the server adds ``sum_c w_c q(m_c)`` (times
+    the step size for QFedTD). SCAFFLSA moves the control variates of delivered agents only, by
+    ``(mean_{j in R} q(m_j) - q(m_c)) / (eta H)``.
+    """
     if algorithm.name == "scaffnew":
-        return scaffnew_loop(problem, algorithm, T, theta0, agent_round, coins)
+        return scaffnew_loop(problem, algorithm, T, theta0, agent_round, key, seed)
     N, d = problem.num_agents, problem.dim
     cfg = algorithm.config
-    eta, H = cfg.step_size, cfg.num_local_steps
+    eta, H = float(cfg.step_size), cfg.num_local_steps
+    ch = cfg.channel
     theta = np.zeros(d) if theta0 is None else np.array(theta0, float)
     xi = np.zeros((N, d))
     out = [theta.copy()]
     for t in range(T):
         g = agent_round(t)
-        local = np.zeros((N, d))
-        for c in range(N):
-            th = theta.copy()
-            for h in range(H):
-                step = g(c, h, th)
-                if algorithm.name == "scafflsa":
-                    step = step - xi[c]
-                th = th - eta * step
-            local[c] = th
-        theta = local.mean(0)
+        if algorithm.name == "qfedtd":
+            msg = np.stack([-g(c, 0, theta) for c in range(N)])  # the TD direction
+        else:
+            local = np.zeros((N, d))
+            for c in range(N):
+                th = theta.copy()
+                for h in range(H):
+                    step = g(c, h, th)
+                    if algorithm.name == "scafflsa":
+                        step = step - xi[c]
+                    th = th - eta * step
+                local[c] = th
+            msg = local - theta
+        q, delivered, w = uplink(ch, msg, *(() if ch.trivial else channel_uniforms(key, seed, t, N, d)))
+        update = w @ q
+        theta = theta + (eta * update if algorithm.name == "qfedtd" else update)
         if algorithm.name == "scafflsa":
-            xi = xi + (theta - local) / (eta * H)
+            mean_received = q[delivered].sum(0) / max(delivered.sum(), 1)
+            xi[delivered] += (mean_received - q[delivered]) / (eta * H)
         out.append(theta.copy())
     return np.array(out)
 
 
-def scaffnew_loop(problem, algorithm, T, theta0, agent_round, coins):
+def scaffnew_loop(problem, algorithm, T, theta0, agent_round, key, seed):
     """Scaffnew (exact channel): the agents' iterates x_c and control variates h_c persist; after
-    each local step, if the step's coin is 1, x_c <- mean_j xh_j and h_c += (p / eta)(x_c - xh_c)."""
+    each local step, if the step's coin (:func:`scaffnew_coins`) is 1, x_c <- mean_j xh_j and
+    h_c += (p / eta)(x_c - xh_c)."""
     N, d = problem.num_agents, problem.dim
     cfg = algorithm.config
+    assert cfg.channel.trivial, "Scaffnew's loop has an exact channel only"
     eta, p, H = cfg.step_size, cfg.comm_prob, cfg.num_local_steps
     theta = np.zeros(d) if theta0 is None else np.array(theta0, float)
     x = np.tile(theta, (N, 1))
     h = np.zeros((N, d))
     out = [theta.copy()]
     for t in range(T):
-        g, coin = agent_round(t), coins(t)
+        g, coin = agent_round(t), scaffnew_coins(key, seed, t, H, p)
         for k in range(H):
             xh = np.array([x[c] - eta * (g(c, k, x[c]) - h[c]) for c in range(N)])
             if coin[k]:
@@ -114,15 +288,10 @@ def scaffnew_loop(problem, algorithm, T, theta0, agent_round, coins):
     return np.array(out)
 
 
-def _coins(algorithm, key, seed):
-    cfg = algorithm.config
-    if algorithm.name != "scaffnew":
-        return None
-    return lambda t: scaffnew_coins(key, seed, t, cfg.num_local_steps, cfg.comm_prob)
-
-
 def td_loop(problem, algorithm, key, seed, T, theta0=None):
-    """Federated TD problem: every seed's theta_0..theta_T, sampling by alias tables."""
+    """Federated TD problem: seed ``seed``'s theta_0..theta_T, sampling by alias tables
+    (generative, or one Markov chain per agent carried across rounds, keeping one transition
+    out of every ``skip``); the direction is ``-(r_c(s) + gamma phi(s')^T theta - phi(s)^T theta) phi(s)``."""
     N, S = problem.num_agents, problem.num_states
     H, skip = algorithm.config.num_local_steps, algorithm.config.skip
     Phi = np.asarray(problem.features)
@@ -150,11 +319,11 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
 
         return g
 
-    return federated_loop(problem, algorithm, T, theta0, agent_round, _coins(algorithm, key, seed))
+    return federated_loop(problem, algorithm, T, theta0, agent_round, key, seed)
 
 
 def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
-    """Gaussian LSA problem with the kernel's normals."""
+    """Gaussian LSA problem: seed ``seed``'s theta_0..theta_T with the kernel's normals."""
     H = algorithm.config.num_local_steps
     A = np.asarray(problem.A_bar)
     b = np.asarray(problem.b_bar)
@@ -168,59 +337,167 @@ def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
             A[c] @ th - b[c] + np.sqrt(sA[c] ** 2 * (th @ th) + sb[c] ** 2) * z[c, h]
         )
 
-    return federated_loop(problem, algorithm, T, theta0, agent_round, _coins(algorithm, key, seed))
+    return federated_loop(problem, algorithm, T, theta0, agent_round, key, seed)
 
 
-def td_support(problem):
-    """Generative federated TD's observations: per agent, ``(prob, A(Z), b(Z))`` for every
-    pair ``Z = (s, s')`` of positive probability ``mu_c(s) P_c(s, s')``."""
-    P = np.asarray(problem.transitions, float)
-    r = np.asarray(problem.rewards, float)
-    phi = np.asarray(problem.features, float)
-    mu = np.asarray(problem.stationary, float)
-    gamma = float(problem.gamma)
-    N, S, _ = P.shape
-    return [[(mu[c, s] * P[c, s, t], np.outer(phi[s], phi[s] - gamma * phi[t]), r[c, s] * phi[s])
-             for s in range(S) for t in range(S) if mu[c, s] * P[c, s, t] > 0] for c in range(N)]
+# ---------------------------------------------------------------------------------------------
+# The library's own steps, and the comparison with a loop
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _step_trajectories(problem, algorithm, key, T, num_seeds, theta0):
+    init_keys, round_keys = per_seed_keys(key, jnp.arange(num_seeds, dtype=jnp.uint32))
+
+    def one_seed(init_key, round_key):
+        def one_round(state, t):
+            state, _ = algorithm.step(jax.random.fold_in(round_key, t), state, problem)
+            return state, state.theta
+
+        state = algorithm.init(init_key, problem, theta0)
+        _, thetas = jax.lax.scan(one_round, state, jnp.arange(T, dtype=jnp.uint32))
+        return jnp.concatenate([state.theta[None], thetas])
+
+    return jax.vmap(one_seed)(init_keys, round_keys)
+
+
+def step_trajectories(problem, algorithm, key, T, num_seeds, theta0=None):
+    """Every seed's ``theta_0..theta_T`` ``(num_seeds, T + 1, d)`` from the algorithm's own
+    ``init`` and ``step`` with the driver's keys (seed i: ``split(fold_in(key, i))``, round t:
+    ``fold_in(round_key, t)``), in one small jitted scan: the trajectories of
+    :func:`fedsa_jax.simulate` at a fraction of its compile time."""
+    theta0 = jnp.zeros(problem.dim, problem.dtype) if theta0 is None else jnp.asarray(theta0, problem.dtype)
+    return np.asarray(_step_trajectories(problem, algorithm, key, T, num_seeds, theta0))
+
+
+def check_against_loop(problem, algorithm, loop, T, num_seeds, theta0=None, key=None, driver=True,
+                       rtol=1e-12, atol=1e-13):
+    """Compare every seed's trajectory with ``loop`` (:func:`td_loop` or :func:`gaussian_loop`).
+
+    ``driver=True``: through :func:`fedsa_jax.simulate`, last iterates seed by seed and the
+    mean, standard error and MSE statistics at every round against those of the loop's
+    trajectories; ``driver=False``: every round of every seed from :func:`step_trajectories`.
+    Returns the loop's trajectories ``(num_seeds, T + 1, d)``."""
+    import fedsa_jax as fj
+
+    key = jax.random.key(11) if key is None else key
+    refs = np.stack([loop(problem, algorithm, key, s, T, theta0=theta0) for s in range(num_seeds)])
+    if not driver:
+        got = step_trajectories(problem, algorithm, key, T, num_seeds, theta0)
+        np.testing.assert_allclose(got, refs, rtol=rtol, atol=atol)
+        return refs
+    res = fj.simulate(key, problem, algorithm, T, num_seeds, theta0=theta0)
+    np.testing.assert_allclose(res.final_theta, refs[:, -1], rtol=rtol, atol=atol)
+    n = num_seeds
+    np.testing.assert_allclose(res.theta_mean, refs.mean(0), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(res.theta_sem, refs.std(0, ddof=1) / np.sqrt(n), rtol=1e-9, atol=10 * atol)
+    err = np.sum((refs - np.asarray(problem.theta_star)) ** 2, -1)
+    np.testing.assert_allclose(res.mse_mean, err.mean(0), rtol=1e-11)
+    np.testing.assert_allclose(res.mse_sem, err.std(0, ddof=1) / np.sqrt(n), rtol=1e-9)
+    np.testing.assert_array_equal(res.bits_sent, res.rounds * problem.num_agents * res.config["bits_per_message"])
+    return refs
+
+
+# ---------------------------------------------------------------------------------------------
+# Enumeration of exact second moments
+
+
+def observation_outcomes(problem):
+    """Per agent, every outcome of one local observation: ``(probs (K,), A_Z (K, d, d), b_Z (K, d))``.
+
+    Generative TD: each pair ``Z = (s, s')`` of positive probability ``mu_c(s) P_c(s, s')``, with
+    ``A(Z) = phi(s) (phi(s) - gamma phi(s'))^T`` and ``b(Z) = r_c(s) phi(s)``. Gaussian LSA:
+    ``A_Z = A_bar + noise_A G``, ``b_Z = b_bar + noise_b g`` with Rademacher entries, each of the
+    ``2^(d^2 + d)`` sign patterns equally likely. The updates are affine in ``(G, g)``, so second
+    moments depend on the noise only through its mean (0) and covariance (I), which Rademacher
+    and Gaussian entries share: the enumerated MSE is the Gaussian model's.
+    """
+    if hasattr(problem, "transitions"):
+        P = np.asarray(problem.transitions, float)
+        r = np.asarray(problem.rewards, float)
+        phi = np.asarray(problem.features, float)
+        mu = np.asarray(problem.stationary, float)
+        gamma = float(problem.gamma)
+        N, S, _ = P.shape
+        out = []
+        for c in range(N):
+            pairs = [(s, t) for s in range(S) for t in range(S) if mu[c, s] * P[c, s, t] > 0]
+            out.append((np.array([mu[c, s] * P[c, s, t] for s, t in pairs]),
+                        np.array([np.outer(phi[s], phi[s] - gamma * phi[t]) for s, t in pairs]),
+                        np.array([r[c, s] * phi[s] for s, t in pairs])))
+        return out
+    A = np.asarray(problem.A_bar, float)
+    b = np.asarray(problem.b_bar, float)
+    sA = np.asarray(problem.noise_A, float)
+    sb = np.asarray(problem.noise_b, float)
+    N, d, _ = A.shape
+    signs = np.array(list(itertools.product((-1.0, 1.0), repeat=d * d + d)))
+    G, g = signs[:, : d * d].reshape(-1, d, d), signs[:, d * d:]
+    probs = np.full(len(signs), 1.0 / len(signs))
+    return [(probs, A[c] + sA[c] * G, b[c] + sb[c] * g) for c in range(N)]
 
 
 def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="divide_by_n", k=None,
                    support=None, server=None, burn_in=None, with_mean=False):
-    """Exact ``E|theta_t - theta_star|^2`` of a problem with i.i.d. observations of finite
-    support (default: generative federated TD, :func:`td_support`) by brute force.
+    """Exact ``E|theta_t - theta_star|^2``, t = 0..T, of FedLSA, SCAFFLSA or QFedTD (``name``) on a
+    problem with i.i.d. observations of finite support, by brute force.
 
-    The second moment of ``Y = (1, theta, xi_1..xi_N, x_1..x_N)`` is pushed through
-    every joint outcome of a round's randomness (each agent's observation at each
-    local step, from ``support[c] = [(prob, A(Z), b(Z)), ...]``; the delivery pattern;
-    each agent's rand-k coordinate subset), each outcome's affine map weighted by its
-    probability. Independent of ``fedsa_jax.theory`` (no shared code); only for tiny
-    problems. QFedTD is FedLSA with H = 1 (its local iterate is ``theta + eta g``).
+    The second moment ``M = E[Y Y^T]`` of ``Y = (1, theta, xi_1..xi_N, x_1..x_N[, m][, v])`` is
+    pushed through every outcome of a round's randomness, ``M <- sum_o prob_o L_o M L_o^T``:
 
-    ``eta``: a float, or ``(T, H)`` step sizes (a schedule; SCAFFLSA divides by the sum of
-    the round's steps). ``server=(lr, beta)``: server SGD with momentum on the pseudo-gradient,
-    ``m <- (theta - a) + beta m``, ``theta <- theta - lr m`` (``a`` the aggregate), the momentum
-    ``m`` a block of Y. ``burn_in=b``: report the running mean ``v`` of ``theta_{b+1..t}``
-    (another block of Y). ``with_mean``: also return ``E[reported iterate]``.
+    * the broadcast ``x_c <- theta``;
+    * each local step, for each agent's observation outcome (``support[c] = (probs, A_Z, b_Z)``,
+      default :func:`observation_outcomes`), ``x_c <- (I - eta A_Z) x_c + eta b_Z (+ eta xi_c)``.
+      A step's map is a product of per-agent maps that touch disjoint rows of Y (agent c's rows
+      read only the constant, ``x_c`` and ``xi_c``) and whose outcomes are independent, so its
+      expectation is taken one agent at a time;
+    * each delivery pattern (agents delivered with probability ``p``, weights ``w_c = 1/N`` or
+      ``1/|R|``) and each agent's rand-k subset S_c (probability ``1/C(d, k)``, mask
+      ``D_c = (d/k) 1_{S_c}``): the aggregate ``a = theta + sum_c w_c D_c (x_c - theta)``;
+      SCAFFLSA (exact channel only) ``xi_c <- xi_c + (a - x_c) / sum_h eta_{t,h}``;
+    * the server: ``theta <- a``, or with ``server=(lr, beta)`` SGD with momentum on the
+      pseudo-gradient, ``m <- (theta - a) + beta m``, ``theta <- theta - lr m``;
+    * ``burn_in=b``: the running mean ``v`` of ``theta_{b+1..t}`` is reported from round b + 1 on.
+
+    Then ``E|u - theta_star|^2 = tr M_uu - 2 theta_star^T M_0u + |theta_star|^2`` for the
+    reported iterate u. QFedTD is FedLSA with H = 1 (its local iterate is ``theta + eta g``;
+    rand-k commutes with the factor eta). ``eta``: a float, or ``(T, H)`` step sizes (a
+    schedule). ``with_mean``: also return ``E[u]`` ``(T + 1, d)``.
     """
-    import itertools
-    from math import comb
-
     assert name != "scafflsa" or (p == 1.0 and k is None), "SCAFFLSA is enumerated with an exact channel only"
-    obs = td_support(problem) if support is None else support
+    obs = observation_outcomes(problem) if support is None else support
     theta_star = np.asarray(problem.theta_star, float)
     N, d = problem.num_agents, problem.dim
-    D = 1 + d + 2 * N * d + 2 * d
+    D = 1 + d + 2 * N * d
     th = np.arange(1, 1 + d)
     xi = [np.arange(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(N)]
     loc = [np.arange(1 + d + (N + c) * d, 1 + d + (N + c + 1) * d) for c in range(N)]
-    mom = np.arange(D - 2 * d, D - d)
-    avg = np.arange(D - d, D)
-    etas = np.broadcast_to(np.asarray(eta, float), (T, H))
+    mom = avg = None
+    if server is not None:
+        mom, D = np.arange(D, D + d), D + d
+    if burn_in is not None:
+        avg, D = np.arange(D, D + d), D + d
+    E = np.eye(D)
     I = np.eye(d)
+    etas = np.broadcast_to(np.asarray(eta, float), (T, H))
+
+    @functools.cache
+    def step_maps(eta):
+        """Per agent: ``(probs (K,), maps (K, D, D))`` of one local step with step size eta."""
+        out = []
+        for c, (probs, Az, bz) in enumerate(obs):
+            L = np.tile(E, (len(probs), 1, 1))
+            L[:, loc[c][:, None], loc[c]] = I - eta * np.asarray(Az, float)
+            L[:, loc[c], 0] = eta * np.asarray(bz, float)
+            if name == "scafflsa":
+                L[:, loc[c][:, None], xi[c]] = eta * I
+            out.append((np.asarray(probs, float), L))
+        return out
+
     if k is None:
         masks = [(1.0, np.ones(d))]
     else:
-        masks = [(1.0 / comb(d, k), np.isin(np.arange(d), sub) * (d / k)) for sub in itertools.combinations(range(d), k)]
+        masks = [(1.0 / comb(d, k), np.isin(np.arange(d), sub) * (d / k))
+                 for sub in itertools.combinations(range(d), k)]
     y = np.zeros(D)
     y[0] = 1.0
     if theta0 is not None:
@@ -229,31 +506,20 @@ def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="di
     means = []
 
     def sq_err(M, t):
-        v = avg if burn_in is not None and t > burn_in else th
-        means.append(M[0, v].copy())
-        return np.trace(M[np.ix_(v, v)]) - 2 * theta_star @ M[0, v] + theta_star @ theta_star
+        u = avg if burn_in is not None and t > burn_in else th
+        means.append(M[0, u].copy())
+        return np.trace(M[np.ix_(u, u)]) - 2 * theta_star @ M[0, u] + theta_star @ theta_star
 
     out = [sq_err(M, 0)]
     for t in range(T):
-        L = np.eye(D)
+        L = E.copy()
         for c in range(N):
             L[np.ix_(loc[c], loc[c])] = 0.0
             L[np.ix_(loc[c], th)] = I
         M = L @ M @ L.T
         for h in range(H):
-            eta = etas[t, h]
-            new = np.zeros((D, D))
-            for combo in itertools.product(*obs):
-                L = np.eye(D)
-                prob = 1.0
-                for c, (w, Az, bz) in enumerate(combo):
-                    prob *= w
-                    L[np.ix_(loc[c], loc[c])] = I - eta * Az
-                    L[loc[c], 0] = eta * bz
-                    if name == "scafflsa":
-                        L[np.ix_(loc[c], xi[c])] = eta * I
-                new += prob * L @ M @ L.T
-            M = new
+            for probs, maps in step_maps(float(etas[t, h])):
+                M = np.einsum("k,kij,jl,kml->im", probs, maps, M, maps, optimize=True)
         new = np.zeros((D, D))
         for delivered in itertools.product((0, 1), repeat=N):
             prob_r = np.prod([p if x else 1 - p for x in delivered])
@@ -262,25 +528,35 @@ def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="di
             n_rec = sum(delivered)
             w = [x / N if aggregation == "divide_by_n" else (x / n_rec if n_rec else 0.0) for x in delivered]
             for combo in itertools.product(masks, repeat=N):
-                L = np.eye(D)
+                L = E.copy()
                 prob = prob_r * np.prod([q for q, _ in combo])
                 for c, (_, mask) in enumerate(combo):
                     L[np.ix_(th, th)] -= w[c] * np.diag(mask)
                     L[np.ix_(th, loc[c])] += w[c] * np.diag(mask)
                 if name == "scafflsa":
                     for c in range(N):
-                        L[xi[c], :] += (L[th, :] - np.eye(D)[loc[c], :]) / np.sum(etas[t])
+                        L[xi[c], :] += (L[th, :] - E[loc[c], :]) / np.sum(etas[t])
                 if server is not None:  # L[th] is the aggregate a; momentum and theta from the old Y
                     lr, beta = server
-                    L[mom, :] = np.eye(D)[th, :] - L[th, :] + beta * np.eye(D)[mom, :]
-                    L[th, :] = np.eye(D)[th, :] - lr * L[mom, :]
+                    L[mom, :] = E[th, :] - L[th, :] + beta * E[mom, :]
+                    L[th, :] = E[th, :] - lr * L[mom, :]
                 new += prob * L @ M @ L.T
         M = new
         if burn_in is not None and t + 1 > burn_in:
             n = t + 1 - burn_in
-            L = np.eye(D)
+            L = E.copy()
             L[np.ix_(avg, avg)] = (1 - 1 / n) * I
             L[np.ix_(avg, th)] = I / n
             M = L @ M @ L.T
         out.append(sq_err(M, t + 1))
     return (np.asarray(means), np.asarray(out)) if with_mean else np.asarray(out)
+
+
+def enumerated_algorithm_mse(problem, algorithm, T, theta0=None, support=None):
+    """:func:`enumerated_mse` of a constant-step FedLSA, SCAFFLSA or QFedTD ``algorithm``: its step
+    size, local steps and channel (success probability, aggregation rule, rand-k's k)."""
+    cfg = algorithm.config
+    q = cfg.channel.quantizer
+    return enumerated_mse(problem, algorithm.name, float(cfg.step_size), cfg.num_local_steps, T, theta0=theta0,
+                          p=float(cfg.channel.success_prob), aggregation=cfg.channel.aggregation,
+                          k=q.k if q.kind == "rand_k" else None, support=support)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import Z_TOL
-from reference import gaussian_loop, td_loop
+from reference import check_against_loop, gaussian_loop, td_loop
 
 import fedsa_jax as fj
 from fedsa_jax.problems import td as td_module
@@ -31,28 +31,13 @@ def test_td_matches_numpy_loop(tiny_td, name, sampling, skip, monkeypatch):
     problem = fj.problems.federated_td(P, r, Phi, 0.9, sampling=sampling)
     assert problem.pair_tables == (td_module.PAIR_TABLE_MAX > 0)
     alg = ALGS[name](0.3, 4, skip=skip)
-    key = jax.random.key(11)
-    T, n = 6, 3
-    res = fj.simulate(key, problem, alg, T, n, theta0=np.array([0.5, -0.2]))
-    for seed in range(n):
-        ref = td_loop(problem, alg, key, seed, T, theta0=[0.5, -0.2])
-        np.testing.assert_allclose(res.final_theta[seed], ref[-1], rtol=1e-12, atol=1e-13)
-    # the mean over seeds at every recorded round
-    refs = np.stack([td_loop(problem, alg, key, s, T, theta0=[0.5, -0.2]) for s in range(n)])
-    np.testing.assert_allclose(res.theta_mean, refs.mean(0), rtol=1e-12, atol=1e-13)
-    err = np.sum((refs - np.asarray(problem.theta_star)) ** 2, -1)
-    np.testing.assert_allclose(res.mse_mean, err.mean(0), rtol=1e-11)
-    np.testing.assert_allclose(res.mse_sem, err.std(0, ddof=1) / np.sqrt(n), rtol=1e-9)
+    # seed by seed, and the seeds' mean, standard error and MSE statistics at every recorded round
+    check_against_loop(problem, alg, td_loop, T=6, num_seeds=3, theta0=np.array([0.5, -0.2]), key=jax.random.key(11))
 
 
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
 def test_gaussian_matches_numpy_loop(het_gaussian, name):
-    alg = ALGS[name](0.1, 3)
-    key = jax.random.key(2)
-    res = fj.simulate(key, het_gaussian, alg, 5, 2)
-    for seed in range(2):
-        ref = gaussian_loop(het_gaussian, alg, key, seed, 5)
-        np.testing.assert_allclose(res.final_theta[seed], ref[-1], rtol=1e-12, atol=1e-13)
+    check_against_loop(het_gaussian, ALGS[name](0.1, 3), gaussian_loop, T=5, num_seeds=2, key=jax.random.key(2))
 
 
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import Z_TOL
-from reference_channel import check_against_loop, gaussian_loop, quantize, step_trajectories, td_loop
+from reference import check_against_loop, gaussian_loop, quantize, step_trajectories, td_loop
 
 import fedsa_jax as fj
 from fedsa_jax.channel import transmit

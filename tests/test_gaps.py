@@ -19,19 +19,11 @@ import jax
 import matplotlib
 import numpy as np
 import pytest
-from reference_channel import enumerated_mse
+from reference import enumerated_algorithm_mse
 
 import fedsa_jax as fj
 from fedsa_jax import plotting, theory
 from fedsa_jax.result import SimulationResult
-
-
-def enumerate_alg(problem, alg, T, theta0):
-    cfg = alg.config
-    q = cfg.channel.quantizer
-    return enumerated_mse(problem, alg.name, float(cfg.step_size), cfg.num_local_steps, T, theta0=theta0,
-                          p=float(cfg.channel.success_prob), aggregation=cfg.channel.aggregation,
-                          k=q.k if q.kind == "rand_k" else None)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +47,7 @@ def test_gaussian_exact_mse_matches_enumeration(gauss2, case):
     theta0 = np.array([1.0, -0.5])
     T = 4
     got = fj.theory.exact_mse(gauss2, alg, T, theta0=theta0)
-    np.testing.assert_allclose(got, enumerate_alg(gauss2, alg, T, theta0), rtol=1e-10)
+    np.testing.assert_allclose(got, enumerated_algorithm_mse(gauss2, alg, T, theta0), rtol=1e-10)
     # power: the multiplicative noise enters through tr(E[x x^T]); a factor 1/d on it moves the curve
     # far beyond the tolerance
     scaled = fj.problems.gaussian_lsa(gauss2.A_bar, gauss2.b_bar, float(gauss2.noise_A[0]) / math.sqrt(2),
@@ -97,7 +89,7 @@ def test_rand_k_exact_mse_with_d3_k2_matches_enumeration(td3, make):
     alg = make()
     theta0 = np.array([0.7, -0.4, 0.2])
     got = fj.theory.exact_mse(td3, alg, 5, theta0=theta0)
-    np.testing.assert_allclose(got, enumerate_alg(td3, alg, 5, theta0), rtol=1e-10)
+    np.testing.assert_allclose(got, enumerated_algorithm_mse(td3, alg, 5, theta0), rtol=1e-10)
 
 
 def delivery_moments(N, p, aggregation):

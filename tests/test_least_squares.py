@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import Z_TOL
-from reference import enumerated_mse
+from reference import enumerated_algorithm_mse
 
 import fedsa_jax as fj
 
@@ -86,14 +86,12 @@ def test_exact_mse_matches_enumeration(case):
     """Tiny case (N=2, n_c = 2 and 3, d=2, H=2): every row sequence enumerated."""
     X, y = data((2, 3), 2, seed=4)
     p = fj.problems.least_squares(X, y)
-    support = [[(1 / len(t), np.outer(x, x), ti * x) for x, ti in zip(xs, t)] for xs, t in zip(X, y)]
+    # per agent, each row (x, t) with probability 1/n_c: A(z) = x x^T, b(z) = t x
+    support = [(np.full(len(t), 1 / len(t)), np.einsum("ki,kj->kij", xs, xs), t[:, None] * xs) for xs, t in zip(X, y)]
     alg = ALGORITHMS[case]()
-    cfg = alg.config
-    q = cfg.channel.quantizer
     theta0 = np.array([0.5, -1.0])
     got = fj.theory.exact_mse(p, alg, 4, theta0=theta0)
-    ref = enumerated_mse(p, alg.name, cfg.step_size, cfg.num_local_steps, 4, theta0=theta0,
-                         p=float(cfg.channel.success_prob), k=q.k if q.kind == "rand_k" else None, support=support)
+    ref = enumerated_algorithm_mse(p, alg, 4, theta0=theta0, support=support)
     np.testing.assert_allclose(got, ref, rtol=1e-10)
     assert np.all(np.diff(got[:2]) != 0)
 

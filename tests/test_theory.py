@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import Z_TOL
-from reference import enumerated_mse
+from reference import enumerated_algorithm_mse
 
 import fedsa_jax as fj
 
@@ -37,14 +37,10 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_exact_mse_matches_enumeration(td2, case):
     alg = CASES[case]()
-    cfg = alg.config
-    q = cfg.channel.quantizer
     theta0 = np.array([0.7, -0.4])
     T = 5
     got = fj.theory.exact_mse(td2, alg, T, theta0=theta0)
-    ref = enumerated_mse(td2, alg.name, cfg.step_size, cfg.num_local_steps, T, theta0=theta0,
-                         p=float(cfg.channel.success_prob), aggregation=cfg.channel.aggregation,
-                         k=q.k if q.kind == "rand_k" else None)
+    ref = enumerated_algorithm_mse(td2, alg, T, theta0=theta0)
     np.testing.assert_allclose(got, ref, rtol=1e-10)
     assert np.all(np.diff(got[:2]) != 0)  # a moving curve, not a constant
 
