@@ -188,7 +188,9 @@ def _steps_laid_out(front: int, back: int, args):
         g = jnp.einsum("fij,fjb->fib", A, x) + res + jnp.sqrt(var) * z_h
         return x - eta_h * (g - ctrl), None
 
-    unroll = min(8, z.shape[0])
+    from fedsa_jax.algorithms._base import LOCAL_UNROLL  # imported here: problems never import algorithms at load
+
+    unroll = min(LOCAL_UNROLL, z.shape[0])
     out, _ = jax.lax.scan(step, jnp.broadcast_to(e, (F,) + e.shape[1:-1] + (B,)), (z, eta), unroll=unroll)
     return out.reshape(fshape + out.shape[1:2] + bshape)
 
