@@ -50,8 +50,117 @@ CP = "tests/test_channel_paths.py"
 GAPS = "tests/test_gaps.py"
 CLI = "tests/test_cli_records.py"
 ALG = "tests/test_algorithms.py"
+BR = "tests/test_batches_and_resume.py"
 
 MUTATIONS = [
+    # --- newer features: seed batches, checkpoints, sweeps, CPU devices ----------------------------
+    Mutation(
+        "kept-seeds-from-last-batch", "fedsa_jax/stats.py",
+        "kept=np.asarray(parts[0].kept, np.float64)", "kept=np.asarray(parts[-1].kept, np.float64)",
+        (f"{BR}::test_kept_seeds_extremes_and_quantiles_across_batches",),
+        "keep_seeds keeps the first seeds of the last batch, not the first seeds overall",
+    ),
+    Mutation(
+        "merged-min-of-first-batch", "fedsa_jax/stats.py",
+        "val_min=np.min([np.asarray(p.val_min, np.float64) for p in parts], axis=0)",
+        "val_min=np.asarray(parts[0].val_min, np.float64)",
+        (f"{BR}::test_kept_seeds_extremes_and_quantiles_across_batches",),
+        "the minimum that clips the quantiles is the first batch's",
+    ),
+    Mutation(
+        "merged-max-of-last-batch", "fedsa_jax/stats.py",
+        "val_max=np.max([np.asarray(p.val_max, np.float64) for p in parts], axis=0)",
+        "val_max=np.asarray(parts[-1].val_max, np.float64)",
+        (f"{BR}::test_kept_seeds_extremes_and_quantiles_across_batches",),
+        "the maximum that clips the quantiles is the last batch's",
+    ),
+    Mutation(
+        "quantile-bin-lower-edge", "fedsa_jax/stats.py",
+        "below = np.take_along_axis(cum, k, -1) - np.take_along_axis(hist, k, -1)",
+        "below = np.take_along_axis(cum, k, -1)",
+        (f"{BR}::test_kept_seeds_extremes_and_quantiles_across_batches",),
+        "quantiles not interpolated: the lower edge of their bin (within the documented 15 %)",
+    ),
+    Mutation(
+        "quantile-linear-in-bin", "fedsa_jax/stats.py",
+        "log_q = HIST_LOW + (k + frac) / HIST_PER_DECADE",
+        "log_q = HIST_LOW + k / HIST_PER_DECADE + np.log10(1 + frac * (10 ** (1 / HIST_PER_DECADE) - 1))",
+        (f"{BR}::test_kept_seeds_extremes_and_quantiles_across_batches",),
+        "quantiles interpolated linearly inside their log bin (0.3 % off at most)",
+    ),
+    Mutation(
+        "stable-shift-from-seed-0", "fedsa_jax/stats.py",
+        "first = jnp.argmax(ok)", "first = 0",
+        (f"{BR}::test_seed_0_diverged_and_on_record_counts_valid_seeds_only",),
+        "the mean is taken as deviations from seed 0's value even when seed 0 diverged",
+    ),
+    Mutation(
+        "on-record-counts-padded-seeds", "fedsa_jax/simulate.py",
+        "seeds = min(n, (b + 1) * plan.batch)", "seeds = (b + 1) * plan.batch",
+        (f"{BR}::test_seed_0_diverged_and_on_record_counts_valid_seeds_only",),
+        "on_record counts the padding seeds of the last batch",
+    ),
+    Mutation(
+        "on-record-batch-only", "fedsa_jax/simulate.py",
+        "            if done is not None:\n                mine = merge(",
+        "            if False:\n                mine = merge(",
+        (f"{BR}::test_seed_0_diverged_and_on_record_counts_valid_seeds_only",),
+        "on_record's statistics cover the current seed batch only, not every seed run so far",
+    ),
+    Mutation(
+        "checkpoint-ignores-theta0", "fedsa_jax/simulate.py",
+        "problem, stacked, jax.random.key_data(key), theta0_np,",
+        "problem, stacked, jax.random.key_data(key),",
+        (f"{BR}::test_checkpoint_does_not_resume_another_theta0_or_problem[theta0]",),
+        "a checkpoint resumes a run started from another theta0",
+    ),
+    Mutation(
+        "checkpoint-ignores-problem-values", "fedsa_jax/simulate.py",
+        "problem, stacked, jax.random.key_data(key), theta0_np,",
+        "stacked, jax.random.key_data(key), theta0_np,",
+        (f"{BR}::test_checkpoint_does_not_resume_another_theta0_or_problem[problem]",),
+        "a checkpoint resumes a run of a problem with the same structure and other values",
+    ),
+    Mutation(
+        "sweep-reuses-other-theta0", "fedsa_jax/sweep.py",
+        '        and c.get("theta0") == [float(x) for x in run.theta0]\n', "",
+        (f"{BR}::test_sweep_does_not_reuse_a_result_with_another_theta0",),
+        "a sweep loads a finished result computed from another theta0",
+    ),
+    Mutation(
+        "sweep-groups-record-every", "fedsa_jax/sweep.py",
+        "run.num_rounds, run.record_every)", "run.num_rounds)",
+        (f"{BR}::test_sweep_groups_only_configurations_with_the_same_record_every",),
+        "configurations with different record_every share one kernel call (the first one's)",
+    ),
+    Mutation(
+        "cpu-count-ignores-affinity", "fedsa_jax/cpu.py",
+        "return max(1, len(os.sched_getaffinity(0)))", "return max(1, os.cpu_count() or 1)",
+        (f"{BR}::test_default_device_count_follows_the_cpu_affinity",),
+        "one CPU device per core of the machine, not per core the process may use",
+    ),
+    Mutation(
+        "cpu-xla-flag-over-jax-config", "fedsa_jax/cpu.py",
+        "    if configured >= 0 and configured != _ours:\n"
+        "        return f\"jax_num_cpu_devices={configured}\", configured\n"
+        "    found = _XLA_FLAG_RE.findall(os.environ.get(\"XLA_FLAGS\", \"\"))\n"
+        "    if found and found[-1].isdigit():  # the last occurrence is the one XLA keeps\n"
+        "        return f\"XLA_FLAGS=--{XLA_FLAG}={found[-1]}\", int(found[-1])\n",
+        "    found = _XLA_FLAG_RE.findall(os.environ.get(\"XLA_FLAGS\", \"\"))\n"
+        "    if found and found[-1].isdigit():  # the last occurrence is the one XLA keeps\n"
+        "        return f\"XLA_FLAGS=--{XLA_FLAG}={found[-1]}\", int(found[-1])\n"
+        "    if configured >= 0 and configured != _ours:\n"
+        "        return f\"jax_num_cpu_devices={configured}\", configured\n",
+        (f"{BR}::test_explicit_count_precedence[JAX_NUM_CPU_DEVICES-over-XLA_FLAGS]",),
+        "XLA_FLAGS read before JAX_NUM_CPU_DEVICES, which JAX obeys",
+    ),
+    Mutation(
+        "cpu-xla-flag-first-occurrence", "fedsa_jax/cpu.py",
+        'return f"XLA_FLAGS=--{XLA_FLAG}={found[-1]}", int(found[-1])',
+        'return f"XLA_FLAGS=--{XLA_FLAG}={found[0]}", int(found[0])',
+        (f"{BR}::test_explicit_count_precedence[last-XLA_FLAGS-occurrence]",),
+        "the first occurrence of the flag in XLA_FLAGS is read; XLA keeps the last",
+    ),
     # --- local steps --------------------------------------------------------------------------
     Mutation(
         "local-step-dropped", "fedsa_jax/algorithms/_base.py",
