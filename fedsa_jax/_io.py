@@ -12,6 +12,13 @@ damaged files recognised, strict JSON.
   any simulation runs.
 * :func:`file_lock` is an exclusive ``fcntl.flock`` on a lock file that is
   removed when released.
+* No file is written through a symbolic link: temporary files are created with
+  ``O_EXCL | O_NOFOLLOW`` and lock files are opened with ``O_NOFOLLOW`` and must be
+  regular files with no other hard link, so a link planted in a shared folder under a
+  lock's name (``.NAME.lock -> victim``) is refused with a one-line ``ValueError``,
+  never truncated. A target that is a link (a result or checkpoint file) is replaced
+  by ``os.replace``: the link itself becomes the new file, the file it pointed to is
+  left as it was. Reading follows links (it changes nothing).
 * :func:`read_npz` reads a whole ``.npz`` archive and turns every sign of damage
   into :class:`DamagedFileError`, a ``ValueError`` saying what to do.
 * :func:`json_text` is strict JSON (non-finite floats become ``null``).
@@ -25,6 +32,7 @@ import math
 import os
 import re
 import socket
+import stat
 import time
 import zipfile
 from pathlib import Path
@@ -43,6 +51,7 @@ STALE_OTHER_HOST_SECONDS = 3600.0  # another host's writer cannot be asked: wait
 CLEAN_EVERY_SECONDS = 60.0  # scan a folder for stale temporary files at most this often per process
 _TEMP_RE = re.compile(r"^\.(?P<target>.*)~(?P<host>[^~]+)~(?P<pid>\d+)~[0-9a-f]+" + re.escape(TEMP_SUFFIX) + "$")
 _last_clean: dict[str, float] = {}
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none (nor locks); O_EXCL never follows a link
 
 
 class DamagedFileError(ValueError):
@@ -55,6 +64,34 @@ def _host() -> str:
 
 def _temp_path(folder: Path, target: str) -> Path:
     return folder / f".{target}~{_host()}~{os.getpid()}~{os.urandom(6).hex()}{TEMP_SUFFIX}"
+
+
+def _refuse(path: Path, what: str, why: str) -> None:
+    raise ValueError(f"{what} {str(path)!r} is {why} (planted there?), not a file of ours: fedsa_jax does "
+                     "not write through it; remove it and rerun") from None
+
+
+def _create_new(path: Path) -> int:
+    """Create ``path`` for writing (``O_EXCL``: never an existing file, nor through a link)."""
+    # 0o666 & ~umask, as open() would give (and the folder's default ACL); read no umask
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o666)
+
+
+def _open_lock_file(path: Path) -> int:
+    """Open (or create) the lock file ``path`` read-write, without following a link; a link, a
+    non-regular file or a file with another hard link is refused with a ``ValueError``."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666)
+    except OSError:
+        if os.path.islink(path):  # ELOOP on Linux and macOS, EMLINK on FreeBSD
+            _refuse(path, "lock file", "a symbolic link")
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        _refuse(path, "lock file", "not a regular file" if not stat.S_ISREG(st.st_mode) else
+                f"a hard link to a file with {st.st_nlink} names")
+    return fd
 
 
 def _pid_alive(pid: int) -> bool:
@@ -113,17 +150,17 @@ def _clean_now(folder: Path) -> None:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[object], None], mode: str = "wb") -> Path:
     """Write through ``write(fileobj)`` into a temporary file beside ``path``, fsync,
-    then ``os.replace`` it onto ``path``. The file gets the umask's permissions."""
+    then ``os.replace`` it onto ``path``. The file gets the umask's permissions. A ``path``
+    that is a symbolic link is replaced itself; the file it pointed to is not written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _clean_now(path.parent)
     while True:
         tmp = _temp_path(path.parent, path.name)
         try:
-            # 0o666 & ~umask, as open() would give (and the folder's default ACL); read no umask
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = _create_new(tmp)
             break
-        except FileExistsError:
+        except FileExistsError:  # also a link planted under this (random) name: never written through
             continue
     try:
         with os.fdopen(fd, mode) as f:
@@ -161,8 +198,7 @@ def prepare_dir(path: str | os.PathLike, name: str) -> Path:
         fail(f"cannot create the folder ({err.strerror or err})")
     probe = _temp_path(path, ".probe")
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        os.close(fd)
+        os.close(_create_new(probe))
         os.unlink(probe)
     except OSError as err:
         fail(f"cannot write into the folder ({err.strerror or err}); choose a folder you can write to")
@@ -186,14 +222,15 @@ def file_lock(path: str | os.PathLike, blocking: bool = False) -> Iterator[None]
     and a lock taken on a file unlinked meanwhile is retried, so removing it is
     safe. ``flock`` works across processes of one host, and across hosts on NFS
     (as POSIX locks) and most cluster file systems. Without ``fcntl`` (Windows)
-    nothing is locked.
+    nothing is locked. A lock file that is a symbolic link, not a regular file, or has
+    another hard link (planted to make us overwrite another file) raises ``ValueError``.
     """
     if fcntl is None:
         yield
         return
     path = Path(path)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:

@@ -2,7 +2,8 @@
 
 Every public constructor validates its arguments in plain Python/numpy, before
 anything is traced or compiled, and raises ``ValueError`` whose message names the
-parameter, the value it got and what is allowed.
+parameter, the value it got and what is allowed, in one line of at most 500 characters
+(an array is shown by its shape; a long value or text has its middle elided).
 """
 
 from __future__ import annotations
@@ -14,15 +15,39 @@ import jax
 import numpy as np
 
 
-def _show(value: Any) -> str:
-    arr = np.asarray(value) if not isinstance(value, (str, bytes)) else None
-    if arr is not None and arr.ndim > 0:
-        return f"array of shape {arr.shape}"
-    return repr(value)
+MAX_MESSAGE_CHARS = 500  # a message of fail(): the name and the text are cut first, the value gets the rest
+MAX_NAME_CHARS, MAX_ALLOWED_CHARS = 60, 300
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, its middle elided with ``...``."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 3) * 2 // 3
+    return f"{text[:head]}...{text[len(text) - (limit - 3 - head):]}"
+
+
+def _show(value: Any, limit: int = MAX_MESSAGE_CHARS) -> str:
+    if not isinstance(value, (str, bytes)):
+        try:
+            arr = np.asarray(value)
+        except Exception:  # noqa: BLE001 - a ragged list, an object refusing conversion: shown by repr
+            arr = None
+        if arr is not None and arr.ndim > 0:
+            return f"array of shape {arr.shape}"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - an int too long to print, a broken __repr__: the error must still show
+        text = f"<{type(value).__name__} object>"
+    return _clip(text, limit)
 
 
 def fail(name: str, value: Any, allowed: str) -> None:
-    raise ValueError(f"{name}={_show(value)} is invalid: {allowed}")
+    """Raise the one-line ``ValueError`` ``"name=value is invalid: allowed"``, at most
+    ``MAX_MESSAGE_CHARS`` long: a long name, text or value has its middle elided."""
+    name, allowed = _clip(str(name), MAX_NAME_CHARS), _clip(str(allowed), MAX_ALLOWED_CHARS)
+    room = MAX_MESSAGE_CHARS - len(name) - len(allowed) - len("= is invalid: ")  # >= 126
+    raise ValueError(f"{name}={_show(value, room)} is invalid: {allowed}")
 
 
 def integer(name: str, value: Any, minimum: int = 1) -> int:

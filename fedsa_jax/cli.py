@@ -294,9 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _jax_options(group) -> None:
     group.add_argument("--cpu-devices", type=_positive_int, default=None, metavar="N",
-                       help="JAX CPU devices the seeds are sharded over (default: one per core this process may "
-                       "use, faster than JAX's single multi-threaded device; 1 restores that device). An explicit "
-                       f"XLA_FLAGS=--{XLA_FLAG}=N or JAX_NUM_CPU_DEVICES wins. No effect on GPUs")
+                       help="JAX CPU devices the seeds are sharded over, 1 to the cores this process may use "
+                       "(default: one per core, faster than JAX's single multi-threaded device; 1 restores that "
+                       f"device). An explicit XLA_FLAGS=--{XLA_FLAG}=N or JAX_NUM_CPU_DEVICES wins. No effect on GPUs")
     group.add_argument("--no-compile-cache", action="store_true",
                        help="do not keep compiled kernels on disk (default: kept in "
                        "$XDG_CACHE_HOME/fedsa_jax/jax_compile_cache, ~/.cache without XDG_CACHE_HOME, so a "
@@ -320,8 +320,9 @@ def _prepare_jax(args, dtype: str) -> None:
     if args.cpu_devices is not None or not cpu.backends_initialized():
         try:
             cpu.use_cpu_cores(args.cpu_devices)
-        except RuntimeError as err:
-            raise ValueError(f"--cpu-devices={args.cpu_devices} is invalid: {err}") from None
+        except (RuntimeError, ValueError) as err:  # more devices than cores, or JAX already runs
+            reason = str(err).removeprefix(f"num_devices={args.cpu_devices} is invalid: ")
+            raise ValueError(f"--cpu-devices={args.cpu_devices} is invalid: {reason}") from None
     folder = compile_cache.configured_dir(opt_out=args.no_compile_cache)
     if folder is not None:
         compile_cache.enable(folder)

@@ -96,14 +96,16 @@ def use_cpu_cores(num_devices: int | None = None) -> int:
     the simulation runs on the accelerator as before.
 
     Args:
-      num_devices: number of CPU devices, an integer >= 1; None: the number of cores
-        this process may use (its CPU affinity, else ``os.cpu_count()``).
+      num_devices: number of CPU devices, an integer from 1 to the number of cores this
+        process may use (its CPU affinity, else ``os.cpu_count()``); None: that number.
 
     Returns:
       The number of CPU devices JAX has (or will have when its backends start).
 
     Raises:
-      ValueError: ``num_devices`` is not an integer >= 1.
+      ValueError: ``num_devices`` is not an integer >= 1, or exceeds the usable cores
+        (checked where it would be given to JAX: a count the backends already have, or
+        an explicit count, is not refused; JAX honours an explicit count as it is).
       RuntimeError: JAX's backends are already running with another number of CPU
         devices (JAX cannot change it then) and no explicit count was set.
 
@@ -134,6 +136,10 @@ def use_cpu_cores(num_devices: int | None = None) -> int:
     if explicit is not None:
         _warn_unused(num_devices, explicit, explicit[1])
         return explicit[1]
+    cores = usable_cores()
+    if wanted > cores:  # XLA gives each CPU device a thread: 999 of them made it abort (exit status 134)
+        _validate.fail("num_devices", num_devices, f"expected an integer from 1 to {cores}, the cores this process "
+                       "may use (its CPU affinity): more CPU devices than cores do not run faster")
     import jax
 
     global _ours

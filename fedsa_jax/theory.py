@@ -301,9 +301,13 @@ class _Model:
             blocks.append(("avg", d))
         D = sum(n for _, n in blocks)
         if D > MAX_AUGMENTED_DIM:
+            kinds: dict[str, list[int]] = {}  # a block per agent is counted, not listed: N may be thousands
+            for b, n in blocks:
+                kinds.setdefault(b.rstrip("0123456789"), []).append(n)
+            sizes = " + ".join(f"{len(ns)} x {ns[0]} ({b})" if len(ns) > 1 else f"{ns[0]} ({b})"
+                               for b, ns in kinds.items() if ns[0])
             _validate.fail("problem", f"N={N}, d={d}", f"the exact recursion's state for {name} has {D} coordinates "
-                           f"({' + '.join(f'{n} ({b})' for b, n in blocks if n)}) > MAX_AUGMENTED_DIM = "
-                           f"{MAX_AUGMENTED_DIM}")
+                           f"({sizes}) > MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}")
         self.D, starts = D, np.cumsum([0] + [n for _, n in blocks])
         self.slices = {b: slice(int(s), int(s) + n) for (b, n), s in zip(blocks, starts)}
         self.th = self.slices["theta"]

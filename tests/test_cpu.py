@@ -100,6 +100,8 @@ TINY = ["run", "--algorithms", "scafflsa", "--agents", "2", "--states", "4", "--
 @pytest.mark.parametrize("problem", ["garnet", "gaussian"])  # gaussian: its laid-out local steps, sharded
 def test_cli_cpu_devices_recorded_and_results_equal(tmp_path, problem):
     """Two fresh CLI processes side by side: 2 devices and 1; seeds padded to the device count."""
+    if cpu.usable_cores() < 2:
+        pytest.skip("2 CPU devices need 2 usable cores")
     procs = {n: subprocess.Popen([sys.executable, "-m", "fedsa_jax.cli", *TINY, "--problem", problem,
                                   "--cpu-devices", str(n),
                                   "--out", str(tmp_path / str(n))], env=fresh_env(), stdout=subprocess.PIPE,
@@ -136,3 +138,29 @@ def test_cpu_devices_is_no_grid_axis(tmp_path):
         (tmp_path / "g.toml").write_text(f"[run]\nrounds = 2\n[grid]\n{key} = 2\n")
         with pytest.raises(ValueError, match=f"grid.{key} is invalid"):
             cli._sweep_spec(tmp_path / "g.toml")
+
+
+def test_more_devices_than_usable_cores_are_refused_before_jax_starts(tmp_path):
+    """XLA gives a CPU device a thread of its own: 999 of them on 2 cores aborted (exit status 134,
+    megabytes of logs) after a minute. Refused in one line, and nothing is set."""
+    cores = cpu.usable_cores()
+    run_python(f"""
+        import jax, fedsa_jax as fj
+        from fedsa_jax import cpu
+        for bad in ({cores + 1}, 999):
+            try:
+                fj.use_cpu_cores(bad)
+            except ValueError as err:
+                assert str(err).startswith(f"num_devices={{bad}} is invalid: expected an integer from 1 to {cores}, "
+                                           "the cores this process may use"), err
+                assert len(str(err).splitlines()) == 1, err
+            else:
+                raise AssertionError(f"{{bad}} CPU devices accepted on {cores} cores")
+        assert jax.config.jax_num_cpu_devices == -1 and not cpu.backends_initialized()
+    """)
+    proc = subprocess.run([sys.executable, "-m", "fedsa_jax.cli", *TINY, "--cpu-devices", str(cores + 1),
+                           "--out", str(tmp_path)], env=fresh_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"fedsa-jax: error: --cpu-devices={cores + 1} is invalid: expected an integer "
+                                  f"from 1 to {cores}, the cores this process may use"), proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
