@@ -1,5 +1,5 @@
-"""The newer features against exact references: each test here fails for a plausible bug that the
-other files let through (the mutations of ``tests/mutations.py``, section "newer features").
+"""The newer features against exact references, each test shown to fail for a plausible bug in
+them (the mutations of ``tests/mutations.py``, section "newer features").
 
 * SCAFFLSA with a schedule that varies within a round: its control variates divide by the sum of
   the round's step sizes (the kernel against the enumeration of ``tests/reference.py``);
