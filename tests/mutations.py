@@ -51,6 +51,7 @@ GAPS = "tests/test_gaps.py"
 CLI = "tests/test_cli_records.py"
 ALG = "tests/test_algorithms.py"
 BR = "tests/test_batches_and_resume.py"
+NEW = "tests/test_newer_features.py"
 
 MUTATIONS = [
     # --- newer features: seed batches, checkpoints, sweeps, CPU devices ----------------------------
@@ -440,6 +441,132 @@ MUTATIONS = [
         'ax.plot(ks, [exact[k] for k in ks], "s"', 'ax.plot(ks, [exact[k] for k in reversed(ks)], "s"',
         (f"{GAPS}::test_plot_final_mse_vs_agents_draws_its_data_theory_and_reference",),
         "exact markers drawn at the wrong N",
+    ),
+    # --- newer features: algorithms, schedules, optimizers, wrappers, metrics ---
+    Mutation(
+        "scafflsa-schedule-cv-last-step", "fedsa_jax/algorithms/scafflsa.py",
+        "optim.round_step_sum(eta, H))", "H * (eta[-1] if eta.ndim else eta))",
+        (f"{NEW}::test_scafflsa_control_variates_divide_by_the_rounds_step_sum",),
+        "with a schedule SCAFFLSA's control variates divide by H eta_last instead of the round's step sum",
+    ),
+    Mutation(
+        "scafflsa-schedule-cv-first-step", "fedsa_jax/optim.py",
+        "return etas * num_local_steps if etas.ndim == 0 else jnp.sum(etas)",
+        "return etas * num_local_steps if etas.ndim == 0 else etas[0] * num_local_steps",
+        (f"{NEW}::test_scafflsa_control_variates_divide_by_the_rounds_step_sum",),
+        "the round's step sum of a schedule taken as H eta_first",
+    ),
+    Mutation(
+        "schedule-rescale-drops-own-scale", "fedsa_jax/optim.py",
+        "return dataclasses.replace(self, scale=self.scale * factor)",
+        "return dataclasses.replace(self, scale=factor)",
+        (f"{NEW}::test_a_scaled_schedule_keeps_its_own_scale",
+         f"{NEW}::test_richardson_runs_the_doubled_schedule_at_every_step"),
+        "scaling a schedule replaces its own scale (Richardson turns scale=s into 2, not 2 s)",
+    ),
+    Mutation(
+        "richardson-schedule-not-doubled", "fedsa_jax/algorithms/averaged.py",
+        'scaled = eta.scaled(factor) if hasattr(eta, "scaled") else eta * factor',
+        'scaled = eta if hasattr(eta, "scaled") else eta * factor',
+        (f"{NEW}::test_richardson_runs_the_doubled_schedule_at_every_step",),
+        "Richardson's second run keeps a schedule as it is (extrapolates nothing)",
+    ),
+    Mutation(
+        "server-optimizer-params-zero", "fedsa_jax/optim.py",
+        "update(error - aggregate, opt_state, theta_star + error)",
+        "update(error - aggregate, opt_state, jnp.zeros_like(error))",
+        (f"{NEW}::test_server_optimizer_sees_theta_in_the_kernel_and_the_mean",),
+        "the server optimizer gets zeros as params: weight decay does nothing",
+    ),
+    Mutation(
+        "server-optimizer-params-error", "fedsa_jax/optim.py",
+        "update(error - aggregate, opt_state, theta_star + error)",
+        "update(error - aggregate, opt_state, error)",
+        (f"{NEW}::test_server_optimizer_sees_theta_in_the_kernel_and_the_mean",),
+        "the server optimizer gets theta - theta_star (the error coordinates) as params",
+    ),
+    Mutation(
+        "server-optimizer-params-update", "fedsa_jax/optim.py",
+        "update(error - aggregate, opt_state, theta_star + error)",
+        "update(error - aggregate, opt_state, error - aggregate)",
+        (f"{NEW}::test_server_optimizer_sees_theta_in_the_kernel_and_the_mean",),
+        "the server optimizer gets the pseudo-gradient as params",
+    ),
+    Mutation(
+        "theory-optimizer-params-zero", "fedsa_jax/theory.py",
+        "            out[:, ref] = Mg + Mp\n"
+        "            out[:, agg] = -Mg\n"
+        "            out[:, s] = Ms\n"
+        "            out[:, 0] = c + Mp @ self.theta_star\n",
+        "            out[:, ref] = Mg\n"
+        "            out[:, agg] = -Mg\n"
+        "            out[:, s] = Ms\n"
+        "            out[:, 0] = c\n",
+        (f"{NEW}::test_server_optimizer_sees_theta_in_the_kernel_and_the_mean",
+         f"{NEW}::test_exact_mse_with_weight_decay_matches_its_second_moment_recursion"),
+        "exact recursions give the server optimizer zeros as params",
+    ),
+    Mutation(
+        "theory-optimizer-params-error", "fedsa_jax/theory.py",
+        "out[:, 0] = c + Mp @ self.theta_star", "out[:, 0] = c",
+        (f"{NEW}::test_exact_mse_with_weight_decay_matches_its_second_moment_recursion",),
+        "exact recursions give the server optimizer theta - theta_star as params",
+    ),
+    Mutation(
+        "last-iterate-one-level", "fedsa_jax/metrics.py",
+        'while hasattr(state, "inner"):', 'if hasattr(state, "inner"):',
+        (f"{NEW}::test_last_iterate_mse_reads_through_nested_wrappers",),
+        "last_iterate_mse unwraps one wrapper: under richardson(averaged(...)) it scores the average",
+    ),
+    Mutation(
+        "drift-against-previous-iterate", "fedsa_jax/algorithms/fedlsa.py",
+        "    state = FedLSAState(problem.theta_star + error, error, sampler, state.count + 1, opt_state)\n"
+        "    return state, round_info(local, error, delivery, config, problem)",
+        "    info = round_info(local, state.error, delivery, config, problem)\n"
+        "    state = FedLSAState(problem.theta_star + error, error, sampler, state.count + 1, opt_state)\n"
+        "    return state, info",
+        (f"{NEW}::test_client_drift_is_the_documented_mean_over_agents[fedlsa]",),
+        "FedLSA's client drift measured against theta_t instead of theta_{t+1}",
+    ),
+    Mutation(
+        "drift-mean-over-coordinates", "fedsa_jax/algorithms/_base.py",
+        "drift = jnp.mean(jnp.sum((local - theta) ** 2, axis=-1))", "drift = jnp.mean((local - theta) ** 2)",
+        (f"{NEW}::test_client_drift_is_the_documented_mean_over_agents[scafflsa]",),
+        "client drift averaged over coordinates too (|.|^2 / d)",
+    ),
+    Mutation(
+        "scaffnew-drift-against-sync", "fedsa_jax/algorithms/scaffnew.py",
+        "client_drift=jnp.mean(jnp.sum((x - error) ** 2, axis=-1)),",
+        "client_drift=jnp.mean(jnp.sum((x - x_sync) ** 2, axis=-1)),",
+        (f"{NEW}::test_client_drift_is_the_documented_mean_over_agents[scaffnew]",),
+        "Scaffnew's drift against the last synchronised iterate, not the round's server iterate",
+    ),
+    Mutation(
+        "driver-ignores-error-field", "fedsa_jax/simulate.py",
+        "diff = jnp.where(agrees, error, diff)", "diff = jnp.where(agrees, diff, diff)",
+        (f"{NEW}::test_float32_mse_is_the_accurate_error_at_a_tiny_step_near_theta_star",),
+        "the driver scores theta - theta_star in float32, not the state's accurate error",
+    ),
+    Mutation(
+        "driver-error-agreement-without-theta-star", "fedsa_jax/simulate.py",
+        "tol = 4 * eps * (jnp.abs(problem.theta_star) + jnp.abs(error)) + jnp.finfo(theta.dtype).tiny",
+        "tol = 4 * eps * jnp.abs(error) + jnp.finfo(theta.dtype).tiny",
+        (f"{NEW}::test_float32_mse_is_the_accurate_error_at_a_tiny_step_near_theta_star",),
+        "the error field is used only when it agrees with theta - theta_star to its own precision",
+    ),
+    Mutation(
+        "gaussian-fast-path-regardless", "fedsa_jax/problems/gaussian.py",
+        "if cls.error_direction is not GaussianLSA.error_direction or cls._noise is not GaussianLSA._noise:",
+        "if False:",
+        (f"{NEW}::test_a_subclass_with_its_own_noise_runs_its_own_noise[fedlsa]",),
+        "a Gaussian subclass with its own directions or noise takes the laid-out steps of the family's noise",
+    ),
+    Mutation(
+        "gaussian-fast-path-ignores-noise", "fedsa_jax/problems/gaussian.py",
+        "if cls.error_direction is not GaussianLSA.error_direction or cls._noise is not GaussianLSA._noise:",
+        "if cls.error_direction is not GaussianLSA.error_direction:",
+        (f"{NEW}::test_a_subclass_with_its_own_noise_runs_its_own_noise[scafflsa]",),
+        "a Gaussian subclass that changes only its noise takes the laid-out steps",
     ),
 ]
 
