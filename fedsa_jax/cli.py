@@ -285,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--collect", action="store_true",
                     help="compute nothing: load the finished configurations, write sweep.json and sweep.png, "
                     "list the missing ones (exit status 1 if any)")
+    sw.add_argument("--allow-plugins", action="store_true",
+                    help="run the file's 'module:factory' algorithms: each is code that the sweep imports "
+                    "and calls, so allow it only for a file you trust (without it such a file is refused)")
+    sw.add_argument("--max-grid", type=_positive_int, default=None, metavar="N",
+                    help="refuse grids of more than N configurations (default: fedsa_jax.sweep.MAX_GRID)")
     sw.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bars (default: on a terminal only)")
     sw.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
@@ -443,7 +448,9 @@ def _custom_algorithm(spec: str, params: dict, args, option: str, param_option: 
         if err.name and module_name.startswith(err.name):
             fail(f"no module named {err.name!r} (looked in the current folder and on the import path)")
         fail(f"importing {module_name!r} raised {_one_line(err)}")
-    except Exception as err:  # the user's module failed: say how, in one line
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # the user's module failed or exited (SystemExit): say how, in one line
         fail(f"importing {module_name!r} raised {_one_line(err)}")
     finally:
         if added:
@@ -470,7 +477,9 @@ def _custom_algorithm(spec: str, params: dict, args, option: str, param_option: 
                 kwargs[key] = value
     try:
         alg = factory(**kwargs)
-    except Exception as err:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # SystemExit too: a factory never ends the command with its status
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         fail(f"{spec}({shown}) raised {_one_line(err)}")
     if not isinstance(alg, fj.Algorithm):
@@ -772,12 +781,22 @@ def _sweep_spec(path: Path):
     return run, grid, defaults
 
 
-def _sweep_configs(grid: dict) -> list[dict]:
-    """The grid's configurations; a built-in algorithm ignores [params], so it appears once."""
-    import fedsa_jax as fj
+def _check_plugins(grid: dict, allowed: bool) -> None:
+    """A sweep file naming a 'module:factory' algorithm runs code: only with --allow-plugins."""
+    algorithms = grid.get("algorithm", "fedlsa")
+    for name in algorithms if isinstance(algorithms, list) else [algorithms]:
+        if ":" in name and not allowed:
+            raise ValueError(f"grid.algorithm={name!r} is invalid: a 'module:factory' algorithm is code "
+                             "that the sweep imports and calls; pass --allow-plugins if you trust this file")
+
+
+def _sweep_configs(grid: dict, limit: int | None) -> list[dict]:
+    """The grid's configurations (at most ``limit``, default ``fedsa_jax.sweep.MAX_GRID``); a built-in
+    algorithm ignores [params], so it appears once."""
+    from fedsa_jax import sweep
 
     configs, seen = [], set()
-    for config in fj.grid(**grid):
+    for config in sweep._grid(grid, sweep.MAX_GRID if limit is None else limit):
         if ":" not in config.get("algorithm", "fedlsa"):
             config = {k: v for k, v in config.items() if not k.startswith("params.")}
         key = json.dumps(config, sort_keys=True)
@@ -791,6 +810,7 @@ def cmd_sweep(args) -> int:
     from types import SimpleNamespace
 
     run, grid_axes, defaults = _sweep_spec(args.config)
+    _check_plugins(grid_axes, args.allow_plugins)
     out = args.out or Path(run["out"])
     _prepare_outputs([("--out" if args.out else "run.out", out)])
     import jax
@@ -799,7 +819,7 @@ def cmd_sweep(args) -> int:
     import fedsa_jax as fj
     from fedsa_jax.sweep import config_name
 
-    configs = _sweep_configs(grid_axes)
+    configs = _sweep_configs(grid_axes, args.max_grid)
 
     def options(config):
         merged = {**defaults, "dtype": run["dtype"], **{k: v for k, v in config.items() if "." not in k}}

@@ -58,7 +58,7 @@ BUILTIN: dict[str, Callable] = {
     "control_variate_error": control_variate_error,
     "last_iterate_mse": last_iterate_mse,
 }
-NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}\Z")  # any of these round-trips through result files
 RESERVED = ("mse", "theta", "round", "rounds")
 
 
@@ -91,8 +91,8 @@ def resolve(metrics: Mapping[str, Any] | None) -> tuple[tuple[str, Callable], ..
     out = []
     for name, fn in metrics.items():
         if not isinstance(name, str) or not NAME.match(name) or name in RESERVED:
-            _validate.fail("metrics", name, "metric names are letters, digits and '_' starting with a letter "
-                           f"(not {', '.join(RESERVED)})")
+            _validate.fail("metrics", name, "metric names are up to 100 letters, digits and '_' starting with "
+                           f"a letter (not {', '.join(RESERVED)})")
         if isinstance(fn, str):
             if fn not in BUILTIN:
                 _validate.fail(f"metrics[{name!r}]", fn, f"expected a function or a built-in metric: "
@@ -106,15 +106,40 @@ def resolve(metrics: Mapping[str, Any] | None) -> tuple[tuple[str, Callable], ..
     return tuple(out)
 
 
-def check(metrics, state_like, problem, info_like, where: str) -> None:
-    """Trace every metric on one seed's abstract state: it must give a real scalar."""
-    for name, fn in metrics:
+class _NotAnArray(Exception):
+    """A metric returned something that is not a number or an array (its type's name)."""
+
+
+def _as_array(fn: Callable) -> Callable:
+    def traced(state, problem, info):
+        out = fn(state, problem, info)
         try:
-            out = jax.eval_shape(fn, state_like, problem, info_like)
-        except AttributeError as e:
-            _validate.fail(f"metrics[{name!r}]", name, f"cannot be evaluated on {where}: {e}")
-        if not hasattr(out, "shape") or out.shape != () or not jnp.issubdtype(out.dtype, jnp.number) \
+            return jnp.asarray(out)
+        except (TypeError, ValueError):
+            raise _NotAnArray(type(out).__name__) from None
+
+    return traced
+
+
+def _first_line(err: BaseException, limit: int = 200) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check(metrics, state_like, problem, info_like, where: str) -> None:
+    """Trace every metric on one seed's abstract state: it must give a real scalar. A metric that
+    raises while traced, or returns anything else, is a one-line ``ValueError`` naming it."""
+    for name, fn in metrics:
+        what = f"metrics[{name!r}]"
+        try:
+            out = jax.eval_shape(_as_array(fn), state_like, problem, info_like)
+        except _NotAnArray as e:
+            _validate.fail(what, name, f"must return a real scalar for one seed; on {where} it returned "
+                           f"a {e}")
+        except Exception as e:  # the user's function failed: say how, in one line
+            _validate.fail(what, name, f"cannot be evaluated on {where}: it raised {_first_line(e)}")
+        if out.shape != () or not jnp.issubdtype(out.dtype, jnp.number) \
                 or jnp.issubdtype(out.dtype, jnp.complexfloating):
-            _validate.fail(f"metrics[{name!r}]", name, f"must return a real scalar for one seed; on {where} it "
-                           f"returned {getattr(out, 'shape', type(out).__name__)} "
-                           f"{getattr(out, 'dtype', '')}".rstrip())
+            _validate.fail(what, name, f"must return a real scalar for one seed; on {where} it returned "
+                           f"{out.shape} {out.dtype}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import reprlib
 from typing import Any
 
 import numpy as np
@@ -152,27 +153,143 @@ def load(path) -> SimulationResult:
 
     Raises ``FileNotFoundError`` for a missing file, and a ``ValueError``
     (:class:`fedsa_jax._io.DamagedFileError`) for a damaged file or one that
-    fedsa_jax did not write, saying so and what to do.
+    fedsa_jax did not write, saying so, naming the field at fault and what to do.
+    Every array is checked against the schema: its dtype, and its shape against
+    the recorded rounds ``R``, the dimension ``d``, the seeds ``n`` and the kept
+    seeds ``K`` (``rounds`` itself is ``0, r, 2r, ..., num_rounds``); the
+    configuration has the keys every version wrote; each metric it lists has all
+    its arrays.
     """
     required = ("config_json", "rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged",
                 "final_theta", "theta_star", "bits_sent", "bits_delivered")
     data = read_npz(path, "result", _DAMAGED, required=required)
     try:
-        config = json.loads(str(data["config_json"]))
-        if not isinstance(config, dict):
-            raise ValueError("its configuration is not a JSON object")
+        config = _config(data["config_json"])
+        metrics = _metric_arrays(data, config)
+        _check_shapes(data, config, metrics)
+        arrays = {k: data[k] for k in ARRAY_FIELDS if k in data}
+        R = len(arrays["rounds"])
+        arrays.setdefault("mse_quantiles", np.full((R, len(QUANTILE_LEVELS)), np.nan))
+        arrays.setdefault("seed_mse", np.zeros((R, 0)))
+        arrays.update(_counts(arrays, config))
     except ValueError as err:
-        raise DamagedFileError(f"{str(path)!r} is damaged or not a fedsa_jax result file ({err}); {_DAMAGED}") from None
-    arrays = {k: data[k] for k in ARRAY_FIELDS if k in data}
-    names = sorted({k.split("__")[1] for k in data if k.startswith("metric__")})
-    metrics = {m: MetricStats(*(data[f"metric__{m}__{f}"] for f in METRIC_FIELDS)) for m in names}
-    R = len(arrays["rounds"])
-    arrays.setdefault("mse_quantiles", np.full((R, len(QUANTILE_LEVELS)), np.nan))
-    arrays.setdefault("seed_mse", np.zeros((R, 0)))
-    if "communications" not in arrays:  # written before the algorithms reported their counts
-        alg, prob = config["algorithm"], config["problem"]
-        arrays["communications"] = arrays["rounds"] * int(prob["num_agents"])
-        arrays["messages_delivered"] = arrays["bits_delivered"] / max(int(config["bits_per_message"]), 1)
-        skip = int(alg.get("skip", 1)) if prob.get("sampling") == "markov" else 1
-        arrays["samples"] = arrays["communications"] * int(alg.get("num_local_steps", 1)) * skip
+        raise DamagedFileError(
+            f"{str(path)!r} is damaged or not a fedsa_jax result file ({err}); {_DAMAGED}") from None
+    metrics = {m: MetricStats(**fields) for m, fields in metrics.items()}
     return SimulationResult(config=config, metrics=metrics, **arrays)
+
+
+# keys every version of the file wrote, and their JSON types (an int is not a bool)
+CONFIG_KEYS = {"problem": dict, "algorithm": dict, "num_rounds": int, "num_seeds": int, "record_every": int,
+               "theta0": list, "dtype": str, "prng": dict}
+# array -> (kind: "f" float32/64, "i" integer, "r" either; shape in R recorded rounds, d dimension,
+# n seeds, K kept seeds)
+_Q = len(QUANTILE_LEVELS)
+SHAPES = {
+    "rounds": ("i", ("R",)), "mse_mean": ("f", ("R",)), "mse_sem": ("f", ("R",)),
+    "theta_mean": ("f", ("R", "d")), "theta_sem": ("f", ("R", "d")), "num_diverged": ("i", ("R",)),
+    "final_theta": ("f", ("n", "d")), "theta_star": ("f", ("d",)), "mse_quantiles": ("f", ("R", _Q)),
+    "seed_mse": ("f", ("R", "K")), **{name: ("r", ("R",)) for name in COUNT_NAMES},
+}
+METRIC_SHAPES = {"mean": ("f", ("R",)), "sem": ("f", ("R",)), "quantiles": ("f", ("R", _Q)),
+                 "seeds": ("f", ("R", "K"))}
+_KINDS = {"f": "float32 or float64", "i": "integers", "r": "numbers"}
+
+
+def _config(text: np.ndarray) -> dict[str, Any]:
+    """The configuration stored in ``config_json``, with the keys and types the loader relies on."""
+    if text.dtype.kind != "U" or text.ndim != 0:
+        raise ValueError(f"config_json is an array of {text.dtype} and shape {text.shape}, expected a string")
+    config = json.loads(str(text))
+    if not isinstance(config, dict):
+        raise ValueError("config_json is not a JSON object")
+    for key, kind in CONFIG_KEYS.items():
+        value = config.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"config_json has no {kind.__name__} {key!r}" if key not in config else
+                             f"config_json's {key!r} is {reprlib.repr(value)}, expected a {kind.__name__}")
+    for key in ("num_rounds", "num_seeds", "record_every"):
+        if config[key] < 1:
+            raise ValueError(f"config_json's {key!r} is {config[key]!r}, expected an integer >= 1")
+    if config["dtype"] not in ("float32", "float64"):
+        raise ValueError(f"config_json's 'dtype' is {config['dtype']!r}, expected 'float32' or 'float64'")
+    listed, keep = config.get("metrics", []), config.get("keep_seeds", 0)
+    if not isinstance(listed, list) or not all(isinstance(m, str) for m in listed):
+        raise ValueError(f"config_json's 'metrics' is {reprlib.repr(listed)}, expected a list of names")
+    if not isinstance(keep, int) or isinstance(keep, bool) or not 0 <= keep <= config["num_seeds"]:
+        raise ValueError(f"config_json's 'keep_seeds' is {reprlib.repr(keep)}, expected an integer in "
+                         "[0, num_seeds]")
+    return config
+
+
+def _metric_arrays(data: dict[str, np.ndarray], config: dict) -> dict[str, dict[str, np.ndarray]]:
+    """``name -> {field: array}`` from the ``metric__<name>__<field>`` arrays (a name may hold ``__``:
+    the field is after the last one); every metric the configuration lists, and only those, complete."""
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for key in data:
+        if key.startswith("metric__"):
+            name, _, field = key[len("metric__"):].rpartition("__")
+            if not name or field not in METRIC_FIELDS:
+                raise ValueError(f"unexpected array {key!r}")
+            found.setdefault(name, {})[field] = data[key]
+    listed = config.get("metrics", sorted(found))  # files written before metrics were listed: as found
+    for name in found:
+        if name not in listed:
+            raise ValueError(f"array 'metric__{name}__{next(iter(found[name]))}' is of no metric that "
+                             f"config_json lists ({reprlib.repr(listed)})")
+    for name in listed:
+        for field in METRIC_FIELDS:
+            if field not in found.get(name, {}):
+                raise ValueError(f"no 'metric__{name}__{field}' array, for the metric {name!r} that "
+                                 "config_json lists")
+    return {name: {f: found[name][f] for f in METRIC_FIELDS} for name in listed}
+
+
+def _check_shapes(data: dict[str, np.ndarray], config: dict, metrics: dict[str, dict]) -> None:
+    """Every array's dtype and shape (:data:`SHAPES`); ``rounds`` the recorded rounds of the configuration.
+    A size is the configuration's (``d``, ``n``, ``K``) or that of the first array that has it (``R``:
+    ``rounds``)."""
+    from fedsa_jax.simulate import recorded_rounds
+
+    fields = [(k, data[k], SHAPES[k]) for k in SHAPES if k in data]
+    fields += [(f"metric__{m}__{f}", a, METRIC_SHAPES[f]) for m, fs in metrics.items() for f, a in fs.items()]
+    sizes: dict[str, int | None] = {"R": None, "d": len(config["theta0"]), "n": config["num_seeds"],
+                                    "K": config.get("keep_seeds")}
+    for key, a, (kind, shape) in fields:
+        ok_kind = {"f": a.dtype in (np.float32, np.float64), "i": a.dtype.kind in "iu",
+                   "r": a.dtype.kind in "iu" or a.dtype in (np.float32, np.float64)}[kind]
+        if not ok_kind:
+            raise ValueError(f"{key} has dtype {a.dtype}, expected {_KINDS[kind]}")
+        for axis, s in enumerate(shape):
+            if isinstance(s, str) and sizes[s] is None and a.ndim == len(shape):
+                sizes[s] = a.shape[axis]
+        expected = tuple(sizes[s] if isinstance(s, str) else s for s in shape)
+        if a.shape != expected:
+            raise ValueError(f"{key} has shape {a.shape}, expected {expected} (R = {sizes['R']} recorded "
+                             f"rounds, d = {sizes['d']}, n = {sizes['n']} seeds)")
+    T, r, R = config["num_rounds"], config["record_every"], sizes["R"]
+    if R != T // r + 1 + (T % r != 0) or not np.array_equal(data["rounds"], recorded_rounds(T, r)):
+        raise ValueError(f"rounds is not 0, {r}, {2 * r}, ..., {T} (config_json's record_every and "
+                         "num_rounds)")
+
+
+def _counts(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray]:
+    """The counts a file holds, or for a file written before the algorithms reported their counts,
+    those of the built-in algorithms' formulas."""
+    present = [k for k in ("communications", "messages_delivered", "samples") if k in arrays]
+    if present:
+        missing = [k for k in ("communications", "messages_delivered", "samples") if k not in arrays]
+        if missing:
+            raise ValueError(f"no {missing[0]!r} array, though there is a {present[0]!r} array")
+        return {}
+    alg, prob, bits = config["algorithm"], config["problem"], config.get("bits_per_message")
+    agents, local, skip = prob.get("num_agents"), alg.get("num_local_steps", 1), alg.get("skip", 1)
+    for key, value in (("bits_per_message", bits), ("problem.num_agents", agents),
+                       ("algorithm.num_local_steps", local), ("algorithm.skip", skip)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < np.inf:
+            raise ValueError(f"config_json's {key!r} is {reprlib.repr(value)}, expected a number >= 0 (a "
+                             "file without 'communications' counts from it)")
+    communications = arrays["rounds"] * int(agents)
+    skip = int(skip) if prob.get("sampling") == "markov" else 1
+    return {"communications": communications, "samples": communications * int(local) * skip,
+            "messages_delivered": arrays["bits_delivered"] / max(int(bits), 1)}

@@ -14,8 +14,10 @@ to ``out_dir/<name>.npz`` (its config stored in ``result.config["sweep"]``), and
 ``out_dir/sweep.json`` indexes them; rerunning the same sweep loads finished
 configurations instead of running them again (only if the saved run used the
 same rounds, seeds, key, theta0, threshold and dtype; otherwise it reruns; a
-damaged file is recomputed, with a warning). ``shard=(k, n)`` runs one part of
-the grid, so the tasks of a cluster job array fill one shared folder.
+damaged file, or one that :func:`fedsa_jax.load` refuses for its schema, is
+recomputed, with a warning). ``shard=(k, n)`` runs one part of the grid, so the
+tasks of a cluster job array fill one shared folder. :func:`grid` refuses more
+than :data:`MAX_GRID` configurations before expanding them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 import time
 import warnings
@@ -41,17 +44,34 @@ from fedsa_jax.result import SimulationResult, load
 from fedsa_jax.simulate import _execute, validate_run
 
 
+MAX_GRID = 100_000  # most configurations grid() expands: fj.sweep.MAX_GRID = N (CLI: --max-grid N) raises it
+
+
 def grid(**axes: Any) -> list[dict[str, Any]]:
     """Cartesian product of the list-valued axes; other values are held fixed.
+
+    A product of more than :data:`MAX_GRID` configurations is refused before it is
+    expanded (each one is a dictionary, a result file and a row of the index); set
+    ``fj.sweep.MAX_GRID`` to allow more.
 
     >>> grid(step_size=[0.01, 0.1], num_local_steps=[1, 10], algorithm="fedlsa")[1]
     {'step_size': 0.01, 'num_local_steps': 10, 'algorithm': 'fedlsa'}
     """
+    return _grid(axes, MAX_GRID)
+
+
+def _grid(axes: Mapping[str, Any], limit: int) -> list[dict[str, Any]]:
     names = list(axes)
     values = [v if isinstance(v, (list, tuple)) else [v] for v in axes.values()]
     for name, v in zip(names, values):
         if len(v) == 0:
             _validate.fail(name, v, "expected a value or a non-empty list of values")
+    size = math.prod(len(v) for v in values)
+    if size > limit:
+        shape = " x ".join(f"{len(v)} {name}" for name, v in zip(names, values) if len(v) > 1)
+        raise ValueError(f"grid of {size} configurations ({shape}) is invalid: more than MAX_GRID = {limit}; "
+                         "split the sweep, or raise the limit (fj.sweep.MAX_GRID = N, or --max-grid N on the "
+                         "command line)")
     return [dict(zip(names, combo)) for combo in itertools.product(*values)]
 
 
@@ -127,9 +147,11 @@ def _shard(shard) -> tuple[int, int] | None:
     return k, n
 
 
-def _finished(out: Path, config, run, problem, warn: bool = True) -> tuple[SweepEntry | None, bool]:
+def _finished(out: Path, config, run, problem, warn: bool = True, compute: bool = True
+              ) -> tuple[SweepEntry | None, bool]:
     """``(entry, damaged)``: the saved result of ``config`` if it is this run's, and whether
-    a file was there but damaged (it is then recomputed and replaced, with a warning)."""
+    a file was there but damaged or of another schema (:func:`fedsa_jax.load` refuses it: it
+    is then recomputed and replaced, or without ``compute`` counted as missing, with a warning)."""
     for path in (out / f"{config_name(config)}.npz", out / f"{_legacy_name(config)}.npz"):
         if not path.exists():
             continue
@@ -137,7 +159,9 @@ def _finished(out: Path, config, run, problem, warn: bool = True) -> tuple[Sweep
             done = load(path)
         except DamagedFileError as err:
             if warn:
-                warnings.warn(f"recomputing a damaged sweep result: {err}", RuntimeWarning, stacklevel=3)
+                what = "recomputing a damaged sweep result" if compute else \
+                    "a damaged sweep result counts as missing (nothing is computed)"
+                warnings.warn(f"{what}: {err}", RuntimeWarning, stacklevel=3)
             return None, True
         if _same_run(done, config, run, problem):
             return SweepEntry(config, done, path, 0.0, "loaded"), False
@@ -205,7 +229,7 @@ def sweep(
                            theta0, _per_config(record_every, config), divergence_threshold,
                            seed_batch_size, chunk_rounds, None, progress, quantiles)
         if out is not None:
-            entry, bad = _finished(out, config, run, problem)
+            entry, bad = _finished(out, config, run, problem, compute=compute)
             if entry is not None:
                 entries[i] = entry
                 continue

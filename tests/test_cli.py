@@ -348,7 +348,8 @@ def test_user_algorithm_runs_through_the_cli_files_and_sweeps(tmp_path, monkeypa
     run = base + ["run", "--problem", "gaussian", "--agents", "2", "--dim", "2", "--local-steps", "3",
                   "--step-size", "0.1", "--rounds", "4", "--seeds", "5", "--dtype", "float64", "--no-plot",
                   "--algorithms", f"fedlsa,{module}:fedavgm", "--param", "beta=1", "--out", "run"]
-    shards = [base + ["sweep", "grid.toml", "--shard", f"{k}/2", "--no-progress"] for k in (0, 1)]
+    shards = [base + ["sweep", "grid.toml", "--shard", f"{k}/2", "--no-progress", "--allow-plugins"]
+              for k in (0, 1)]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for cmd in [run] + shards]  # real CLI processes, side by side
     logs = [p.communicate(timeout=300) for p in procs]
@@ -363,7 +364,7 @@ def test_user_algorithm_runs_through_the_cli_files_and_sweeps(tmp_path, monkeypa
     # collect the shards: everything loads (fedlsa once: [params] do not apply to it), index and figure
     monkeypatch.chdir(tmp_path)
     try:
-        assert cli.main(["sweep", "grid.toml", "--no-progress"]) == 0
+        assert cli.main(["sweep", "grid.toml", "--no-progress", "--allow-plugins"]) == 0
     finally:
         sys.modules.pop(module, None)
     assert capsys.readouterr().out.count("(loaded)") == 3
