@@ -161,7 +161,8 @@ def notice_others(directory, finger: str, saved) -> None:
         what = (f"a checkpoint ({others[0]})" if len(others) == 1 else f"{len(others)} checkpoints")
         warnings.warn(
             f"checkpoint_dir={str(directory)!r} holds {what} of another configuration or of other code (the "
-            f"algorithm's, problem's or metrics' functions): this run starts from round 0, checkpointed in {own}",
+            f"algorithm's, problem's or metrics' functions): this run starts from round 0, checkpointed in "
+            f"{own}",
             RuntimeWarning, stacklevel=4,
         )
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 MAX_DEPTH = 40  # deeper objects are described by their type only
-_LIBRARIES = frozenset(sys.stdlib_module_names) | {"numpy", "jax", "jaxlib", "scipy", "ml_dtypes", "opt_einsum"}
+_LIBRARIES = frozenset(sys.stdlib_module_names) | {"numpy", "jax", "jaxlib", "scipy", "ml_dtypes"}
 _ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+|0x[0-9A-Fa-f]{6,}")
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
@@ -151,7 +151,8 @@ class _Walker:
         helpers = []  # functions and classes of the same module that the code names
         for name in sorted(_names(fn.__code__)):
             value = fn.__globals__.get(name)
-            if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == fn.__module__:
+            own = getattr(value, "__module__", None) == fn.__module__
+            if own and isinstance(value, (types.FunctionType, type)):
                 helpers += [name.encode(), value]
         return [fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells, *helpers, fn.__dict__]
 

@@ -139,7 +139,8 @@ def test_edited_code_never_resumes_an_old_checkpoint(tmp_path, changed):
     same(rerun, fresh)
     from fedsa_jax.simulate import run_code
 
-    assert rerun.config["code"] == fresh.config["code"] != run_code(old[0], old[1], fj.metrics.resolve(old[2]))
+    old_code = run_code(old[0], old[1], fj.metrics.resolve(old[2]))
+    assert rerun.config["code"] == fresh.config["code"] != old_code
 
 
 def test_a_closure_constant_is_part_of_the_code(tmp_path):
@@ -152,12 +153,25 @@ def test_a_closure_constant_is_part_of_the_code(tmp_path):
                                                                 dataclasses.replace(config, step_size=c))
 
     with pytest.raises(Stop):
-        run(problem, dataclasses.replace(alg, step_fn=scaled(0.5)), metrics, tmp_path, on_record=stop_after(2))
+        run(problem, dataclasses.replace(alg, step_fn=scaled(0.5)), metrics, tmp_path,
+            on_record=stop_after(2))
     six = dataclasses.replace(alg, step_fn=scaled(0.6))
     with pytest.warns(RuntimeWarning, match="of other code"):
         rerun = run(problem, six, metrics, tmp_path)
     same(rerun, run(problem, six, metrics))
     assert rerun.config["execution"]["resumed_from"] is None
+
+
+def test_a_sweep_does_not_reuse_a_result_of_other_code(tmp_path):
+    """A sweep reuses a saved result of the same code, and recomputes one of edited code."""
+    def entry(text):
+        problem, alg, _ = load(text)["build"]()
+        (e,) = fj.sweep(1, [{"eta": 0.1}], lambda config: (problem, alg), 3, 4, out_dir=tmp_path)
+        return e
+
+    assert entry(user_code()).status == "ran" and entry(user_code()).status == "loaded"
+    edited = entry(user_code("STEP"))
+    assert edited.status == "ran" and edited.result.config["code"] == fj.load(edited.path).config["code"]
 
 
 WORKER = """
@@ -169,7 +183,8 @@ sys.path[:0] = [sys.argv[1], sys.argv[3]]  # the user's module, and the tests' (
 import fedsa_jax as fj
 from user_module import build_user
 problem, alg, metrics = build_user()
-fj.simulate(jax.random.key(1), problem, alg, 6, 8, metrics=metrics, chunk_rounds=2, checkpoint_dir=sys.argv[2])
+fj.simulate(jax.random.key(1), problem, alg, 6, 8, metrics=metrics, chunk_rounds=2,
+            checkpoint_dir=sys.argv[2])
 """
 
 
@@ -200,8 +215,8 @@ def _step(flag, rand, state, problem, config):
     (tmp_path / "user_module.py").write_text(user_code() + extra)
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    proc = subprocess.run([sys.executable, str(worker), str(tmp_path), str(folder), os.path.dirname(__file__)],
-                          capture_output=True, text=True,
+    args = [sys.executable, str(worker), str(tmp_path), str(folder), os.path.dirname(__file__)]
+    proc = subprocess.run(args, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONHASHSEED": "123"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -229,12 +244,14 @@ def test_builtin_code_digests_are_stable_and_discriminating():
     script = textwrap.dedent("""
         import json, jax, optax, fedsa_jax as fj
         problem = fj.problems.garnet(jax.random.key(0), num_agents=3)
-        algs = [fj.richardson(fj.averaged(fj.scafflsa(0.1, 2))), fj.fedlsa(0.1, 2, server_optimizer=optax.adam(0.1)),
+        algs = [fj.richardson(fj.averaged(fj.scafflsa(0.1, 2))),
+                fj.fedlsa(0.1, 2, server_optimizer=optax.adam(0.1)),
                 fj.fedlsa(fj.schedule(fj.optim.inverse_time, eta0=0.1, k0=10.0), 2),
                 fj.fedlsa(optax.cosine_decay_schedule(0.1, 100), 2), fj.qfedtd(0.5, fj.channel.qsgd(4), 0.6)]
         print(json.dumps([a.describe() for a in algs]))
         from fedsa_jax.simulate import run_code
-        print(json.dumps([run_code(problem, a, fj.metrics.resolve(["client_drift", "last_iterate_mse"])) for a in algs]))
+        metrics = fj.metrics.resolve(["client_drift", "last_iterate_mse"])
+        print(json.dumps([run_code(problem, a, metrics) for a in algs]))
     """)
     outs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
@@ -248,7 +265,7 @@ def test_builtin_code_digests_are_stable_and_discriminating():
     def scale(c):
         return lambda k: c * k
 
-    assert code_digest(scale(0.5)) != code_digest(scale(0.6)) and code_digest(scale(0.5)) == code_digest(scale(0.5))
+    assert code_digest(scale(0.5)) != code_digest(scale(0.6)) == code_digest(scale(0.6))
     assert code_digest(functools.partial(max, 1)) != code_digest(functools.partial(max, 2))
     assert code_digest(jax.jit(lambda x: x + 1)) != code_digest(jax.jit(lambda x: x + 2))
 
@@ -284,8 +301,8 @@ def test_a_name_never_places_a_file_outside_its_folder(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     ckpt = tmp_path / "runs" / "ck"
-    assert cli.main(["run", "--algorithms", "dotdot_algs:dotdot", "--agents", "2", "--states", "10", "--rounds", "2",
-                     "--seeds", "2", "--no-plot", "--no-progress", "--checkpoint-dir", str(ckpt),
+    assert cli.main(["run", "--algorithms", "dotdot_algs:dotdot", "--agents", "2", "--states", "10",
+                     "--rounds", "2", "--seeds", "2", "--no-plot", "--no-progress", "--checkpoint-dir", str(ckpt),
                      "--out", str(tmp_path / "runs" / "out")]) == 0
     written = [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".npz"]
     assert sorted(str(p.parent) for p in written) == ["runs/ck/_.", "runs/out"], written
