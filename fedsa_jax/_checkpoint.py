@@ -13,6 +13,11 @@ other's checkpoints; while a run uses its checkpoint it holds an ``fcntl`` lock
 on ``.checkpoint-<digits>.lock`` beside it, and a second run of the same
 configuration is refused until the first ends. A damaged checkpoint is refused
 with a message, never deleted nor silently restarted.
+
+The fingerprint covers the code that shapes the run (``simulate.run_code``: a digest of
+the algorithm's, problem's and metrics' functions, :mod:`fedsa_jax._digest`), so a run of
+edited code finds no checkpoint of its own and starts from round 0; :func:`notice_others`
+then says in one line that the folder holds checkpoints of another configuration or code.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +148,23 @@ def load(directory: Path, finger: str | None = None) -> dict[str, np.ndarray] | 
         if str(saved["fingerprint"]) == finger:
             return saved
     return None
+
+
+def notice_others(directory, finger: str, saved) -> None:
+    """Warn (one line) when this configuration has no checkpoint in ``directory`` but others do:
+    a resume the user expected may be refused because the configuration or the code changed."""
+    if saved is not None:
+        return
+    own = filename(finger)
+    others = [p.name for p in paths(directory) if p.name != own]
+    if others:
+        what = (f"a checkpoint ({others[0]})" if len(others) == 1 else f"{len(others)} checkpoints")
+        warnings.warn(
+            f"checkpoint_dir={str(directory)!r} holds {what} of another configuration or of other code (the "
+            f"algorithm's, problem's or metrics' functions): this run starts from round 0, checkpointed in "
+            f"{own}",
+            RuntimeWarning, stacklevel=4,
+        )
 
 
 def require(saved: dict[str, np.ndarray], keys, directory, finger: str) -> None:

@@ -491,10 +491,6 @@ def _num_local_steps(alg) -> int:
     return int(getattr(alg.config, "num_local_steps", 1))
 
 
-def _file_safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-
-
 class _CompileTimer:
     """Wall time JAX spends tracing, lowering and compiling (the union of those events' spans),
     so that throughput can be reported warm, without compilation."""
@@ -585,6 +581,7 @@ def cmd_run(args) -> int:
 
     import fedsa_jax as fj
     from fedsa_jax._io import atomic_write, write_json
+    from fedsa_jax._paths import safe_name
 
     args.params = dict(args.param or [])
     if args.params and not any(":" in name for name in args.algorithms):
@@ -592,7 +589,7 @@ def cmd_run(args) -> int:
                          f"has none ({','.join(args.algorithms)})")
     problem = _make_problem(args, jax.random.key(args.problem_seed))
     algs = [_make_algorithm(name, args) for name in args.algorithms]
-    names = [_file_safe(alg.name) for alg in algs]
+    names = [safe_name(alg.name) for alg in algs]
     if len(set(names)) < len(names):
         raise ValueError(f"--algorithms={','.join(args.algorithms)!r} is invalid: two algorithms are named "
                          f"{max(names, key=names.count)!r} (results are named after the algorithm)")

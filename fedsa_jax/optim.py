@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax import _validate
+from fedsa_jax._digest import code_digest
 
 MAX_COUNT = 2**31 - 1  # local-step indices are int32, as in optax
 
@@ -92,34 +93,6 @@ def _owner(fn) -> str:
 
 
 _GLUE = ("with_extra_args_support", "init_empty_state")
-
-
-def code_digest(fn, depth: int = 0) -> str:
-    """A short digest of a function's code, constants and closure values (recursively): two
-    functions of the same name but different bodies or captured numbers differ, so checkpoint
-    fingerprints (which hash the description) tell them apart."""
-    import hashlib
-
-    h = hashlib.sha256()
-    f = getattr(fn, "update", fn)
-    code = getattr(f, "__code__", None)
-    if code is None or depth > 8:
-        h.update(repr(fn).encode())
-        return h.hexdigest()[:12]
-    h.update(code.co_code)
-    h.update(repr(code.co_consts).encode())
-    h.update(repr(code.co_names).encode())
-    for cell in f.__closure__ or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            continue
-        items = value if isinstance(value, (tuple, list)) else (value,)
-        for item in items:
-            inner = getattr(item, "update", item)
-            h.update((code_digest(inner, depth + 1) if callable(inner) and hasattr(inner, "__code__")
-                      else repr(item)).encode())
-    return h.hexdigest()[:12]
 
 
 def describe_closure(fn, depth: int = 0) -> dict[str, Any]:

@@ -42,7 +42,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fedsa_jax import _checkpoint, _io, _validate, optim
+from fedsa_jax import _checkpoint, _io, _paths, _validate, optim
+from fedsa_jax._digest import code_digest
 from fedsa_jax._module import make_callable
 from fedsa_jax.algorithms._base import COUNT_FIELDS, Algorithm
 from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult
@@ -369,7 +370,10 @@ def simulate(
         to an uninterrupted run). The file is named after the configuration's
         fingerprint, so runs of different configurations can share the folder; a
         second run of the same configuration while the first is running, or a
-        damaged checkpoint, is refused with a ``ValueError``.
+        damaged checkpoint, is refused with a ``ValueError``. The fingerprint
+        includes a digest of the algorithm's, problem's and metrics' code
+        (:func:`run_code`): edited code starts from round 0, with a ``RuntimeWarning``
+        when the folder holds checkpoints of another configuration or code.
         ``result.config["execution"]`` says where the run resumed
         (``resumed_from``) and how many seed-rounds it computed (``seed_rounds_run``).
       progress: show a progress bar (default: only on a terminal).
@@ -417,6 +421,14 @@ class Run(NamedTuple):
     metrics: tuple = ()
     keep_seeds: int = 0
     on_record: Any = None
+    code: str = ""  # run_code(problem, algorithm, metrics)
+
+
+def run_code(problem, algorithm: Algorithm, metrics) -> str:
+    """A digest of the code that shapes a run (:mod:`fedsa_jax._digest`): the algorithm's functions
+    and config (wrapped algorithms, schedules, optimizers included), the problem's class and static
+    fields (its arrays by shape: their values are hashed with the leaves) and the metric functions."""
+    return code_digest((code_digest(problem, arrays=False), algorithm, [fn for _, fn in metrics]), length=16)
 
 
 class Record(NamedTuple):
@@ -495,13 +507,15 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=None, re
                        f"must be <= {KEEP_SEEDS_MAX_VALUES}; record less often or keep fewer seeds")
     if on_record is not None and not callable(on_record):
         _validate.fail("on_record", on_record, "expected a function fn(record) or None")
+    if checkpoint_dir is not None:
+        _paths.folder("checkpoint_dir", checkpoint_dir)
     if checkpoint_dir is not None and jax.process_count() > 1:
         _validate.fail("checkpoint_dir", checkpoint_dir, "checkpoints are written by single-process runs only")
     _check_algorithm(problem, algorithm, theta0_np, resolved)
     if checkpoint_dir is not None:  # created and probed now, not after the first chunk
         _io.prepare_dir(checkpoint_dir, "checkpoint_dir")
     return Run(key, T, n, r, theta0_np, factor, seed_batch_size, chunk_rounds, checkpoint_dir, progress, quantiles,
-               resolved, keep, on_record)
+               resolved, keep, on_record, run_code(problem, algorithm, resolved))
 
 
 def _execute(run: Run, problem, algorithms) -> list[SimulationResult]:
@@ -535,6 +549,7 @@ def _execute_in(stack: contextlib.ExitStack, run: Run, problem, algorithms) -> l
         _validate.fail("keep_seeds", run.keep_seeds, f"expected at most the seed batch size ({plan.batch}); "
                        "pass a larger seed_batch_size")
 
+    codes = [run_code(problem, a, run.metrics) for a in algorithms]
     ckpt_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     finger = None if ckpt_dir is None else _checkpoint.fingerprint(  # hashes every leaf: only when needed
         problem, stacked, jax.random.key_data(key), theta0_np,
@@ -542,12 +557,13 @@ def _execute_in(stack: contextlib.ExitStack, run: Run, problem, algorithms) -> l
         num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,
         padded=plan.padded, devices=num_devices, dtype=str(np.dtype(dtype)),
         statistics=Moments._fields, quantiles=quantiles, version=__version__,  # other statistics: refused
-        metrics=metric_names, keep_seeds=run.keep_seeds,
+        metrics=metric_names, keep_seeds=run.keep_seeds, code=codes,
     )
     saved = None
     if ckpt_dir is not None:  # this configuration's own file (others share the folder untouched), locked
         stack.enter_context(_checkpoint.lock(ckpt_dir, finger))
         saved = _checkpoint.load(ckpt_dir, finger)
+        _checkpoint.notice_others(ckpt_dir, finger, saved)
         if saved is not None:
             first = int(saved["batch"])
             _checkpoint.require(saved, [f"final{b}" for b in range(first)]
@@ -649,7 +665,7 @@ def _execute_in(stack: contextlib.ExitStack, run: Run, problem, algorithms) -> l
             final_theta=np.concatenate([f[i] for f in finals]).astype(dtype),
             theta_star=theta_star.astype(dtype),
             config=run_config(key, problem, algorithm, T, n, r, theta0_np, factor, plan, num_devices, quantiles,
-                              metric_names, run.keep_seeds),
+                              metric_names, run.keep_seeds, codes[i]),
             seed_mse=kept[:, :, 0],
             metrics={m: MetricStats(stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1], q[:, j + 1],
                                     kept[:, :, j + 1]) for j, m in enumerate(metric_names)},
@@ -684,7 +700,7 @@ def _save(directory, finger, batch, done, finals, current, carry) -> None:
 
 
 def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devices, quantiles, metrics=(),
-               keep_seeds=0) -> dict[str, Any]:
+               keep_seeds=0, code="") -> dict[str, Any]:
     import jaxlib
 
     return {
@@ -696,6 +712,7 @@ def run_config(key, problem, algorithm, T, n, r, theta0, factor, plan, num_devic
         "quantiles": quantiles,
         "metrics": list(metrics),
         "keep_seeds": keep_seeds,
+        "code": code,  # run_code: a digest of the algorithm's, problem's and metrics' code
         "theta0": [float(x) for x in theta0],
         "divergence_threshold": factor,
         "dtype": str(np.dtype(problem.dtype)),

@@ -13,7 +13,7 @@ With ``out_dir`` every finished configuration is written at once, atomically,
 to ``out_dir/<name>.npz`` (its config stored in ``result.config["sweep"]``), and
 ``out_dir/sweep.json`` indexes them; rerunning the same sweep loads finished
 configurations instead of running them again (only if the saved run used the
-same rounds, seeds, key, theta0, threshold and dtype; otherwise it reruns; a
+same rounds, seeds, key, theta0, threshold, dtype and code; otherwise it reruns; a
 damaged file, or one that :func:`fedsa_jax.load` refuses for its schema, is
 recomputed, with a warning). ``shard=(k, n)`` runs one part of the grid, so the
 tasks of a cluster job array fill one shared folder. :func:`grid` refuses more
@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from fedsa_jax import _checkpoint, _io, _validate
+from fedsa_jax import _checkpoint, _io, _paths, _validate
 from fedsa_jax._io import DamagedFileError
 from fedsa_jax._module import make_callable
 from fedsa_jax.result import SimulationResult, load
@@ -84,8 +84,7 @@ def config_name(config: Mapping[str, Any]) -> str:
     'algorithm-fedlsa__step_size-0.1__f31be4a47ce2'
     """
     text = "__".join(f"{k}-{config[k]}" for k in sorted(config))
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:120]
-    return f"{safe}__{_digest(config)}"
+    return f"{_paths.safe_name(text)}__{_digest(config)}"
 
 
 def _digest(config: Mapping[str, Any]) -> str:
@@ -110,6 +109,7 @@ def _same_run(result: SimulationResult, config, run, problem) -> bool:
         and c.get("theta0") == [float(x) for x in run.theta0]
         and c.get("divergence_threshold") == run.divergence_threshold
         and c.get("dtype") == str(np.dtype(problem.dtype))
+        and c.get("code", run.code) == run.code  # the same code (files of earlier versions lack the digest)
         and (not run.quantiles or not np.all(np.isnan(result.mse_quantiles)))  # quantiles asked for, and there
     )
 
@@ -216,6 +216,8 @@ def sweep(
     if not configs:
         _validate.fail("configs", configs, "expected at least one configuration")
     shard = _shard(shard)
+    if out_dir is not None:
+        _paths.folder("out_dir", out_dir)
     out = None if out_dir is None else _io.prepare_dir(out_dir, "out_dir")
     entries: dict[int, SweepEntry] = {}
     groups: dict[Any, list[tuple[int, Any, Any, Any, Any]]] = {}
