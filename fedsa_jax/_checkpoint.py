@@ -16,8 +16,8 @@ with a message, never deleted nor silently restarted.
 
 The fingerprint covers the code that shapes the run (``simulate.run_code``: a digest of
 the algorithm's, problem's and metrics' functions, :mod:`fedsa_jax._digest`), so a run of
-edited code finds no checkpoint of its own and starts from round 0; :func:`notice_others`
-then says in one line that the folder holds checkpoints of another configuration or code.
+edited code finds no checkpoint of its own and starts from round 0; :func:`notice_other_code`
+then says so in one line when the folder holds a checkpoint of the same configuration.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -150,21 +151,28 @@ def load(directory: Path, finger: str | None = None) -> dict[str, np.ndarray] | 
     return None
 
 
-def notice_others(directory, finger: str, saved) -> None:
-    """Warn (one line) when this configuration has no checkpoint in ``directory`` but others do:
-    a resume the user expected may be refused because the configuration or the code changed."""
-    if saved is not None:
-        return
+def notice_other_code(directory, finger: str, configuration: str) -> None:
+    """Warn (one line) when ``directory`` holds a checkpoint of this configuration (same
+    arguments, fingerprint ``configuration``) made by other code: the run the user expected to
+    resume starts from round 0, because the algorithm's, problem's or metrics' functions changed.
+    Checkpoints of other configurations (a folder shared by a sweep) are not mentioned."""
     own = filename(finger)
-    others = [p.name for p in paths(directory) if p.name != own]
-    if others:
-        what = (f"a checkpoint ({others[0]})" if len(others) == 1 else f"{len(others)} checkpoints")
-        warnings.warn(
-            f"checkpoint_dir={str(directory)!r} holds {what} of another configuration or of other code (the "
-            f"algorithm's, problem's or metrics' functions): this run starts from round 0, checkpointed in "
-            f"{own}",
-            RuntimeWarning, stacklevel=4,
-        )
+    for path in paths(directory):
+        if path.name == own:
+            continue
+        try:
+            with np.load(path, allow_pickle=False) as data:  # reads the one small array it needs
+                theirs = str(data["configuration"]) if "configuration" in data.files else None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            continue  # damaged or foreign: not this run's to judge
+        if theirs == configuration:
+            warnings.warn(
+                f"checkpoint_dir={str(directory)!r} holds a checkpoint ({path.name}) of this configuration made "
+                f"by other code (the algorithm's, problem's or metrics' functions changed): this run starts "
+                f"from round 0, checkpointed in {own}",
+                RuntimeWarning, stacklevel=4,
+            )
+            return
 
 
 def require(saved: dict[str, np.ndarray], keys, directory, finger: str) -> None:

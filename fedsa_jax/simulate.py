@@ -169,12 +169,13 @@ def _advance_one(key_data, seed_ids, valid, carry, problem, algorithm, threshold
 # over it: a sweep over step sizes or success probabilities is one compile.
 
 
-@functools.partial(jax.jit, static_argnames=("rec",))
-def _start(key_data, seed_ids, valid, problem, algorithms, theta0, threshold, *, rec):
+@functools.partial(jax.jit, static_argnames=("rec", "num_configs"))
+def _start(key_data, seed_ids, valid, problem, algorithms, theta0, threshold, *, rec, num_configs):
     global _num_traces
     _num_traces += 1
     one = functools.partial(_start_one, key_data, seed_ids, valid, problem, rec=rec)
-    return jax.vmap(one, in_axes=(0, None, None))(algorithms, theta0, threshold)
+    # axis_size: a config without array leaves (all fields static) has nothing to map over
+    return jax.vmap(one, in_axes=(0, None, None), axis_size=num_configs)(algorithms, theta0, threshold)
 
 
 @functools.partial(jax.jit, static_argnames=("record_every", "max_blocks", "rec"))
@@ -373,7 +374,7 @@ def simulate(
         damaged checkpoint, is refused with a ``ValueError``. The fingerprint
         includes a digest of the algorithm's, problem's and metrics' code
         (:func:`run_code`): edited code starts from round 0, with a ``RuntimeWarning``
-        when the folder holds checkpoints of another configuration or code.
+        when the folder holds a checkpoint of the same configuration made by other code.
         ``result.config["execution"]`` says where the run resumed
         (``resumed_from``) and how many seed-rounds it computed (``seed_rounds_run``).
       progress: show a progress bar (default: only on a terminal).
@@ -551,19 +552,22 @@ def _execute_in(stack: contextlib.ExitStack, run: Run, problem, algorithms) -> l
 
     codes = [run_code(problem, a, run.metrics) for a in algorithms]
     ckpt_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
-    finger = None if ckpt_dir is None else _checkpoint.fingerprint(  # hashes every leaf: only when needed
+    configuration = None if ckpt_dir is None else _checkpoint.fingerprint(  # hashes every leaf: only when needed
         problem, stacked, jax.random.key_data(key), theta0_np,
         problem_structure=problem.describe(), algorithm_structure=[a.describe() for a in algorithms],
         num_rounds=T, num_seeds=n, record_every=r, threshold=factor, batch=plan.batch,
         padded=plan.padded, devices=num_devices, dtype=str(np.dtype(dtype)),
         statistics=Moments._fields, quantiles=quantiles, version=__version__,  # other statistics: refused
-        metrics=metric_names, keep_seeds=run.keep_seeds, code=codes,
+        metrics=metric_names, keep_seeds=run.keep_seeds,
     )
+    # the checkpoint's name: the configuration and the code that runs it
+    finger = None if ckpt_dir is None else _checkpoint.fingerprint(configuration=configuration, code=codes)
     saved = None
     if ckpt_dir is not None:  # this configuration's own file (others share the folder untouched), locked
         stack.enter_context(_checkpoint.lock(ckpt_dir, finger))
         saved = _checkpoint.load(ckpt_dir, finger)
-        _checkpoint.notice_others(ckpt_dir, finger, saved)
+        if saved is None:
+            _checkpoint.notice_other_code(ckpt_dir, finger, configuration)
         if saved is not None:
             first = int(saved["batch"])
             _checkpoint.require(saved, [f"final{b}" for b in range(first)]
@@ -612,7 +616,8 @@ def _execute_in(stack: contextlib.ExitStack, run: Run, problem, algorithms) -> l
         ids = np.arange(b * plan.batch, b * plan.batch + plan.padded, dtype=np.uint32)
         seed_ids = _global_array(ids, seeds_sharding)
         valid = _global_array((ids < min(n, (b + 1) * plan.batch)), seeds_sharding)
-        carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithms_r, theta0_r, threshold, rec=rec)
+        carry, m0 = _start(key_data, seed_ids, valid, problem_r, algorithms_r, theta0_r, threshold, rec=rec,
+                           num_configs=K)
         recorded = [jax.tree.map(lambda x: np.asarray(x)[:, None], m0)]
         if saved is not None and b == first_batch and "carry0" in saved:
             _checkpoint.require(saved, [f"cur_{f}" for f in Moments._fields]
@@ -637,7 +642,7 @@ def _execute_in(stack: contextlib.ExitStack, run: Run, problem, algorithms) -> l
             t = end
             current = concat(recorded)
             if ckpt_dir is not None:
-                _save(ckpt_dir, finger, b, done, finals, current, carry if t < T else None)
+                _save(ckpt_dir, (finger, configuration), b, done, finals, current, carry if t < T else None)
             if run.on_record is not None:
                 rows_so_far = current.n_ok.shape[1]
                 report(b, slice(rows_so_far - k, rows_so_far), current)
@@ -645,7 +650,7 @@ def _execute_in(stack: contextlib.ExitStack, run: Run, problem, algorithms) -> l
         theta = _to_host(carry.states.theta)
         finals.append(theta[:, : min(n, (b + 1) * plan.batch) - b * plan.batch])
         if ckpt_dir is not None:
-            _save(ckpt_dir, finger, b + 1, done, finals, None, None)
+            _save(ckpt_dir, (finger, configuration), b + 1, done, finals, None, None)
     bar.close()
 
     results = []
@@ -687,8 +692,10 @@ def _execute_in(stack: contextlib.ExitStack, run: Run, problem, algorithms) -> l
     return results
 
 
-def _save(directory, finger, batch, done, finals, current, carry) -> None:
-    arrays: dict[str, np.ndarray] = {"fingerprint": np.array(finger), "batch": np.array(batch)}
+def _save(directory, fingers, batch, done, finals, current, carry) -> None:
+    finger, configuration = fingers
+    arrays: dict[str, np.ndarray] = {"fingerprint": np.array(finger), "configuration": np.array(configuration),
+                                     "batch": np.array(batch)}
     if done is not None:
         arrays.update({f"done_{f}": np.asarray(getattr(done, f)) for f in Moments._fields})
     for b, th in enumerate(finals):

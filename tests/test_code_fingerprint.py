@@ -131,8 +131,8 @@ def test_edited_code_never_resumes_an_old_checkpoint(tmp_path, changed):
     with pytest.raises(Stop):  # the old code, interrupted at round 4 of 6
         run(*old, tmp_path, on_record=stop_after(4))
     new = load(user_code(changed))["build"]()
-    with pytest.warns(RuntimeWarning, match=r"holds a checkpoint \(checkpoint-\w+\.npz\) of another "
-                                            r"configuration or of other code.*starts from round 0") as caught:
+    with pytest.warns(RuntimeWarning, match=r"holds a checkpoint \(checkpoint-\w+\.npz\) of this "
+                                            r"configuration made by other code.*starts from round 0") as caught:
         rerun = run(*new, tmp_path)
     assert len(caught) == 1 and rerun.config["execution"]["resumed_from"] is None
     fresh = run(*new)
@@ -156,7 +156,7 @@ def test_a_closure_constant_is_part_of_the_code(tmp_path):
         run(problem, dataclasses.replace(alg, step_fn=scaled(0.5)), metrics, tmp_path,
             on_record=stop_after(2))
     six = dataclasses.replace(alg, step_fn=scaled(0.6))
-    with pytest.warns(RuntimeWarning, match="of other code"):
+    with pytest.warns(RuntimeWarning, match="made by other code"):
         rerun = run(problem, six, metrics, tmp_path)
     same(rerun, run(problem, six, metrics))
     assert rerun.config["execution"]["resumed_from"] is None
@@ -231,7 +231,7 @@ def _step(flag, rand, state, problem, config):
         loaded = run(*user_module.build_user(), folder)  # no warning: warnings are errors here
     assert loaded.config["execution"]["resumed_from"] == {"seed_batch": 1, "round": 0}
     edited = load(user_code("STEP") + extra, "user_module")["build_user"]()
-    with pytest.warns(RuntimeWarning, match="of other code"):
+    with pytest.warns(RuntimeWarning, match="made by other code"):
         fresh = run(*edited, folder)
     assert fresh.config["execution"]["resumed_from"] is None
 

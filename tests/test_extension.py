@@ -97,6 +97,28 @@ def test_custom_algorithm_equals_fedlsa_seed_by_seed(garnet):
     assert np.abs(other.final_theta - ref.final_theta).max() > 1e-3
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StaticConfig:
+    """Every field static: the config has no array leaf for the driver to map over."""
+
+    num_local_steps: int = dataclasses.field(default=4, metadata=dict(static=True))
+
+
+def static_step(rand, state, problem, config):
+    return my_step(rand, state, problem, MyConfig(0.2, 0.0, config.num_local_steps))
+
+
+def test_a_config_without_array_leaves_runs(garnet):
+    """A config whose fields are all static (step size written into the step function) runs, and
+    equals the same algorithm with the step size as a leaf seed by seed."""
+    key = jax.random.key(5)
+    leafless = fj.Algorithm(StaticConfig(), "static", my_init, static_step)
+    assert jax.tree.leaves(leafless.config) == []
+    np.testing.assert_array_equal(fj.simulate(key, garnet, leafless, 8, 16).final_theta,
+                                  fj.simulate(key, garnet, my_alg(0.2, 4), 8, 16).final_theta)
+
+
 def test_config_fields_are_recorded(garnet):
     res = fj.simulate(0, garnet, my_alg(0.2, 4, momentum=0.9), 2, 2)
     alg = res.config["algorithm"]
