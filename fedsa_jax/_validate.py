@@ -50,12 +50,27 @@ def fail(name: str, value: Any, allowed: str) -> None:
     raise ValueError(f"{name}={_show(value, room)} is invalid: {allowed}")
 
 
-def integer(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
-        fail(name, value, f"expected an integer >= {minimum}")
-    if value < minimum:
-        fail(name, value, f"expected an integer >= {minimum}")
+INDEX_MAX = 2**31 - 1  # sizes and indices are int32 inside the kernels
+
+
+def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]`` (no upper bound for ``maximum=None``); bools are
+    refused (``True`` is an ``int`` to Python, never a count)."""
+    allowed = f"expected an integer >= {minimum}" if maximum is None else \
+        f"expected an integer in [{minimum}, {maximum}]"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        fail(name, value, allowed)
+    if value < minimum or (maximum is not None and value > maximum):
+        fail(name, value, allowed)
     return int(value)
+
+
+def table_size(name: str, value: Any, count: int, what: str) -> None:
+    """Refuse a table of ``count > INDEX_MAX`` values (``what`` says which product of sizes it is):
+    its flat int32 indices would wrap around, and it would not fit in memory anyway."""
+    if count > INDEX_MAX:
+        fail(name, value, f"{what} = {count} values, more than 2^31 - 1 = {INDEX_MAX} (tables are indexed "
+             "with int32)")
 
 
 def real(
@@ -66,13 +81,16 @@ def real(
     low_open: bool = False,
     high_open: bool = False,
 ) -> float:
+    lo = "(" if low_open or low == -np.inf else "["
+    hi = ")" if high_open or high == np.inf else "]"
+    allowed = f"expected a finite real number in {lo}{low}, {high}{hi}"
+    if isinstance(value, (bool, np.bool_)) or getattr(value, "dtype", None) == np.bool_:
+        # float(True) is 1.0: a flag is never meant as a number
+        fail(name, value, f"{allowed}, not a bool")
     try:
         x = float(value)
     except (TypeError, ValueError):
         fail(name, value, "expected a real number")
-    lo = "(" if low_open or low == -np.inf else "["
-    hi = ")" if high_open or high == np.inf else "]"
-    allowed = f"expected a finite real number in {lo}{low}, {high}{hi}"
     if not np.isfinite(x):
         fail(name, value, allowed)
     if (x < low) or (low_open and x == low) or (x > high) or (high_open and x == high):
@@ -114,6 +132,22 @@ def array(name: str, value: Any, ndim: int | tuple[int, ...], dtype=np.float64) 
     if not np.all(np.isfinite(arr)):
         fail(name, value, "entries must be finite (found NaN or Inf)")
     return arr
+
+
+def fits(name: str, value: Any, values: np.ndarray, dtype, what: str = "entries") -> None:
+    """Refuse ``values`` (float64, derived from the argument ``name``, shown as ``value``) that are
+    not finite in the working ``dtype``: a float32 overflow would otherwise surface mid-run as a
+    diverged or NaN iterate. NaN in ``values`` is allowed (a documented "undefined")."""
+    dt = np.dtype(dtype)
+    values = np.asarray(values, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = values.astype(dt)
+    if np.all(np.isfinite(cast) | np.isnan(values)):
+        return
+    biggest = float(np.nanmax(np.abs(values)))
+    advice = "rescale the data" + ("" if dt == np.float64 else " or use float64")
+    fail(name, value, f"{what} reach {biggest:.3g} in magnitude, beyond the largest {dt} "
+         f"({float(np.finfo(dt).max):.3g}); {advice}")
 
 
 def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:

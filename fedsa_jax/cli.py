@@ -18,6 +18,7 @@ before any simulation; errors are one line naming the option (exit status 2).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import json
@@ -103,6 +104,10 @@ def _name_or_number(text: str, names: tuple[str, ...], accept, expected: str):
 
 def _real(text: str) -> float:
     return _name_or_number(text, (), lambda v: True, "a finite real number")
+
+
+def _positive_real(text: str) -> float:
+    return _name_or_number(text, (), lambda v: v > 0.0, "a finite real number > 0")
 
 
 def _heterogeneity(text: str):
@@ -215,12 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--schedule", choices=SCHEDULES, default="constant",
                    help="step size of local step k = t H + h: constant eta, or inverse-time "
                    "eta / (1 + k / DECAY_STEPS) (the 1/k regime); any optax schedule from Python")
-    o.add_argument("--decay-steps", type=_real, default=1000.0,
+    o.add_argument("--decay-steps", type=_positive_real, default=1000.0,
                    help="inverse-time: local steps k0 over which the step size halves")
     o.add_argument("--server-optimizer", choices=SERVER_OPTIMIZERS, default="none",
                    help="optax optimizer on the server's pseudo-gradient theta_t - aggregate_t: none (plain "
                    "averaging), sgd (with --server-momentum: FedAvgM) or adam (FedAdam)")
-    o.add_argument("--server-lr", type=_real, default=1.0, help="server optimizer's learning rate")
+    o.add_argument("--server-lr", type=_positive_real, default=1.0, help="server optimizer's learning rate")
     o.add_argument("--server-momentum", type=_real, default=0.0,
                    help="sgd: momentum beta in [0, 1) (0: none)")
     o.add_argument("--average", type=_nonnegative_int, default=None, metavar="BURN_IN",
@@ -572,6 +577,103 @@ def _prepare_outputs(pairs) -> None:
             prepare_dir(path, option)
 
 
+# The library's name of a parameter -> the run option (argparse dest) that sets it.
+LIBRARY_OPTIONS = {
+    "num_agents": "agents", "num_states": "states", "dim": "dim", "heterogeneity": "heterogeneity",
+    "noise_A": "noise_A", "noise_b": "noise_b", "sampling": "sampling", "dtype": "dtype",
+    "step_size": "step_size", "eta0": "step_size", "k0": "decay_steps", "num_local_steps": "local_steps",
+    "skip": "skip", "comm_prob": "comm_prob", "learning_rate": "server_lr", "momentum": "server_momentum",
+    "burn_in": "average", "bits": "bits", "range": "range", "levels": "levels", "k": "k",
+    "success_prob": "success_prob", "aggregation": "aggregation", "num_rounds": "rounds",
+    "num_seeds": "seeds", "record_every": "record_every", "chunk_rounds": "chunk_rounds",
+    "checkpoint_dir": "checkpoint_dir",
+}
+_INVALID_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)=(.*?) is invalid: (.*)$", re.DOTALL)
+
+
+def _as_option(text: str, args, option_of) -> str:
+    """A library error ``name=value is invalid: ...`` reported under the option that set ``name``
+    (``option_of(dest)``: its spelling, or None where no option of this command set it); the value
+    shown is the option's (the library's where the option was left to its per-problem default)."""
+    m = _INVALID_RE.match(text)
+    if m is None:
+        return text
+    name, shown, reason = m.groups()
+    key = name if name in LIBRARY_OPTIONS else name.rsplit(".", 1)[-1]
+    params = getattr(args, "params", None) or {}
+    if key in params:  # a module:factory keyword given with --param / [params]
+        return text
+    dest = LIBRARY_OPTIONS.get(key)
+    option = None if dest is None else option_of(dest)
+    if option is None:
+        return text
+    value = getattr(args, dest, None)
+    where = f"{option}={value!r}" if value is not None else \
+        f"{option}={shown} (its default with --problem {args.problem})" if dest in ("states", "dim") else \
+        f"{option}={shown}"
+    decay = option_of("decay_steps")
+    if dest == "step_size" and getattr(args, "schedule", "constant") != "constant" and decay is not None:
+        where += f" with {decay}={args.decay_steps!r}"
+    return f"{where} is invalid: {reason}"
+
+
+def _run_option(dest: str) -> str | None:
+    action = _run_actions().get(dest)
+    return None if action is None else action.option_strings[0]
+
+
+def _options_checked(command):
+    """The run command, refusing options it would not read (:func:`_check_applicable`) and reporting
+    the library's errors, which name its parameters (``num_states=1 is invalid: ...``), under the
+    option that set the parameter (``--states=1 is invalid: ...``)."""
+
+    @functools.wraps(command)
+    def run(args):
+        _check_applicable(args)
+        try:
+            return command(args)
+        except ValueError as err:
+            raise ValueError(_as_option(str(err), args, _run_option)) from None
+
+    return run
+
+
+def _check_applicable(args) -> None:
+    """Refuse an option set (to anything but its default) where nothing in this run reads it:
+    ``--bits`` without the stochastic-uniform quantizer, ``--local-steps`` with QFedTD alone, ..."""
+    builtin = [n for n in args.algorithms if n in ALGORITHMS]
+    stepping = [n for n in args.algorithms if n != "qfedtd"]  # a factory may take num_local_steps
+    quantizer, schedule = f"--quantizer {args.quantizer}", f"--schedule {args.schedule}"
+    problem, algorithms = f"--problem {args.problem}", f"--algorithms {','.join(args.algorithms)}"
+    uniform = args.quantizer == "stochastic-uniform"
+    table = [  # (dest, read by, whether this run reads it, what this run has)
+        ("bits", "--quantizer stochastic-uniform", uniform, quantizer),
+        ("range", "--quantizer stochastic-uniform", uniform, quantizer),
+        ("levels", "--quantizer qsgd", args.quantizer == "qsgd", quantizer),
+        ("k", "--quantizer rand-k", args.quantizer == "rand-k", quantizer),
+        ("decay_steps", "--schedule inverse-time", args.schedule == "inverse-time", schedule),
+        ("noise_A", "--problem gaussian", args.problem == "gaussian", problem),
+        ("noise_b", "--problem gaussian", args.problem == "gaussian", problem),
+        ("states", "--problem garnet or qfedtd-mdp", args.problem != "gaussian", problem),
+        ("sampling", "--problem garnet or qfedtd-mdp", args.problem != "gaussian", problem),
+        ("heterogeneity", "--problem garnet or gaussian", args.problem != "qfedtd-mdp", problem),
+        ("comm_prob", "the algorithm scaffnew", "scaffnew" in builtin, algorithms),
+        ("local_steps", "algorithms with local steps (qfedtd takes one step per round)", bool(stepping),
+         algorithms),
+        ("skip", "fedlsa, scafflsa and scaffnew", any(n != "qfedtd" for n in builtin), algorithms),
+    ]
+    table += [(dest, "the built-in algorithms (a factory builds its own channel)", bool(builtin), algorithms)
+              for dest in ("quantizer", "success_prob", "aggregation")]
+    actions = _run_actions()
+    for dest, read_by, read, has in table:
+        value = getattr(args, dest)
+        if not read and value != actions[dest].default:
+            option = actions[dest].option_strings[0]
+            raise ValueError(f"{option}={value!r} is invalid: it is read only with {read_by}, and this run "
+                             f"has {has}; drop {option}")
+
+
+@_options_checked
 def cmd_run(args) -> int:
     _prepare_outputs([("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)])
     import jax
@@ -828,15 +930,24 @@ def cmd_sweep(args) -> int:
 
     def build(config):
         o = options(config)
-        items = tuple((k, getattr(o, k)) for k in PROBLEM_KEYS)
-        if items not in problems:
-            problems[items] = _make_problem(o, jax.random.key(o.problem_seed))
-        return problems[items], _make_algorithm(o.algorithm, o, "grid.algorithm", "params.")
+        try:
+            items = tuple((k, getattr(o, k)) for k in PROBLEM_KEYS)
+            if items not in problems:
+                problems[items] = _make_problem(o, jax.random.key(o.problem_seed))
+            return problems[items], _make_algorithm(o.algorithm, o, "grid.algorithm", "params.")
+        except ValueError as err:  # named after the grid key that set the parameter, where one did
+            key = lambda dest: f"grid.{dest}" if dest in config else None  # noqa: E731
+            raise ValueError(_as_option(str(err), o, key)) from None
 
     def rounds(config):
         if run["rounds"] is not None:
             return int(run["rounds"])
-        return max(1, int(run["total_local_steps"]) // _num_local_steps(build(config)[1]))
+        total, H = int(run["total_local_steps"]), _num_local_steps(build(config)[1])
+        if total < H:  # a round is H local steps: fewer cannot be run
+            raise ValueError(f"run.total_local_steps={total} is invalid: configuration {config_name(config)} "
+                             f"has H = {H} local steps per round; expected total_local_steps >= H (rounds = "
+                             "total_local_steps // H)")
+        return total // H
 
     def record_every(config):
         if run["record_every"] is not None:

@@ -232,7 +232,7 @@ def optimizer(fn: Callable, /, **hyperparams) -> ServerOptimizer:
         if hyperparams:
             _validate.fail("server_optimizer", fn, "hyperparameters go with a factory such as optax.sgd, not with "
                            "a built transformation")
-        return ServerOptimizer({}, fn, (), False)
+        return _check_server(ServerOptimizer({}, fn, (), False))
     if not callable(fn):
         _validate.fail("server_optimizer", fn, "expected an optax.GradientTransformation or a factory of one")
     traced, static = _split(hyperparams)
@@ -244,6 +244,51 @@ def optimizer(fn: Callable, /, **hyperparams) -> ServerOptimizer:
     if not isinstance(built, optax.GradientTransformation):
         _validate.fail("server_optimizer", opt.describe(), f"the factory returned {type(built).__name__}, expected "
                        "an optax.GradientTransformation")
+    return _check_server(opt)
+
+
+def _check_server(opt: ServerOptimizer) -> ServerOptimizer:
+    """Refuse a server optimizer the kernel would misuse, as it will be called (built inside the
+    trace, float hyperparameters traced, ``update(g, state, params=theta)``):
+
+    * abstractly, for iterates of two sizes (so that no fixed size passes by chance): updates of
+      the iterate's shape and dtype (a ``(1,)`` update would silently broadcast), and a state that
+      keeps its structure, shapes and dtypes (the kernel carries it from round to round);
+    * concretely, its first update from ``theta = 0`` on the pseudo-gradient ``g = (1, 1)``: finite,
+      and not along ``g`` (``<update, g> > 0``: a negative learning rate, or a transformation
+      without its ``-lr`` scaling, moves the server away from the aggregate). A first update of 0
+      (a warm-up from 0) passes."""
+    what = opt.describe()
+
+    def first(o, g, params):
+        tx = o.build()
+        s0 = tx.init(params)
+        u, s1 = tx.update(g, s0, params)
+        return u, s0, s1
+
+    def sig(tree):
+        return jax.tree.structure(tree), [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
+
+    def refuse(reason):
+        _validate.fail("server_optimizer", what, reason)
+
+    try:
+        shapes = [jax.eval_shape(first, opt, *[jax.ShapeDtypeStruct((d,), jnp.float32)] * 2) for d in (2, 3)]
+        u = np.asarray(first(opt, jnp.ones(2, jnp.float32), jnp.zeros(2, jnp.float32))[0])
+    except Exception as e:  # noqa: BLE001 (any failure of user code is reported as a bad argument)
+        refuse(f"calling its init and update on a vector failed: {type(e).__name__}: {e}")
+    for d, (step, s0, s1) in zip((2, 3), shapes):
+        if not hasattr(step, "shape") or (step.shape, step.dtype) != ((d,), jnp.float32):
+            got = f"{step.shape} {step.dtype}" if hasattr(step, "shape") else type(step).__name__
+            refuse(f"its update must have the iterate's shape and dtype: for an iterate ({d},) float32 it "
+                   f"returned {got}")
+        if sig(s0) != sig(s1):
+            refuse("its update must return a state with the structure, shapes and dtypes of the state it was "
+                   "given (the kernel carries it across rounds)")
+    if not np.all(np.isfinite(u)) or float(np.sum(u)) > 0:
+        refuse(f"its first update on the pseudo-gradient g = theta - aggregate = (1, 1) is {u.tolist()}: "
+               "expected a finite step against g (<update, g> <= 0), as with a learning rate >= 0; a "
+               "negative one moves the server away from the aggregate")
     return opt
 
 

@@ -81,7 +81,7 @@ def test_bad_options_give_clear_errors(tmp_path, capsys):
     assert "fedlsa, scafflsa" in capsys.readouterr().err
     rc = cli.main(["run", "--step-size", "-1", "--out", str(tmp_path)])
     assert rc == 2
-    assert "step_size=-1.0 is invalid" in capsys.readouterr().err
+    assert "--step-size=-1.0 is invalid" in capsys.readouterr().err
 
 
 def test_channel_options_and_qfedtd(tmp_path):

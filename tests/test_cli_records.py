@@ -62,7 +62,7 @@ RUNS = {
     "gaussian-level-qsgd-received-float64": (
         ["--problem", "gaussian", "--heterogeneity", "0.3", "--agents", "3", "--dim", "3", "--noise-A", "0.2",
          "--noise-b", "0.4", "--problem-seed", "5", "--algorithms", "scafflsa", "--local-steps", "3",
-         "--step-size", "0.1", "--quantizer", "qsgd", "--levels", "3", "--bits", "5", "--success-prob", "0.7",
+         "--step-size", "0.1", "--quantizer", "qsgd", "--levels", "3", "--success-prob", "0.7",
          "--aggregation", "divide_by_received", "--dtype", "float64"],
         lambda: fj.problems.random_gaussian_lsa(jax.random.key(5), num_agents=3, dim=3, heterogeneity=0.3,
                                                 noise_A=0.2, noise_b=0.4, dtype="float64"),
@@ -71,7 +71,7 @@ RUNS = {
     ),
     "qfedtd-mdp-randk-float32": (
         ["--problem", "qfedtd-mdp", "--agents", "3", "--states", "6", "--dim", "3", "--sampling", "generative",
-         "--algorithms", "qfedtd", "--local-steps", "2", "--step-size", "0.4", "--quantizer", "rand-k",
+         "--algorithms", "qfedtd", "--step-size", "0.4", "--quantizer", "rand-k",
          "--k", "2", "--success-prob", "0.6"],
         lambda: fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=3, num_states=6, dim=3,
                                        sampling="generative", dtype="float32"),

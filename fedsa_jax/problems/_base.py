@@ -33,8 +33,9 @@ def fixed_points(A_bar, b_bar, name: str = "A_bar", value: Any = None, hint: str
     Returns:
       ``(theta_star (d,), local_theta_star (N, d))``.
 
-    Raises ``ValueError`` naming ``name`` if ``mean_c A_bar[c]`` is singular
-    (condition number above 1e12). A singular local system gives NaN in that
+    Raises ``ValueError`` naming ``name`` if ``A_bar`` or ``b_bar`` has a NaN or an
+    infinite entry, or if ``mean_c A_bar[c]`` is singular (condition number above
+    1e12). A singular local system gives NaN in that
     agent's row of ``local_theta_star``.
 
     Example:
@@ -45,6 +46,9 @@ def fixed_points(A_bar, b_bar, name: str = "A_bar", value: Any = None, hint: str
     """
     A_bar = np.asarray(A_bar, np.float64)
     b_bar = np.asarray(b_bar, np.float64)
+    if not (np.all(np.isfinite(A_bar)) and np.all(np.isfinite(b_bar))):  # before LAPACK sees them
+        _validate.fail(name, A_bar if value is None else value,
+                       "A_bar and b_bar must be finite (found Inf or NaN: an overflow?)" + hint)
     A_mean = A_bar.mean(axis=0)
     cond = np.linalg.cond(A_mean)
     if not np.isfinite(cond) or cond > 1e12:

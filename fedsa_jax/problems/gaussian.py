@@ -231,8 +231,15 @@ def gaussian_lsa(A_bar, b_bar, noise_A=0.0, noise_b=0.0, dtype=None) -> Gaussian
     sA = _per_agent("noise_A", noise_A, N)
     sb = _per_agent("noise_b", noise_b, N)
     theta_star, local = fixed_points(A, b)
-    cast = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
     residual = np.einsum("cij,j->ci", A, theta_star) - b
+    for name, value, values, what in (
+            ("A_bar", A_bar, A, "entries"), ("b_bar", b_bar, b, "entries"),
+            ("noise_A", noise_A, sA, "entries"), ("noise_b", noise_b, sb, "entries"),
+            ("b_bar", b_bar, theta_star, "the fixed point theta_star's entries"),
+            ("b_bar", b_bar, local, "the agents' fixed points' entries"),
+            ("b_bar", b_bar, residual, "the residuals A_bar[c] theta_star - b_bar[c]")):
+        _validate.fits(name, value, values, dt, what)
+    cast = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
     return GaussianLSA(cast(A), cast(b), cast(sA), cast(sb), cast(theta_star), cast(local), cast(residual))
 
 
@@ -256,9 +263,13 @@ def random_gaussian_lsa(
     Args:
       key: JAX PRNG key (the problem is a deterministic function of it).
       heterogeneity: ``h`` in ``[0, 1]``; 0 makes all agents identical.
+
+    ``num_agents`` and ``dim`` are integers in ``[1, 2^31 - 1]`` with ``num_agents dim^2 <= 2^31 - 1``.
     """
-    N = _validate.integer("num_agents", num_agents)
-    d = _validate.integer("dim", dim)
+    N = _validate.integer("num_agents", num_agents, maximum=_validate.INDEX_MAX)
+    d = _validate.integer("dim", dim, maximum=_validate.INDEX_MAX)
+    name, value = ("dim", dim) if d * d > _validate.INDEX_MAX else ("num_agents", num_agents)
+    _validate.table_size(name, value, N * d * d, "num_agents x dim^2 (the matrices A_bar)")
     h = _validate.real("heterogeneity", heterogeneity, 0.0, 1.0)
     lo, hi = (_validate.real("eig_range", e, 0.0, np.inf, low_open=True) for e in eig_range)
     if hi < lo:

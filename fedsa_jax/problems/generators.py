@@ -19,6 +19,7 @@ from fedsa_jax import _validate
 from fedsa_jax.problems.td import SAMPLING_MODES, FederatedTD, federated_td
 
 HETEROGENEITY_MODES = {"homogeneous": 0.0, "heterogeneous": 1.0}
+GARNET_BRANCHING = 2  # garnet's default branching
 
 
 def is_primitive(P: np.ndarray) -> bool:
@@ -43,13 +44,22 @@ def _garnet_kernel(rng, S, A, branching):
     return P
 
 
+def _sizes(num_agents, num_states) -> tuple[int, int]:
+    """``(N, S)``, each in ``[1, 2^31 - 1]``, with ``N S^2`` (the flat transition tables) within int32."""
+    N = _validate.integer("num_agents", num_agents, maximum=_validate.INDEX_MAX)
+    S = _validate.integer("num_states", num_states, maximum=_validate.INDEX_MAX)
+    name, value = ("num_states", num_states) if S * S > _validate.INDEX_MAX else ("num_agents", num_agents)
+    _validate.table_size(name, value, N * S * S, "num_agents x num_states^2 (the transition tables)")
+    return N, S
+
+
 def garnet(
     key,
     num_agents: int = 10,
     heterogeneity="heterogeneous",
     num_states: int = 30,
     num_actions: int = 2,
-    branching: int = 2,
+    branching: int = GARNET_BRANCHING,
     dim: int = 8,
     gamma: float = 0.95,
     perturbation: float = 0.02,
@@ -76,24 +86,31 @@ def garnet(
       key: JAX PRNG key.
       heterogeneity: ``"homogeneous"``, ``"heterogeneous"`` or a level in ``[0, 1]``.
       sampling: ``"generative"`` or ``"markov"``.
+
+    Every integer argument is in ``[1, 2^31 - 1]``, with ``branching, dim <= num_states`` and
+    ``num_agents num_states^2 <= 2^31 - 1`` (the flat transition tables are indexed with int32).
     """
-    N = _validate.integer("num_agents", num_agents)
+    N, S = _sizes(num_agents, num_states)
     if isinstance(heterogeneity, str):
         _validate.choice("heterogeneity", heterogeneity, tuple(HETEROGENEITY_MODES))
         h = HETEROGENEITY_MODES[heterogeneity]
     else:
         h = _validate.real("heterogeneity", heterogeneity, 0.0, 1.0)
-    S = _validate.integer("num_states", num_states)
-    A = _validate.integer("num_actions", num_actions)
-    B = _validate.integer("branching", branching)
-    if B > S:
-        _validate.fail("branching", branching, f"expected an integer in [1, num_states={S}]")
-    d = _validate.integer("dim", dim)
+    A = _validate.integer("num_actions", num_actions, maximum=_validate.INDEX_MAX)
+    _validate.table_size("num_actions", num_actions, S * S * A,
+                         "num_states^2 x num_actions (the Garnet kernels)")
+    B = _validate.integer("branching", branching, maximum=_validate.INDEX_MAX)
+    if B > S:  # named after branching if it was changed, else after num_states (the one given, most likely)
+        name, value = ("num_states", num_states) if B == GARNET_BRANCHING else ("branching", branching)
+        _validate.fail(name, value, f"expected branching <= num_states, got branching={B} > num_states={S} "
+                       "(each state-action pair moves to branching distinct states)")
+    d = _validate.integer("dim", dim, maximum=_validate.INDEX_MAX)
     if d > S:
         _validate.fail("dim", dim, f"expected dim <= num_states={S} (features must have full column rank)")
     _validate.real("gamma", gamma, 0.0, 1.0, high_open=True)
     eps = _validate.real("perturbation", perturbation, 0.0)
     _validate.choice("sampling", sampling, SAMPLING_MODES)
+    max_tries = _validate.integer("max_tries", max_tries, maximum=_validate.INDEX_MAX)
     rng = _validate.rng_from_key(key)
 
     policy = rng.uniform(size=(S, A))
@@ -132,10 +149,10 @@ def qfedtd_mdp(
     dtype=None,
 ) -> FederatedTD:
     """The QFedTD experiments' MDP: shared by all agents, dense random row-stochastic
-    ``P``, rewards ``U(0,1)``, features with orthonormal columns (QR of a Gaussian)."""
-    N = _validate.integer("num_agents", num_agents)
-    S = _validate.integer("num_states", num_states)
-    d = _validate.integer("dim", dim)
+    ``P``, rewards ``U(0,1)``, features with orthonormal columns (QR of a Gaussian). Integer
+    arguments as for :func:`garnet`: in ``[1, 2^31 - 1]``, ``num_agents num_states^2 <= 2^31 - 1``."""
+    N, S = _sizes(num_agents, num_states)
+    d = _validate.integer("dim", dim, maximum=_validate.INDEX_MAX)
     if d > S:
         _validate.fail("dim", dim, f"expected dim <= num_states={S} (orthonormal columns)")
     _validate.real("gamma", gamma, 0.0, 1.0, high_open=True)

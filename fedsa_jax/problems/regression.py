@@ -167,7 +167,9 @@ def least_squares(features, targets, dtype=None) -> LeastSquares:
     Raises ``ValueError`` naming the argument for NaN/Inf entries, lists of
     different lengths, ``X_c`` and ``y_c`` with different row counts, arrays of the
     wrong number of dimensions, an agent without rows, different d across agents,
-    or a singular mean system ``mean_c X_c^T X_c / n_c``.
+    entries above ``sqrt(max(dtype) / n_c)`` in magnitude (whose products would overflow),
+    a singular mean system ``mean_c X_c^T X_c / n_c``, or fixed points and residuals that
+    overflow in ``dtype``.
 
     Example:
       >>> import numpy as np, fedsa_jax as fj
@@ -196,6 +198,7 @@ def least_squares(features, targets, dtype=None) -> LeastSquares:
             _validate.fail(f"features[{c}]", X, f"expected shape (n_{c}, {max(d, 1)}): the same d >= 1 for every agent")
         if y.shape[0] != X.shape[0]:
             _validate.fail(f"targets[{c}]", y, f"expected shape ({X.shape[0]},): one target per row of features[{c}]")
+    _check_magnitudes(Xs, ys, dt)
     counts = np.array([X.shape[0] for X in Xs])
     A = np.stack([X.T @ X / n for X, n in zip(Xs, counts)])
     b = np.stack([X.T @ y / n for X, y, n in zip(Xs, ys, counts)])
@@ -203,10 +206,29 @@ def least_squares(features, targets, dtype=None) -> LeastSquares:
         A, b, name="features", value=f"list of {N} arrays",
         hint=" (the stacked rows of all agents must have full column rank d)",
     )
+    residuals = np.concatenate(Xs) @ theta_star - np.concatenate(ys)
+    shown = f"list of {N} arrays"
+    _validate.fits("targets", shown, theta_star, dt, "the least-squares solution theta_star's entries")
+    _validate.fits("targets", shown, local, dt, "the agents' least-squares solutions' entries")
+    _validate.fits("targets", shown, residuals, dt, "the residuals x_i^T theta_star - y_i")
     f = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
     return LeastSquares(
         rows=f(np.concatenate(Xs)), targets=f(np.concatenate(ys)),
         offsets=jnp.asarray(np.cumsum(counts) - counts, jnp.int32), counts=jnp.asarray(counts, jnp.int32),
         A_bar=f(A), b_bar=f(b), theta_star=f(theta_star), local_theta_star=f(local),
-        residuals_star=f(np.concatenate(Xs) @ theta_star - np.concatenate(ys)),
+        residuals_star=f(residuals),
     )
+
+
+def _check_magnitudes(Xs: list[np.ndarray], ys: list[np.ndarray], dt: np.dtype) -> None:
+    """Refuse entries above ``sqrt(max(dt) / n_c)`` in magnitude: below it every product
+    ``x_i x_j`` or ``x_i y`` is at most ``max(dt) / n_c``, so the sums ``X_c^T X_c`` and
+    ``X_c^T y_c`` (float64) and the means ``A_bar[c]``, ``b_bar[c]`` (``dt``) are finite."""
+    for c, (X, y) in enumerate(zip(Xs, ys)):
+        limit = float(np.sqrt(np.finfo(dt).max / X.shape[0]))
+        for name, arr in ((f"features[{c}]", X), (f"targets[{c}]", y)):
+            biggest = float(np.max(np.abs(arr)))
+            if biggest > limit:
+                _validate.fail(name, arr, f"its largest entry is {biggest:.3g} in magnitude; expected at "
+                               f"most sqrt(max {dt} / n_{c}) = {limit:.3g}, so that X_{c}^T X_{c} / n_{c} "
+                               f"and X_{c}^T y_{c} / n_{c} are finite in {dt} (rescale the data)")

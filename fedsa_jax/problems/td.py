@@ -233,6 +233,7 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
     N, S, S2 = P.shape
     if N < 1 or S != S2 or S < 1:
         _validate.fail("transitions", transitions, "expected shape (num_agents, S, S)")
+    _validate.table_size("transitions", transitions, N * S * S, "num_agents x S^2")
     if np.any(P < 0) or not np.allclose(P.sum(-1), 1.0, atol=1e-6):
         _validate.fail("transitions", transitions, "rows must be nonnegative and sum to 1 (row-stochastic)")
     P = P / P.sum(-1, keepdims=True)
@@ -252,6 +253,10 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
     A = np.stack([s[0] for s in systems])
     b = np.stack([s[1] for s in systems])
     theta_star, local = fixed_points(A, b)
+    _validate.fits("rewards", rewards, r, dt)
+    _validate.fits("features", features, np.hstack([Phi, (Phi @ theta_star)[:, None]]), dt,
+                   "the features and the values Phi theta_star")
+    _validate.fits("rewards", rewards, theta_star, dt, "the fixed point theta_star's entries")
     mu_prob, mu_alias = alias_tables(mu)
     P_prob, P_alias = alias_tables(P)
     d = Phi.shape[1]
