@@ -93,8 +93,9 @@ def test_bad_num_devices(bad):
         fj.use_cpu_cores(bad)
 
 
-TINY = ["run", "--algorithms", "scafflsa", "--agents", "2", "--states", "4", "--dim", "2", "--local-steps", "2",
+TINY = ["run", "--algorithms", "scafflsa", "--agents", "2", "--dim", "2", "--local-steps", "2",
         "--rounds", "3", "--seeds", "5", "--dtype", "float64", "--no-plot"]
+PROBLEM = {"garnet": ["--problem", "garnet", "--states", "4"], "gaussian": ["--problem", "gaussian"]}
 
 
 @pytest.mark.parametrize("problem", ["garnet", "gaussian"])  # gaussian: its laid-out local steps, sharded
@@ -102,7 +103,7 @@ def test_cli_cpu_devices_recorded_and_results_equal(tmp_path, problem):
     """Two fresh CLI processes side by side: 2 devices and 1; seeds padded to the device count."""
     if cpu.usable_cores() < 2:
         pytest.skip("2 CPU devices need 2 usable cores")
-    procs = {n: subprocess.Popen([sys.executable, "-m", "fedsa_jax.cli", *TINY, "--problem", problem,
+    procs = {n: subprocess.Popen([sys.executable, "-m", "fedsa_jax.cli", *TINY, *PROBLEM[problem],
                                   "--cpu-devices", str(n),
                                   "--out", str(tmp_path / str(n))], env=fresh_env(), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for n in (2, 1)}
