@@ -34,6 +34,12 @@ the algorithm's state (``state.opt_state``, per seed). The optimizer runs in err
 coordinates (``theta - theta_star``: the differences are the same) and gets
 ``params = theta_t``.
 
+**Descriptions.** ``describe()`` (``result.config``, checkpoint fingerprints, the code
+digest) reads public things only: the factory's public name and hyperparameters
+(``{"name": "optax.sgd", "learning_rate": 0.5}``), or for an object passed built, a
+name and its behavioural :func:`fingerprint`; never optax's private closures, so a
+release of optax that computes the same describes the same.
+
 References: Polyak and Juditsky, "Acceleration of stochastic approximation by
 averaging", SIAM J. Control Optim. 1992 (decreasing steps, averaging); Reddi et al.,
 ICLR 2021, arXiv:2003.00295 (server optimizers).
@@ -195,10 +201,16 @@ def _is_transformation(obj) -> bool:
     return optax is not None and isinstance(obj, optax.GradientTransformation)
 
 
-def _library_code(fn) -> bool:
+def _unwrap(fn):
+    """The function a ``functools.partial`` calls."""
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return _library(getattr(fn, "__module__", None))
+    return fn
+
+
+def _library_code(fn) -> bool:
+    """Whether ``fn`` is a library's code (optax, jax, ...: :mod:`fedsa_jax._digest`), not your own."""
+    return _library(getattr(_unwrap(fn), "__module__", None))
 
 
 def _public_name(fn) -> str | None:
@@ -224,9 +236,7 @@ def _name(fn, kind: str) -> str:
     public = _public_name(fn)
     if public is not None:
         return public
-    inner = fn
-    while isinstance(inner, functools.partial):
-        inner = inner.func
+    inner = _unwrap(fn)
     module = getattr(inner, "__module__", None) or ""
     if _library_code(fn):
         return f"{module.split('.')[0]} {kind}"
@@ -288,7 +298,11 @@ class _Built:
         if not _library_code(self.fn):
             out["code"] = code_digest(self.fn)
         elif _public_name(self.fn) is None:  # a library's closure: what it builds
-            out["fingerprint"] = fingerprint(self.build())
+            try:
+                built = self.build()
+            except Exception:  # noqa: BLE001 (the error that reports it describes it)
+                built = None
+            out["fingerprint"] = "unbuilt" if built is None else fingerprint(built)
         return out
 
     def _digest_parts(self) -> list:
