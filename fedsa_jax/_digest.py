@@ -13,13 +13,16 @@ that Python can see:
 * data: numbers and strings by value, arrays by dtype, shape and bytes, containers and
   objects (their ``__dict__``, dataclass fields, slots) by their contents.
 
-Library code (the standard library, numpy, jax, jaxlib, scipy) is described by its name:
-its behaviour belongs to the library's version. Not seen: a module-level *value* a
-function reads when it runs (``RATE = 0.1`` read by ``step``), attributes of modules,
-code in C extensions. The digest is stable across processes for the same code: no
-object address or hash-seed-dependent order enters it (a ``repr`` loses its ``0x...``
-addresses; sets are hashed in sorted order); Python's bytecode, and so the digest,
-changes with the Python version. Cycles are cut, the depth is bounded, and each object
+Library code (the standard library, numpy, jax, jaxlib, scipy, optax, chex) is described
+by its name: its behaviour belongs to the library's version. An object whose class defines
+``_digest_parts()`` is made of its class and what that returns: schedules and server
+optimizers (:mod:`fedsa_jax.optim`) give their description, so that no name or code
+private to optax enters a digest. Not seen: a module-level *value* a function reads when
+it runs (``RATE = 0.1`` read by ``step``), attributes of modules, code in C extensions.
+The digest is stable across processes for the same code: no object address or
+hash-seed-dependent order enters it (a ``repr`` loses its ``0x...`` addresses; sets are
+hashed in sorted order); Python's bytecode, and so the digest, changes with the Python
+version. Cycles are cut, the depth is bounded, and each object
 is hashed once per digest.
 """
 
@@ -36,7 +39,8 @@ from typing import Any
 import numpy as np
 
 MAX_DEPTH = 40  # deeper objects are described by their type only
-_LIBRARIES = frozenset(sys.stdlib_module_names) | {"numpy", "jax", "jaxlib", "scipy", "ml_dtypes"}
+_LIBRARIES = frozenset(sys.stdlib_module_names) | {"numpy", "jax", "jaxlib", "scipy", "ml_dtypes", "optax",
+                                                    "chex"}
 _ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+|0x[0-9A-Fa-f]{6,}")
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
@@ -128,6 +132,9 @@ class _Walker:
             return [obj.__name__.encode()]
         if isinstance(obj, _DESCRIPTORS):
             return [getattr(obj, a, None) for a in ("__func__", "fget", "fset", "fdel", "func")]
+        own = getattr(type(obj), "_digest_parts", None)  # an object that says what it is made of
+        if callable(own):
+            return [type(obj), *own(obj)]
         wrapped = getattr(obj, "__wrapped__", None)  # jax.jit, functools.lru_cache, ...
         if wrapped is not None and callable(obj):
             return [wrapped]

@@ -23,9 +23,9 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedsa_jax import _validate, optim
+from fedsa_jax._describe import describe_value
 from fedsa_jax.channel import Channel, Delivery, aggregate, channel, transmit
 
 
@@ -108,33 +108,6 @@ class Algorithm:
         if not hasattr(self.config, "channel"):
             out["channel"] = self.channel.describe()
         return out
-
-
-def describe_value(value: Any) -> Any:
-    """A JSON-friendly description: objects with ``describe()`` use it, dataclasses
-    become dicts of their fields, numbers and arrays become floats and lists,
-    functions their qualified names."""
-    if hasattr(value, "describe") and callable(value.describe) and not isinstance(value, type):
-        return value.describe()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: describe_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (tuple, list)) and not hasattr(value, "_fields"):
-        return [describe_value(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): describe_value(v) for k, v in value.items()}
-    if callable(value):
-        return getattr(value, "__qualname__", None) or repr(value)
-    try:
-        arr = np.asarray(value)
-    except Exception:  # noqa: BLE001 (anything else is described by its repr)
-        return repr(value)
-    if arr.dtype.kind in "biuf":
-        return arr.item() if arr.ndim == 0 else arr.tolist()
-    return repr(value)
 
 
 class RoundRandomness(NamedTuple):
