@@ -135,9 +135,12 @@ def _plan(problem, algorithm: Algorithm, run: Run, *, num_configs: int, num_devi
     """Seed batches and chunks for ``num_configs`` algorithms run side by side."""
     execution = run.execution
     if execution.seed_batch_size is None:
-        key_data, one_seed = jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((1,), jnp.uint32)
-        shapes = jax.eval_shape(_kernel._initial_carry, key_data, one_seed, problem, algorithm,
-                                jnp.asarray(run.theta0, problem.dtype))
+        def one_seed_carry(key_data, seed_ids):
+            return _kernel._initial_carry(key_data, seed_ids, problem, algorithm,
+                                          jnp.asarray(run.theta0, problem.dtype))
+
+        shapes = jax.eval_shape(one_seed_carry, jax.ShapeDtypeStruct((2,), jnp.uint32),
+                                jax.ShapeDtypeStruct((1,), jnp.uint32))
         per_seed = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
         # carry in, carry out and the round's temporaries: about 4 copies
         batch_size = max(1, int(execution.memory_budget * num_devices // (4 * per_seed * num_configs)))
@@ -157,7 +160,7 @@ def _plan(problem, algorithm: Algorithm, run: Run, *, num_configs: int, num_devi
     return _Plan(batch_size, padded_batch, num_batches, chunk_rounds=blocks * every, max_blocks=blocks)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Setup:
     """A validated run of algorithms of one structure, placed on the devices and planned."""
 
@@ -195,8 +198,10 @@ def _setup(run: Run, problem, algorithms: list[Algorithm]) -> _Setup:
                        f"({plan.batch_size}); pass a larger seed_batch_size")
     reduction = Reduction(run.metrics, run.quantiles, run.keep_seeds)
     codes = [run_code(problem, a, run.metrics) for a in algorithms]
-    return _Setup(run, problem, algorithms, stacked, inputs, reduction, plan, NamedSharding(mesh, P("seeds")),
-                  devices.size, codes, recorded_rounds(run.num_rounds, run.record_every))
+    return _Setup(run=run, problem=problem, algorithms=algorithms, stacked=stacked, inputs=inputs,
+                  reduction=reduction, plan=plan, seeds_sharding=NamedSharding(mesh, P("seeds")),
+                  num_devices=devices.size, codes=codes,
+                  rounds=recorded_rounds(run.num_rounds, run.record_every))
 
 
 def execute(run: Run, problem, algorithms: list[Algorithm]) -> list[SimulationResult]:

@@ -111,8 +111,8 @@ def _moments(carry: Carry, problem, threshold, valid, rec: Reduction) -> Moments
         value = jax.vmap(fn, in_axes=(0, None, 0))(carry.states, problem, carry.info)
         columns.append(jnp.asarray(value, err.dtype))
     values = jnp.stack(columns, axis=1)
-    return seed_moments(theta, problem.theta_star, threshold, valid, values, carry.counters, rec.quantiles,
-                        rec.keep)
+    return seed_moments(theta, problem.theta_star, threshold, valid, values, counters=carry.counters,
+                        quantiles=rec.quantiles, keep=rec.keep)
 
 
 def _initial_carry(key_data, seed_ids, problem, algorithm, theta0) -> Carry:

@@ -172,7 +172,7 @@ def _finished(out: Path, config, run, problem, warn: bool = True, compute: bool 
     return None, False
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Settings:
     """The options of a sweep's runs; rounds and ``record_every`` may be functions of the configuration."""
 
@@ -267,7 +267,8 @@ def sweep(
     if out_dir is not None:
         _paths.folder("out_dir", out_dir)
     out = None if out_dir is None else _io.prepare_dir(out_dir, "out_dir")
-    settings = _Settings(key, num_rounds, num_seeds, theta0, divergence_threshold, recording, execution)
+    settings = _Settings(key=key, num_rounds=num_rounds, num_seeds=num_seeds, theta0=theta0,
+                         divergence_threshold=divergence_threshold, recording=recording, execution=execution)
     entries: dict[int, SweepEntry] = {}
     damaged: set[int] = set()
     groups = _groups(configs, build, settings, shard=shard, out=out, compute=compute, entries=entries,
