@@ -892,7 +892,7 @@ def _check_plugins(grid: dict, allowed: bool) -> None:
 def _sweep_configs(grid: dict, limit: int | None) -> list[dict]:
     """The grid's configurations (at most ``limit``, default ``fedsa_jax.sweep.MAX_GRID``); a built-in
     algorithm ignores [params], so it appears once."""
-    from fedsa_jax import sweep
+    from fedsa_jax import _sweep as sweep
 
     configs, seen = [], set()
     for config in sweep._grid(grid, sweep.MAX_GRID if limit is None else limit):
@@ -916,7 +916,7 @@ def cmd_sweep(args) -> int:
 
     _prepare_jax(args, run["dtype"])
     import fedsa_jax as fj
-    from fedsa_jax.sweep import config_name
+    from fedsa_jax._sweep import config_name
 
     configs = _sweep_configs(grid_axes, args.max_grid)
 

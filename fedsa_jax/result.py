@@ -249,7 +249,7 @@ def _check_shapes(data: dict[str, np.ndarray], config: dict, metrics: dict[str, 
     """Every array's dtype and shape (:data:`SHAPES`); ``rounds`` the recorded rounds of the configuration.
     A size is the configuration's (``d``, ``n``, ``K``) or that of the first array that has it (``R``:
     ``rounds``)."""
-    from fedsa_jax.simulate import recorded_rounds
+    from fedsa_jax._kernel import recorded_rounds
 
     fields = [(k, data[k], SHAPES[k]) for k in SHAPES if k in data]
     fields += [(f"metric__{m}__{f}", a, METRIC_SHAPES[f]) for m, fs in metrics.items() for f, a in fs.items()]

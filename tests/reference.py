@@ -18,7 +18,7 @@ the driver's documented key derivation:
 * Scaffnew: ``(k_coin, k_send) = split(k_channel)``, coins ``uniform(k_coin, (H,)) < p``.
 
 so trajectories must agree with the kernel's to float64 rounding. Only the key derivation
-(``fedsa_jax.simulate.per_seed_keys``, ``jax.random``) and the problems' raw draws and alias
+(``fedsa_jax._kernel.per_seed_keys``, ``jax.random``) and the problems' raw draws and alias
 tables are shared with the library: everything that turns random numbers into iterates
 (alias sampling, the TD direction, the Gaussian noise, local steps, control variates,
 quantizers, erasures, aggregation, Scaffnew's coins) is written again below from the
@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax.simulate import per_seed_keys
+from fedsa_jax._kernel import per_seed_keys
 
 # ---------------------------------------------------------------------------------------------
 # The kernel's random numbers

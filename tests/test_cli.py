@@ -107,7 +107,7 @@ def test_channel_options_and_qfedtd(tmp_path):
 def test_checkpoint_dir_resumes(tmp_path, monkeypatch):
     import importlib
 
-    sim_mod = importlib.import_module("fedsa_jax.simulate")
+    sim_mod = importlib.import_module("fedsa_jax._kernel")
     args = ["run", "--agents", "3", "--local-steps", "2", "--rounds", "8", "--seeds", "6", "--states", "10",
             "--chunk-rounds", "2", "--no-plot", "--no-progress", "--checkpoint-dir", str(tmp_path / "ck")]
     assert cli.main(args + ["--out", str(tmp_path / "a")]) == 0
@@ -132,7 +132,7 @@ def test_checkpoint_dir_resumes(tmp_path, monkeypatch):
 def test_resumed_run_reports_what_it_ran(tmp_path, monkeypatch, capsys):
     import importlib
 
-    sim_mod = importlib.import_module("fedsa_jax.simulate")
+    sim_mod = importlib.import_module("fedsa_jax._kernel")
     real, calls = sim_mod._advance, []
 
     def crash_after_two(*a, **k):

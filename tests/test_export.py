@@ -2,7 +2,7 @@
 run on a CPU): nothing CPU-only reaches them, no host callback and no CPU custom call.
 
 The kernels are those :func:`fedsa_jax.simulate` runs (``_start`` and ``_advance`` in
-``fedsa_jax/simulate.py``), traced with the arguments a real call builds; they are lowered,
+``fedsa_jax/_kernel.py``), traced with the arguments a real call builds; they are lowered,
 never compiled, so each case takes a fraction of a second.
 """
 
@@ -13,7 +13,7 @@ import optax
 import pytest
 
 import fedsa_jax as fj
-from fedsa_jax import simulate as sim
+from fedsa_jax import _kernel as sim
 
 PLATFORMS = ("cuda", "tpu")
 
@@ -41,12 +41,12 @@ def spec(tree):
 
 
 def export_both(start, advance, args, kwargs):
-    key_data, seed_ids, valid, problem, algorithms, theta0, threshold = spec(args)
+    inputs, seeds = spec(args)
     exported = jax.export.export(start, platforms=PLATFORMS)(*spec(args), **kwargs)
     carry = jax.eval_shape(start, *args, **kwargs)[0]
     end = jax.ShapeDtypeStruct((), jnp.uint32)
     exported_adv = jax.export.export(advance, platforms=PLATFORMS)(
-        key_data, seed_ids, valid, carry, problem, algorithms, threshold, end,
+        inputs, seeds, carry, end,
         record_every=1, max_blocks=2, rec=kwargs["rec"])
     return exported, exported_adv
 

@@ -311,10 +311,10 @@ def test_keep_seeds_bounds(garnet):
         fj.simulate(0, garnet, fj.fedlsa(0.1, 1), 100_000, 2000, keep_seeds=2000)
 
 
-def test_modules_are_not_shadowed():
-    import fedsa_jax.simulate as sim_mod
-    import fedsa_jax.sweep as sweep_mod
+def test_simulate_and_sweep_are_plain_functions():
+    import fedsa_jax._driver as driver
+    import fedsa_jax._sweep as sweep_mod
 
-    assert isinstance(sim_mod, types.ModuleType) and isinstance(sweep_mod, types.ModuleType)
-    assert sim_mod is fj.simulate and hasattr(sim_mod, "validate_run") and hasattr(sweep_mod, "config_name")
-    assert callable(fj.simulate) and callable(fj.sweep)
+    assert isinstance(fj.simulate, types.FunctionType) and isinstance(fj.sweep, types.FunctionType)
+    assert fj.simulate is driver.simulate and fj.sweep is sweep_mod.sweep
+    assert fj.Record is driver.Record and fj.sweep.MAX_GRID == sweep_mod.MAX_GRID

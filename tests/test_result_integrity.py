@@ -28,8 +28,8 @@ import fedsa_jax as fj
 from fedsa_jax import cli
 from fedsa_jax._io import DamagedFileError
 
-sim_mod = importlib.import_module("fedsa_jax.simulate")
-sweep_mod = importlib.import_module("fedsa_jax.sweep")
+sim_mod = importlib.import_module("fedsa_jax._kernel")
+sweep_mod = importlib.import_module("fedsa_jax._sweep")
 
 
 @pytest.fixture(scope="module")

@@ -157,7 +157,7 @@ def test_cli_quantile_band_forces_quantiles(tmp_path, monkeypatch):
 
     from fedsa_jax import cli
 
-    sim_mod = importlib.import_module("fedsa_jax.simulate")
+    sim_mod = importlib.import_module("fedsa_jax._run")
     monkeypatch.setattr(sim_mod, "QUANTILE_MAX_RECORDS", 2)  # so the default would be off
     out = tmp_path / "run"
     assert cli.main(["run", "--agents", "2", "--local-steps", "2", "--rounds", "5", "--seeds", "8", "--states", "5",

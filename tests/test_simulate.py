@@ -11,7 +11,7 @@ import pytest
 
 import fedsa_jax as fj
 
-sim_mod = importlib.import_module("fedsa_jax.simulate")
+sim_mod = importlib.import_module("fedsa_jax._kernel")
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 
 import fedsa_jax as fj
 
-sim_mod = importlib.import_module("fedsa_jax.simulate")
-sweep_mod = importlib.import_module("fedsa_jax.sweep")
+sim_mod = importlib.import_module("fedsa_jax._kernel")
+sweep_mod = importlib.import_module("fedsa_jax._sweep")
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +61,13 @@ def test_rerun_skips_finished_configurations(problem, tmp_path, monkeypatch):
     (tmp_path / f"{sweep_mod.config_name(configs[3])}.npz").unlink()  # one unfinished
 
     ran = []
-    real = sweep_mod._execute
+    real = sweep_mod.execute
 
     def counting(run, problem_, algorithms):
         ran.append(len(algorithms))
         return real(run, problem_, algorithms)
 
-    monkeypatch.setattr(sweep_mod, "_execute", counting)
+    monkeypatch.setattr(sweep_mod, "execute", counting)
     again = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path)
     assert ran == [1]  # only the missing configuration ran
     for a, b in zip(first, again):

@@ -32,17 +32,19 @@ import re
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
 from fedsa_jax import _checkpoint, _io, _paths, _validate
 from fedsa_jax._io import DamagedFileError
-from fedsa_jax._module import make_callable
+from fedsa_jax._driver import execute
+from fedsa_jax._options import Execution, Recording, grouped
+from fedsa_jax._run import Run, validate_run
 from fedsa_jax.result import SimulationResult, load
-from fedsa_jax.simulate import _execute, validate_run
 
+__all__ = ["MAX_GRID", "SweepEntry", "config_name", "grid", "sweep"]
 
 MAX_GRID = 100_000  # most configurations grid() expands: fj.sweep.MAX_GRID = N (CLI: --max-grid N) raises it
 
@@ -57,7 +59,7 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
     >>> grid(step_size=[0.01, 0.1], num_local_steps=[1, 10], algorithm="fedlsa")[1]
     {'step_size': 0.01, 'num_local_steps': 10, 'algorithm': 'fedlsa'}
     """
-    return _grid(axes, MAX_GRID)
+    return _grid(axes, sweep.MAX_GRID)
 
 
 def _grid(axes: Mapping[str, Any], limit: int) -> list[dict[str, Any]]:
@@ -109,8 +111,10 @@ def _same_run(result: SimulationResult, config, run, problem) -> bool:
         and c.get("theta0") == [float(x) for x in run.theta0]
         and c.get("divergence_threshold") == run.divergence_threshold
         and c.get("dtype") == str(np.dtype(problem.dtype))
+        and c.get("metrics", []) == [name for name, _ in run.metrics]
+        and c.get("keep_seeds", 0) == run.keep_seeds
         and c.get("code", run.code) == run.code  # the same code (files of earlier versions lack the digest)
-        and (not run.quantiles or not np.all(np.isnan(result.mse_quantiles)))  # quantiles asked for, and there
+        and (not run.quantiles or not np.all(np.isnan(result.mse_quantiles)))  # quantiles asked for: there
     )
 
 
@@ -168,6 +172,38 @@ def _finished(out: Path, config, run, problem, warn: bool = True, compute: bool 
     return None, False
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Settings:
+    """The options of a sweep's runs; rounds and ``record_every`` may be functions of the configuration."""
+
+    key: Any
+    num_rounds: int | Callable[[Mapping[str, Any]], int]
+    num_seeds: int
+    theta0: Any
+    divergence_threshold: float
+    recording: Recording
+    execution: Execution
+
+    def run(self, config: Mapping[str, Any], problem, algorithm) -> Run:
+        """The validated run of one configuration."""
+        every = _per_config(self.recording.record_every, config)
+        recording = dataclasses.replace(self.recording, record_every=every)
+        return validate_run(self.key, problem, algorithm, _per_config(self.num_rounds, config),
+                            self.num_seeds, theta0=self.theta0,
+                            divergence_threshold=self.divergence_threshold, recording=recording,
+                            execution=self.execution)
+
+
+class _Member(NamedTuple):
+    """A configuration to compute, in a group of configurations that run side by side."""
+
+    index: int  # position in the configurations given
+    config: dict[str, Any]
+    problem: Any
+    algorithm: Any
+    run: Run
+
+
 def sweep(
     key,
     configs: Sequence[Mapping[str, Any]],
@@ -185,6 +221,8 @@ def sweep(
     *,
     shard: tuple[int, int] | None = None,
     compute: bool = True,
+    recording: Recording | None = None,
+    execution: Execution | None = None,
 ) -> list[SweepEntry]:
     """Simulate every configuration; batch the continuous hyperparameters by vmap.
 
@@ -203,6 +241,10 @@ def sweep(
         loads them all, computes what is missing and writes the index.
       compute: False loads finished configurations and computes nothing: the
         others come back with ``status="missing"``.
+      recording, execution: the options grouped, as in :func:`fedsa_jax.simulate`
+        (``fj.Recording(metrics=..., keep_seeds=..., on_record=...)`` too); a finished
+        file is reused only if it recorded the same metrics and kept seeds. A sweep
+        resumes from ``out_dir``: ``Execution(checkpoint_dir=...)`` is refused.
 
     Returns:
       One :class:`SweepEntry` per configuration (of the shard), in the order given.
@@ -216,20 +258,45 @@ def sweep(
     if not configs:
         _validate.fail("configs", configs, "expected at least one configuration")
     shard = _shard(shard)
+    recording, execution = grouped(recording, execution, record_every=record_every, quantiles=quantiles,
+                                   seed_batch_size=seed_batch_size, chunk_rounds=chunk_rounds,
+                                   progress=progress)
+    if execution.checkpoint_dir is not None:
+        _validate.fail("checkpoint_dir", execution.checkpoint_dir, "expected None in a sweep: it resumes "
+                       "from out_dir, where every finished configuration is saved")
     if out_dir is not None:
         _paths.folder("out_dir", out_dir)
     out = None if out_dir is None else _io.prepare_dir(out_dir, "out_dir")
+    settings = _Settings(key=key, num_rounds=num_rounds, num_seeds=num_seeds, theta0=theta0,
+                         divergence_threshold=divergence_threshold, recording=recording, execution=execution)
     entries: dict[int, SweepEntry] = {}
-    groups: dict[Any, list[tuple[int, Any, Any, Any, Any]]] = {}
     damaged: set[int] = set()
+    groups = _groups(configs, build, settings, shard=shard, out=out, compute=compute, entries=entries,
+                     damaged=damaged)
+    for members in groups:
+        _run_locked(members, out, entries, damaged)
+        if out is not None and shard is None:
+            _write_index(out, [entries[j] for j in sorted(entries)])
+    ordered = [entries[i] for i in sorted(entries)]
+    if out is not None and shard is None:
+        _write_index(out, ordered)
+    return ordered
+
+
+sweep.MAX_GRID = MAX_GRID  # type: ignore[attr-defined]  # fj.sweep.MAX_GRID = N: the limit grid() applies
+
+
+def _groups(configs, build, settings: _Settings, *, shard, out: Path | None, compute: bool,
+            entries: dict[int, SweepEntry], damaged: set[int]) -> list[list[_Member]]:
+    """Validate every configuration (of the shard); enter the finished and, without ``compute``, the
+    missing ones in ``entries``; group the others that can run side by side (one compiled kernel)."""
+    groups: dict[Any, list[_Member]] = {}
     for i, config in enumerate(configs):
         if shard is not None and i % shard[1] != shard[0]:
             continue
         config = dict(config)
         problem, algorithm = build(config)
-        run = validate_run(key, problem, algorithm, _per_config(num_rounds, config), num_seeds,
-                           theta0, _per_config(record_every, config), divergence_threshold,
-                           seed_batch_size, chunk_rounds, None, progress, quantiles)
+        run = settings.run(config, problem, algorithm)
         if out is not None:
             entry, bad = _finished(out, config, run, problem, compute=compute)
             if entry is not None:
@@ -242,42 +309,43 @@ def sweep(
             continue
         problem_id = _checkpoint.fingerprint(problem, structure=problem.describe())
         group = (problem_id, jax.tree.structure(algorithm), run.num_rounds, run.record_every)
-        groups.setdefault(group, []).append((i, config, problem, algorithm, run))
-    for members in groups.values():
-        with contextlib.ExitStack() as locks:
-            if out is not None:  # sorted, so processes taking several locks never deadlock
-                for name in sorted(config_name(m[1]) for m in members):
-                    locks.enter_context(_io.file_lock(out / f".{name}.lock", blocking=True))
-                todo = []
-                for m in members:  # another process may have finished some while we waited
-                    entry, _ = _finished(out, m[1], m[4], m[2], warn=False)
-                    if entry is not None:
-                        entries[m[0]] = entry
-                    else:
-                        todo.append(m)
-                members = todo
-            if members:
-                _run_group(members, out, entries, damaged)
-        if out is not None and shard is None:
-            _write_index(out, [entries[j] for j in sorted(entries)])
-    ordered = [entries[i] for i in sorted(entries)]
-    if out is not None and shard is None:
-        _write_index(out, ordered)
-    return ordered
+        groups.setdefault(group, []).append(_Member(i, config, problem, algorithm, run))
+    return list(groups.values())
 
 
-def _run_group(members, out: Path | None, entries: dict[int, SweepEntry], damaged: set[int]) -> None:
-    _, _, problem, _, run = members[0]
+def _run_locked(members: list[_Member], out: Path | None, entries: dict[int, SweepEntry], damaged: set[int]
+                ) -> None:
+    """Run a group under the locks of its configurations, leaving out those another process finished."""
+    with contextlib.ExitStack() as locks:
+        if out is not None:  # sorted, so processes taking several locks never deadlock
+            for name in sorted(config_name(m.config) for m in members):
+                locks.enter_context(_io.file_lock(out / f".{name}.lock", blocking=True))
+            todo = []
+            for m in members:  # another process may have finished some while we waited
+                entry, _ = _finished(out, m.config, m.run, m.problem, warn=False)
+                if entry is not None:
+                    entries[m.index] = entry
+                else:
+                    todo.append(m)
+            members = todo
+        if members:
+            _run_group(members, out, entries, damaged)
+
+
+def _run_group(members: list[_Member], out: Path | None, entries: dict[int, SweepEntry], damaged: set[int]
+               ) -> None:
+    first = members[0]
     t0 = time.perf_counter()
-    results = _execute(run, problem, [m[3] for m in members])
+    results = execute(first.run, first.problem, [m.algorithm for m in members])
     seconds = (time.perf_counter() - t0) / len(members)
-    for (i, config, _, _, _), res in zip(members, results):
-        res = dataclasses.replace(res, config={**res.config, "sweep": json.loads(json.dumps(config))})
+    for m, res in zip(members, results):
+        res = dataclasses.replace(res, config={**res.config, "sweep": json.loads(json.dumps(m.config))})
         path = None
         if out is not None:
-            path = out / f"{config_name(config)}.npz"
+            path = out / f"{config_name(m.config)}.npz"
             res.save(path)
-        entries[i] = SweepEntry(config, res, path, seconds, "recomputed" if i in damaged else "ran")
+        status = "recomputed" if m.index in damaged else "ran"
+        entries[m.index] = SweepEntry(m.config, res, path, seconds, status)
 
 
 def _write_index(out: Path, entries: list[SweepEntry]) -> None:
@@ -297,5 +365,3 @@ def _write_index(out: Path, entries: list[SweepEntry]) -> None:
         rows.append(row)
     _io.write_json(out / "sweep.json", rows)
 
-
-make_callable(__name__, sweep)  # fj.sweep(...) calls sweep; `import fedsa_jax.sweep` is this module

@@ -1,0 +1,481 @@
+"""The host side of a Monte Carlo run: plan, seed batches and round chunks, checkpoints, results.
+
+:func:`simulate` validates its options (:mod:`fedsa_jax._run`), then :func:`execute` runs the
+compiled kernels of :mod:`fedsa_jax._kernel`:
+
+- planning (:func:`_plan`): seeds per batch (what fits in memory) and rounds per chunk;
+- the batch and chunk loop (:func:`_run_batches`): seed batches one after the other, each advanced
+  by chunks of rounds, a progress bar per chunk; at each recorded round a batch is reduced to
+  mergeable moments (:mod:`fedsa_jax.stats`) that the host combines, so neither chunking, batching
+  nor the number of devices changes any seed's trajectory;
+- the checkpoint session (:class:`_CheckpointSession`): the configuration's file, locked for the
+  run, loaded once, replaced atomically after each chunk;
+- ``on_record`` reporting (:func:`_report`) and result assembly (:func:`_results`).
+
+Memory: per-seed states ``O(seeds x agents x d)`` plus one round of random numbers, independent
+of ``num_rounds``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
+
+from fedsa_jax import _checkpoint, _kernel, _validate
+from fedsa_jax._kernel import Carry, KernelInputs, Reduction, SeedBatch, recorded_rounds
+from fedsa_jax._options import Execution, Record, Recording, grouped
+from fedsa_jax._run import Run, run_code, validate_run
+from fedsa_jax._version import __version__
+from fedsa_jax.algorithms._base import Algorithm
+from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult
+from fedsa_jax.stats import Moments, finalize, merge
+
+__all__ = ["execute", "simulate"]
+
+STEPS_PER_CHUNK = 5e7  # default chunk: about this many agent-local steps (seconds on a CPU)
+MAX_BLOCKS_PER_CHUNK = 256  # recorded rounds per chunk at most (the kernel's statistics buffer)
+MAX_BATCH = 2**24  # seeds per batch at most (the per-batch sums of counter digits are uint32)
+
+
+def simulate(
+    key,
+    problem,
+    algorithm: Algorithm,
+    num_rounds: int,
+    num_seeds: int,
+    theta0=None,
+    record_every: int = 1,
+    divergence_threshold: float = 1e10,
+    *,
+    metrics=None,
+    keep_seeds: int = 0,
+    on_record: Callable[[Record], Any] | None = None,
+    seed_batch_size: int | None = None,
+    chunk_rounds: int | None = None,
+    checkpoint_dir=None,
+    progress: bool | None = None,
+    quantiles: bool | None = None,
+    recording: Recording | None = None,
+    execution: Execution | None = None,
+) -> SimulationResult:
+    """Run ``num_seeds`` independent copies of ``algorithm`` on ``problem``.
+
+    Args:
+      key: JAX threefry PRNG key (or an int seed). ``rbg`` keys are refused.
+      problem: a problem from :mod:`fedsa_jax.problems`, or any object following
+        the protocol :class:`fedsa_jax.problems.Problem`.
+      algorithm: e.g. ``fj.fedlsa(0.1, 10)``, ``fj.scafflsa(0.1, 10)``,
+        ``fj.qfedtd(0.6, q, 0.6)``, or your own :class:`~fedsa_jax.Algorithm`.
+      num_rounds: communication rounds T >= 1.
+      num_seeds: independent runs >= 1.
+      theta0: ``(d,)`` initial iterate (default 0).
+      divergence_threshold: a seed counts as diverged at a recorded round if its
+        iterate is non-finite or ``|theta - theta_star|^2`` exceeds this times
+        ``1 + |theta_star|^2 + |theta0 - theta_star|^2``.
+      record_every, metrics, quantiles, keep_seeds, on_record: what to record
+        (every this many rounds; user metrics ``{"name": fn}``; quantiles over
+        seeds; the first K seeds' curves; a function called after each chunk with
+        a :class:`~fedsa_jax.Record`): see :class:`~fedsa_jax.Recording`.
+      seed_batch_size, chunk_rounds, checkpoint_dir, progress: how to execute
+        (seeds run together; rounds per kernel call; a folder of resumable
+        checkpoints; a progress bar): see :class:`~fedsa_jax.Execution`. Results
+        do not depend on them.
+      recording, execution: the same options grouped, ``fj.Recording(...)`` and
+        ``fj.Execution(...)`` (shared with :func:`fedsa_jax.sweep`); with a group,
+        leave that group's flat keywords at their defaults (both together are
+        refused). ``fj.Execution(memory_budget=...)`` is only there.
+
+    Returns:
+      :class:`~fedsa_jax.result.SimulationResult`.
+
+    Before anything compiles, one seed's ``init`` and one round are traced
+    abstractly: a state without ``theta (d,)``, a step that does not return
+    ``(state, RoundInfo)`` with the same state structure, a problem lacking part
+    of the protocol or a metric that is not a real scalar raise a ``ValueError``
+    naming the algorithm, the problem or the metric.
+
+    The kernel is compiled once per (problem structure, algorithm structure,
+    metrics, batch size, record_every, chunk size, dtype): the number of rounds
+    and continuous hyperparameters such as the step size are traced values.
+    """
+    recording, execution = grouped(
+        recording, execution, record_every=record_every, metrics=metrics, quantiles=quantiles,
+        keep_seeds=keep_seeds, on_record=on_record, seed_batch_size=seed_batch_size,
+        chunk_rounds=chunk_rounds, checkpoint_dir=checkpoint_dir, progress=progress)
+    run = validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=theta0,
+                       divergence_threshold=divergence_threshold, recording=recording, execution=execution)
+    return execute(run, problem, [algorithm])[0]
+
+
+class _Plan(NamedTuple):
+    batch_size: int  # seeds per batch (before padding)
+    padded_batch: int  # per batch, a multiple of the device count
+    num_batches: int
+    chunk_rounds: int  # a multiple of record_every
+    max_blocks: int  # recorded rounds per chunk at most
+
+    def seeds_done(self, batch: int, num_seeds: int) -> int:
+        """Seeds run once seed batch ``batch`` is finished (the last batch may be partly padding)."""
+        return min(num_seeds, (batch + 1) * self.batch_size)
+
+
+def _plan(problem, algorithm: Algorithm, run: Run, *, num_configs: int, num_devices: int) -> _Plan:
+    """Seed batches and chunks for ``num_configs`` algorithms run side by side."""
+    execution = run.execution
+    if execution.seed_batch_size is None:
+        def one_seed_carry(key_data, seed_ids):
+            return _kernel._initial_carry(key_data, seed_ids, problem, algorithm,
+                                          jnp.asarray(run.theta0, problem.dtype))
+
+        shapes = jax.eval_shape(one_seed_carry, jax.ShapeDtypeStruct((2,), jnp.uint32),
+                                jax.ShapeDtypeStruct((1,), jnp.uint32))
+        per_seed = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
+        # carry in, carry out and the round's temporaries: about 4 copies
+        batch_size = max(1, int(execution.memory_budget * num_devices // (4 * per_seed * num_configs)))
+    else:
+        batch_size = execution.seed_batch_size
+    batch_size = min(batch_size, run.num_seeds, MAX_BATCH)
+    padded_batch = -(-batch_size // num_devices) * num_devices
+    num_batches = -(-run.num_seeds // batch_size)
+    every = run.record_every
+    if execution.chunk_rounds is None:
+        # Not capped by num_rounds, so that the number of rounds never changes the compiled program.
+        per_round = padded_batch * problem.num_agents * algorithm.num_local_steps * algorithm.skip
+        per_round *= num_configs
+        blocks = min(MAX_BLOCKS_PER_CHUNK, max(1, int(STEPS_PER_CHUNK // max(per_round * every, 1))))
+    else:
+        blocks = min(MAX_BLOCKS_PER_CHUNK, -(-execution.chunk_rounds // every))  # whole recorded blocks
+    return _Plan(batch_size, padded_batch, num_batches, chunk_rounds=blocks * every, max_blocks=blocks)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Setup:
+    """A validated run of algorithms of one structure, placed on the devices and planned."""
+
+    run: Run
+    problem: Any
+    algorithms: list[Algorithm]
+    stacked: Any  # the algorithms' leaves stacked along a leading config axis (host arrays)
+    inputs: KernelInputs  # replicated on every device
+    reduction: Reduction
+    plan: _Plan
+    seeds_sharding: NamedSharding
+    num_devices: int
+    codes: list[str]  # run_code of each algorithm
+    rounds: np.ndarray  # the recorded rounds
+
+
+def _setup(run: Run, problem, algorithms: list[Algorithm]) -> _Setup:
+    dtype = problem.dtype
+    stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *algorithms)
+    theta_star = np.asarray(problem.theta_star, np.float64)
+    scale = 1.0 + theta_star @ theta_star + np.sum((run.theta0 - theta_star) ** 2)
+    devices = np.asarray(jax.devices())
+    mesh = jax.sharding.Mesh(devices, ("seeds",))
+    put = functools.partial(jax.device_put, device=NamedSharding(mesh, P()))
+    inputs = KernelInputs(
+        key_data=put(np.asarray(jax.random.key_data(run.key))),
+        problem=put(jax.tree.map(np.asarray, problem)),
+        algorithms=put(stacked),
+        theta0=put(run.theta0.astype(dtype)),
+        threshold=put(np.asarray(min(run.divergence_threshold * scale, float(jnp.finfo(dtype).max)), dtype)),
+    )
+    plan = _plan(problem, algorithms[0], run, num_configs=len(algorithms), num_devices=devices.size)
+    if run.keep_seeds > plan.batch_size:
+        _validate.fail("keep_seeds", run.keep_seeds, "expected at most the seed batch size "
+                       f"({plan.batch_size}); pass a larger seed_batch_size")
+    reduction = Reduction(run.metrics, run.quantiles, run.keep_seeds)
+    codes = [run_code(problem, a, run.metrics) for a in algorithms]
+    return _Setup(run=run, problem=problem, algorithms=algorithms, stacked=stacked, inputs=inputs,
+                  reduction=reduction, plan=plan, seeds_sharding=NamedSharding(mesh, P("seeds")),
+                  num_devices=devices.size, codes=codes,
+                  rounds=recorded_rounds(run.num_rounds, run.record_every))
+
+
+def execute(run: Run, problem, algorithms: list[Algorithm]) -> list[SimulationResult]:
+    """Run algorithms of one structure (stacked along a config axis) on validated inputs."""
+    setup = _setup(run, problem, algorithms)
+    with contextlib.ExitStack() as stack:  # holds the checkpoint's lock while the run uses it
+        session = _CheckpointSession.open(stack, setup)
+        tally = _run_batches(setup, session)
+    return _results(setup, tally)
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What the seed batches produced so far (restored from a checkpoint, then extended)."""
+
+    first_batch: int = 0  # the first batch this call runs
+    done: Moments | None = None  # finished batches, merged as they finish: arrays (num_configs, R, ...)
+    finals: list[np.ndarray] = dataclasses.field(default_factory=list)  # per batch, (num_configs, seeds, d)
+    resumed_from: dict | None = None  # where a checkpoint let this run start: seed batch and round
+    seed_rounds_run: int = 0  # the work this call did itself
+
+
+def _concat(parts: list[Moments]) -> Moments:
+    """Recorded rounds of one batch, chunk after chunk (axis 1: rounds)."""
+    return Moments(*(np.concatenate([getattr(m, f) for m in parts], axis=1) for f in Moments._fields))
+
+
+def _run_batches(setup: _Setup, session: _CheckpointSession | None) -> _Tally:
+    """Every seed batch not finished yet, one after the other."""
+    plan, num_rounds = setup.plan, setup.run.num_rounds
+    tally = _Tally() if session is None else session.tally()
+    label = setup.algorithms[0].name + (f" x{len(setup.algorithms)}" if len(setup.algorithms) > 1 else "")
+    progress = setup.run.execution.progress
+    bar = tqdm(total=num_rounds * plan.num_batches, unit="round", desc=label, dynamic_ncols=True,
+               disable=None if progress is None else not progress)  # None: off unless a terminal
+    for batch in range(tally.first_batch, plan.num_batches):
+        _run_batch(setup, session, tally, batch, bar)
+    bar.close()
+    return tally
+
+
+def _seed_batch(setup: _Setup, batch: int) -> SeedBatch:
+    plan = setup.plan
+    ids = np.arange(batch * plan.batch_size, batch * plan.batch_size + plan.padded_batch, dtype=np.uint32)
+    valid = ids < plan.seeds_done(batch, setup.run.num_seeds)
+    return SeedBatch(_global_array(ids, setup.seeds_sharding), _global_array(valid, setup.seeds_sharding))
+
+
+def _run_batch(setup: _Setup, session: _CheckpointSession | None, tally: _Tally, batch: int, bar) -> None:
+    """Seed batch ``batch`` from round 0 (or from its checkpoint) to the last round, chunk by chunk."""
+    run, plan = setup.run, setup.plan
+    seeds = _seed_batch(setup, batch)
+    carry, first = _kernel._start(setup.inputs, seeds, rec=setup.reduction, num_configs=len(setup.algorithms))
+    recorded = [jax.tree.map(lambda x: np.asarray(x)[:, None], first)]  # per chunk, (num_configs, rows, ...)
+    restored = None if session is None or batch != tally.first_batch else session.restore(carry)
+    if restored is not None:
+        carry, recorded = restored
+        tally.resumed_from = {"seed_batch": batch, "round": int(carry.t[0])}
+    elif run.on_record is not None:
+        _report(setup, tally.done, batch, slice(0, 1), _concat(recorded))
+    seeds_in_batch = plan.seeds_done(batch, run.num_seeds) - batch * plan.batch_size
+    t = int(carry.t[0])
+    tally.seed_rounds_run += seeds_in_batch * (run.num_rounds - t)
+    bar.update(batch * run.num_rounds + t - bar.n)
+    while t < run.num_rounds:
+        end = min(t + plan.chunk_rounds, run.num_rounds)
+        carry, buffer, filled = _kernel._advance(setup.inputs, seeds, carry, jnp.uint32(end),
+                                                 record_every=run.record_every, max_blocks=plan.max_blocks,
+                                                 rec=setup.reduction)
+        new_rows = int(np.asarray(filled)[0])
+        recorded.append(jax.tree.map(lambda x: np.asarray(x)[:, :new_rows], buffer))
+        bar.update(end - t)
+        t = end
+        current = _concat(recorded)
+        if session is not None:
+            session.save(batch, tally, current=current, carry=carry if t < run.num_rounds else None)
+        if run.on_record is not None:
+            rows_so_far = current.n_ok.shape[1]
+            _report(setup, tally.done, batch, slice(rows_so_far - new_rows, rows_so_far), current)
+    tally.done = _concat(recorded) if tally.done is None else merge([tally.done, _concat(recorded)])
+    tally.finals.append(_to_host(carry.states.theta)[:, :seeds_in_batch])
+    if session is not None:
+        session.save(batch + 1, tally)
+
+
+def _global_array(values: np.ndarray, sharding) -> jax.Array:
+    return jax.make_array_from_callback(values.shape, sharding, lambda idx: values[idx])
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if jax.process_count() > 1 and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils  # multi-host runs only
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
+def _config_moments(moments: Moments, index: int, rows=slice(None)) -> Moments:
+    """One config's moments (of the recorded rows ``rows``) out of a group's."""
+    return Moments(*(getattr(moments, f)[index, rows] for f in Moments._fields))
+
+
+def _report(setup: _Setup, done: Moments | None, batch: int, rows: slice, current: Moments) -> None:
+    """Call on_record with the rows just recorded, merged with the finished batches."""
+    run, plan = setup.run, setup.plan
+    seeds = plan.seeds_done(batch, run.num_seeds)
+    metric_names = [name for name, _ in run.metrics]
+    for i, algorithm in enumerate(setup.algorithms):
+        mine = _config_moments(current, i, rows)
+        if done is not None:
+            mine = merge([_config_moments(done, i, rows), mine])
+        stats = finalize(merge([mine]), seeds)
+        run.on_record(Record(
+            algorithm=algorithm.name, config_index=i, batch=batch, num_batches=plan.num_batches,
+            num_seeds=seeds, rounds=setup.rounds[rows],
+            mse_mean=stats["val_mean"][:, 0], mse_sem=stats["val_sem"][:, 0],
+            num_diverged=stats["num_diverged"],
+            metrics={m: (stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1])
+                     for j, m in enumerate(metric_names)},
+            counts=dict(zip(COUNT_NAMES, stats["counts"].T)),
+        ))
+
+
+class _CheckpointSession:
+    """A run's checkpoint: its own file in the folder (named after the fingerprint of the configuration
+    and of the code that runs it), locked while the run uses it, loaded once, saved after each chunk."""
+
+    def __init__(self, directory: Path, fingerprint: str, configuration: str, saved: dict | None):
+        self.directory, self.fingerprint, self.configuration = directory, fingerprint, configuration
+        self.saved = saved  # the checkpoint found at the start, or None
+
+    @classmethod
+    def open(cls, stack: contextlib.ExitStack, setup: _Setup) -> _CheckpointSession | None:
+        """The session of ``setup``'s checkpoint folder (None without one), locked until ``stack`` closes."""
+        if setup.run.execution.checkpoint_dir is None:
+            return None
+        directory = Path(setup.run.execution.checkpoint_dir)
+        configuration = _configuration_fingerprint(setup)  # hashes every leaf: only when needed
+        fingerprint = _checkpoint.fingerprint(configuration=configuration, code=setup.codes)
+        stack.enter_context(_checkpoint.lock(directory, fingerprint))
+        saved = _checkpoint.load(directory, fingerprint)
+        if saved is None:
+            _checkpoint.notice_other_code(directory, fingerprint, configuration)
+        else:
+            first = int(saved["batch"])
+            _checkpoint.require(saved, [f"final{b}" for b in range(first)]
+                                + [f"done_{f}" for f in Moments._fields if first], directory, fingerprint)
+        return cls(directory, fingerprint, configuration, saved)
+
+    def tally(self) -> _Tally:
+        """The finished seed batches of the checkpoint."""
+        if self.saved is None:
+            return _Tally()
+        first = int(self.saved["batch"])
+        done = Moments(*(self.saved[f"done_{f}"] for f in Moments._fields)) if first else None
+        return _Tally(first_batch=first, done=done, finals=[self.saved[f"final{b}"] for b in range(first)],
+                      resumed_from={"seed_batch": first, "round": 0})
+
+    def restore(self, carry: Carry) -> tuple[Carry, list[Moments]] | None:
+        """The unfinished batch's carry and recorded rows (None if the checkpoint ended on a batch)."""
+        if self.saved is None or "carry0" not in self.saved:
+            return None
+        _checkpoint.require(self.saved, [f"cur_{f}" for f in Moments._fields]
+                            + [f"carry{i}" for i in range(len(jax.tree.leaves(carry)))],
+                            self.directory, self.fingerprint)
+        carry = _checkpoint.arrays_to_tree("carry", self.saved, carry)
+        return carry, [Moments(*(self.saved[f"cur_{f}"] for f in Moments._fields))]
+
+    def save(self, batch: int, tally: _Tally, *, current: Moments | None = None, carry: Carry | None = None):
+        """Batches before ``batch`` finished; with ``carry``, batch ``batch`` under way (``current``: its
+        rows so far)."""
+        arrays: dict[str, np.ndarray] = {"fingerprint": np.array(self.fingerprint),
+                                         "configuration": np.array(self.configuration),
+                                         "batch": np.array(batch)}
+        if tally.done is not None:
+            arrays.update({f"done_{f}": np.asarray(getattr(tally.done, f)) for f in Moments._fields})
+        for b, theta in enumerate(tally.finals):
+            arrays[f"final{b}"] = theta
+        if carry is not None:
+            arrays.update({f"cur_{f}": np.asarray(getattr(current, f)) for f in Moments._fields})
+            arrays.update(_checkpoint.tree_to_arrays("carry", carry))
+        _checkpoint.save(self.directory, self.fingerprint, arrays)
+
+
+def _configuration_fingerprint(setup: _Setup) -> str:
+    """The fingerprint of everything a checkpoint's numbers depend on, but the code."""
+    run, problem, plan = setup.run, setup.problem, setup.plan
+    return _checkpoint.fingerprint(
+        problem, setup.stacked, jax.random.key_data(run.key), run.theta0,
+        problem_structure=problem.describe(), algorithm_structure=[a.describe() for a in setup.algorithms],
+        num_rounds=run.num_rounds, num_seeds=run.num_seeds, record_every=run.record_every,
+        threshold=run.divergence_threshold, batch=plan.batch_size, padded=plan.padded_batch,
+        devices=setup.num_devices, dtype=str(np.dtype(problem.dtype)),
+        statistics=Moments._fields, quantiles=run.quantiles, version=__version__,  # other statistics: refused
+        metrics=[name for name, _ in run.metrics], keep_seeds=run.keep_seeds,
+    )
+
+
+def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
+    """One result per algorithm, with a warning for each whose seeds diverged."""
+    results = []
+    for i, algorithm in enumerate(setup.algorithms):
+        result = _result(setup, tally, i)
+        worst = int(result.num_diverged.max())
+        if worst:
+            first_round = int(result.rounds[np.argmax(result.num_diverged > 0)])
+            warnings.warn(
+                f"{algorithm.name} ({algorithm.describe()}): up to {worst} of {setup.run.num_seeds} seeds "
+                f"diverged (first at round {first_round}); they are counted in "
+                "result.num_diverged and left out of mse_mean, mse_sem, theta_mean and the metrics. "
+                "A smaller step_size usually fixes this.",
+                RuntimeWarning,
+                stacklevel=4,  # the caller of execute: simulate, or the sweep
+            )
+        results.append(result)
+    return results
+
+
+def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
+    run, problem, dtype = setup.run, setup.problem, setup.problem.dtype
+    metric_names = [name for name, _ in run.metrics]
+    stats = finalize(merge([_config_moments(tally.done, index)]), run.num_seeds)
+    kept = stats["kept"]  # (R, K, V)
+    q = stats["val_quantiles"]  # (R, V, 5)
+    config = run_config(run, problem, setup.algorithms[index], plan=setup.plan, num_devices=setup.num_devices,
+                        code=setup.codes[index])
+    # how this call ran: resumed from a checkpoint (batch, round) or None, and the seed-rounds it computed
+    config["execution"].update(resumed_from=tally.resumed_from, seed_rounds_run=tally.seed_rounds_run)
+    return SimulationResult(
+        rounds=setup.rounds,
+        mse_mean=stats["val_mean"][:, 0],
+        mse_sem=stats["val_sem"][:, 0],
+        theta_mean=stats["theta_mean"],
+        theta_sem=stats["theta_sem"],
+        num_diverged=stats["num_diverged"],
+        mse_quantiles=q[:, 0],
+        final_theta=np.concatenate([f[index] for f in tally.finals]).astype(dtype),
+        theta_star=np.asarray(problem.theta_star, np.float64).astype(dtype),
+        config=config,
+        seed_mse=kept[:, :, 0],
+        metrics={m: MetricStats(stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1], q[:, j + 1],
+                                kept[:, :, j + 1]) for j, m in enumerate(metric_names)},
+        **dict(zip(COUNT_NAMES, stats["counts"].T)),
+    )
+
+
+def run_config(run: Run, problem, algorithm: Algorithm, *, plan: _Plan, num_devices: int, code: str
+               ) -> dict[str, Any]:
+    """The configuration a result file records: enough to rerun it, and how it ran."""
+    import jaxlib  # only its version
+
+    return {
+        "problem": problem.describe(),
+        "algorithm": algorithm.describe(),
+        "num_rounds": run.num_rounds,
+        "num_seeds": run.num_seeds,
+        "record_every": run.record_every,
+        "quantiles": run.quantiles,
+        "metrics": [name for name, _ in run.metrics],
+        "keep_seeds": run.keep_seeds,
+        "code": code,  # run_code: a digest of the algorithm's, problem's and metrics' code
+        "theta0": [float(x) for x in run.theta0],
+        "divergence_threshold": run.divergence_threshold,
+        "dtype": str(np.dtype(problem.dtype)),
+        "bits_per_message": algorithm.bits_per_message(problem.dim),
+        "execution": {"seed_batch_size": plan.batch_size, "num_batches": plan.num_batches,
+                      "chunk_rounds": plan.chunk_rounds, "padded_batch": plan.padded_batch},
+        "prng": {
+            "impl": str(jax.random.key_impl(run.key)),
+            "key_data": np.asarray(jax.random.key_data(run.key)).tolist(),
+            "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+        },
+        "versions": {"fedsa_jax": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__},
+        "device_count": num_devices,
+        "process_count": jax.process_count(),
+        "platform": jax.default_backend(),
+    }

@@ -1,0 +1,127 @@
+"""The option groups of :func:`fedsa_jax.simulate` and :func:`fedsa_jax.sweep`: what to record
+(:class:`Recording`) and how to execute (:class:`Execution`), and what ``on_record`` receives
+(:class:`Record`).
+
+Both functions take every option as a flat keyword (``record_every=10, seed_batch_size=512``) or
+grouped (``recording=fj.Recording(record_every=10), execution=fj.Execution(seed_batch_size=512)``);
+:func:`grouped` turns the flat keywords into the groups, in this one place. A group and a flat
+keyword of that group with another value than its default are refused together: one of them would
+be silently ignored. Values are checked when a run is validated, before anything compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
+
+import numpy as np
+
+from fedsa_jax import _validate
+
+__all__ = ["Execution", "Record", "Recording"]
+
+MEMORY_BUDGET = 2 * 2**30  # default bytes for one seed batch's states, per device
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recording:
+    """What a run records, and whom it tells.
+
+    Attributes:
+      record_every: record statistics every this many rounds (round 0 and the last round are always
+        recorded). In :func:`fedsa_jax.sweep`, also a function of the configuration.
+      metrics: ``{"name": fn}`` with ``fn(state, problem) -> scalar`` (or ``fn(state, problem, info)``)
+        for one seed, or a built-in name (``"client_drift"``, ``"control_variate_error"``, see
+        :mod:`fedsa_jax.metrics`); recorded at every recorded round like the MSE
+        (``result.metrics["name"].mean``, ``.sem``, ``.quantiles``).
+      quantiles: record quantiles over seeds of the squared error and the metrics
+        (``result.mse_quantiles``, from a histogram of ``4 * HIST_BINS`` bytes per value and
+        recorded round); default (None): when at most ``QUANTILE_MAX_RECORDS`` = 10,000 rounds are
+        recorded. Off, they are NaN.
+      keep_seeds: keep the squared error and the metrics of the first K seeds at every recorded
+        round (``result.seed_mse (R, K)``, ``metrics[...].seeds``), for spaghetti plots and
+        bootstrap intervals; at most ``KEEP_SEEDS_MAX_VALUES`` = 2**24 values in all.
+      on_record: ``fn(record)`` called on the host after each chunk with a :class:`Record` of the
+        rounds just recorded (statistics over every seed run so far), e.g. to stream curves to an
+        experiment tracker.
+    """
+
+    record_every: Union[int, Callable[[Mapping[str, Any]], int]] = 1
+    metrics: Union[Mapping[str, Any], Sequence[str], None] = None
+    quantiles: bool | None = None
+    keep_seeds: int = 0
+    on_record: Callable[[Record], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Execution:
+    """How a run executes; results do not depend on it (bitwise, for the same devices).
+
+    Attributes:
+      seed_batch_size: seeds run together (default: as many as fit in ``memory_budget`` bytes per
+        device); more seeds run in batches, one after the other, with identical results.
+      chunk_rounds: rounds per call of the compiled kernel (default: about ``STEPS_PER_CHUNK`` = 5e7
+        agent-steps; at most ``MAX_BLOCKS_PER_CHUNK`` = 256 recorded rounds); the progress bar,
+        checkpoints and ``on_record`` advance per chunk.
+      checkpoint_dir: if given, an atomic checkpoint is written there after each chunk, and a call
+        with the same arguments resumes from it (bit-identical to an uninterrupted run). The file is
+        named after the configuration's fingerprint, so runs of different configurations can share
+        the folder; a second run of the same configuration while the first is running, or a damaged
+        checkpoint, is refused with a ``ValueError``. The fingerprint includes a digest of the
+        algorithm's, problem's and metrics' code: edited code starts from round 0, with a
+        ``RuntimeWarning`` when the folder holds a checkpoint of the same configuration made by other
+        code. ``result.config["execution"]`` says where the run resumed (``resumed_from``) and how
+        many seed-rounds it computed (``seed_rounds_run``). :func:`fedsa_jax.simulate` only: a sweep
+        resumes from its ``out_dir``.
+      progress: show a progress bar (default: only on a terminal).
+      memory_budget: bytes of per-seed states (about 4 copies of the kernel's carry) that the
+        default seed batch fills on each device (default 2 GiB); raise it on a large accelerator.
+    """
+
+    seed_batch_size: int | None = None
+    chunk_rounds: int | None = None
+    checkpoint_dir: Union[str, os.PathLike, None] = None
+    progress: bool | None = None
+    memory_budget: int = MEMORY_BUDGET
+
+
+class Record(NamedTuple):
+    """What ``on_record`` receives after each chunk: the rounds just recorded, with statistics
+    over the ``num_seeds`` seeds run so far (all of them once the last seed batch runs)."""
+
+    algorithm: str
+    config_index: int  # position in a sweep group (0 for simulate)
+    batch: int  # seed batch (0-based) of ``num_batches``
+    num_batches: int
+    num_seeds: int
+    rounds: np.ndarray  # (k,)
+    mse_mean: np.ndarray  # (k,)
+    mse_sem: np.ndarray  # (k,)
+    num_diverged: np.ndarray  # (k,)
+    metrics: dict  # name -> (mean (k,), sem (k,))
+    counts: dict  # communications, messages_delivered, bits_sent, bits_delivered, samples -> (k,) seed means
+
+
+def grouped(recording: Recording | None, execution: Execution | None, **flat: Any
+            ) -> tuple[Recording, Execution]:
+    """The option groups of a call: given ones, or built from the flat keywords (``flat``: each
+    keyword of :class:`Recording` and :class:`Execution` that the function offers flat)."""
+    return (_group("recording", Recording, recording, flat), _group("execution", Execution, execution, flat))
+
+
+def _group(name: str, cls: type, given: Any, flat: dict[str, Any]):
+    fields = {f.name: f.default for f in dataclasses.fields(cls) if f.name in flat}
+    if given is None:
+        return cls(**{k: flat[k] for k in fields})
+    if not isinstance(given, cls):
+        _validate.fail(name, given, f"expected fj.{cls.__name__}(...) or None")
+    for key, default in fields.items():
+        if not _is_default(flat[key], default):
+            _validate.fail(key, flat[key], f"expected its default ({default!r}) when {name}= is given: pass "
+                           f"it inside fj.{cls.__name__}(...) or as a keyword, not both")
+    return given
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return value is default or (type(value) is type(default) and value == default)
