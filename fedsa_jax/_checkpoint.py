@@ -14,7 +14,7 @@ on ``.checkpoint-<digits>.lock`` beside it, and a second run of the same
 configuration is refused until the first ends. A damaged checkpoint is refused
 with a message, never deleted nor silently restarted.
 
-The fingerprint covers the code that shapes the run (``simulate.run_code``: a digest of
+The fingerprint covers the code that shapes the run (``_run.run_code``: a digest of
 the algorithm's, problem's and metrics' functions, :mod:`fedsa_jax._digest`), so a run of
 edited code finds no checkpoint of its own and starts from round 0; :func:`notice_other_code`
 then says so in one line when the folder holds a checkpoint of the same configuration.

@@ -215,7 +215,7 @@ def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None,
     (algorithm names) as categories.
 
     Args:
-      entries: :class:`fedsa_jax.sweep.SweepEntry` items (or anything with
+      entries: :class:`fedsa_jax.SweepEntry` items (or anything with
         ``config`` and ``result``), e.g. the return value of :func:`fedsa_jax.sweep`.
       x: the option on the x axis; default: the varying option with the most
         distinct numeric values (or, if none is numeric, the first varying one).

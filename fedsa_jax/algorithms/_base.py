@@ -11,7 +11,7 @@ step size, never recompiles.
 ``step(key, state, problem)`` advances **one seed** by one communication round;
 it is ``step_from(randomness(key, problem), state, problem)``: the round's random
 numbers (all agents' observations in one block, and a key for the channel) are
-drawn first; the driver draws them one round ahead (see :mod:`fedsa_jax.simulate`)
+drawn first; the driver draws them one round ahead (see :mod:`fedsa_jax._kernel`)
 and calls ``step_from``. Inside a step the agents are vmapped; the driver vmaps
 over seeds and scans rounds.
 """
