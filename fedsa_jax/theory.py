@@ -87,6 +87,7 @@ from math import lgamma
 import numpy as np
 
 from fedsa_jax import _validate, optim
+from fedsa_jax.problems.protocol import direction_second_moment
 
 MAX_AUGMENTED_DIM = 2000
 
@@ -561,71 +562,25 @@ def _noise_model(problem):
     * A problem with ``finite_support()`` (least squares, :func:`~fedsa_jax.problems.expected`,
       user problems): the first term is the finite sum of
       :class:`~fedsa_jax.problems.FiniteSupport` over each agent's support points.
-    * Gaussian LSA: ``noise_A[c]^2 tr(X[c]) + noise_b[c]^2`` times I.
-    * Generative TD, ``Z = (s, s')``, ``s ~ mu_c``, ``s' ~ P_c(s, .)``, ``u = phi(s) - gamma phi(s')``:
-      ``E[(b(Z) - A(Z) x)(...)^T] = sum_s mu_c(s) phi(s) phi(s)^T E_{s'|s}[(r_c(s) - u^T x)^2]``,
-      from which the mean part is removed; the inner expectation needs only ``E[u | s]``
-      and ``E[u u^T | s]`` (finite support, enumerated once).
+    * A problem with ``noise_second_moment()`` (Gaussian LSA, federated TD, user problems):
+      the function it returns (the problem owns the law of its noise; see
+      :class:`~fedsa_jax.problems.Problem`).
     """
     A, b, _ = _arrays(problem)
     N, d, _ = A.shape
-    mean_part = _explicit_second_moment(np.ones((N, 1)), A[:, None], b[:, None])
     if hasattr(problem, "finite_support"):
         _require_iid(problem)
+        mean_part = direction_second_moment(np.ones((N, 1)), A[:, None], b[:, None])
         second = _support_second_moment(problem, A, b)
         return lambda m, X: second(m, X) - mean_part(m, X)
-    if hasattr(problem, "noise_A"):
-        sA = np.broadcast_to(np.asarray(problem.noise_A, np.float64), (N,))
-        sb = np.broadcast_to(np.asarray(problem.noise_b, np.float64), (N,))
-
-        def cov(m, X):
-            scale = sA**2 * np.trace(X, axis1=1, axis2=2) + sb**2
-            return scale[:, None, None] * np.eye(d)
-
-        return cov
-    if not hasattr(problem, "transitions"):
+    own = getattr(problem, "noise_second_moment", None)
+    cov = own() if callable(own) else None
+    if cov is None:
         _validate.fail("problem", type(problem).__name__,
-                       "exact second moments cover Gaussian LSA, federated TD and problems with a "
-                       "finite_support() method (fj.problems.FiniteSupport)")
+                       "exact second moments need the law of the noise: a problem with a noise_second_moment() "
+                       "method (Gaussian LSA, federated TD) or a finite_support() method (fj.problems.FiniteSupport)")
     _require_iid(problem)
-    P = np.asarray(problem.transitions, np.float64)  # (N, S, S)
-    r = np.asarray(problem.rewards, np.float64)  # (N, S)
-    phi = np.asarray(problem.features, np.float64)  # (S, d)
-    mu = np.asarray(problem.stationary, np.float64)  # (N, S)
-    g = float(problem.gamma)
-    next_phi = P @ phi  # (N, S, d): E[phi(s') | s]
-    next_phi2 = np.einsum("cst,ti,tj->csij", P, phi, phi)  # E[phi(s') phi(s')^T | s]
-    pp = np.einsum("si,sj->sij", phi, phi)
-    u1 = phi[None] - g * next_phi  # E[u | s]
-    u2 = pp[None] - g * (np.einsum("si,csj->csij", phi, next_phi) + np.einsum("csi,sj->csij", next_phi, phi)) \
-        + g * g * next_phi2  # E[u u^T | s]
-    S = P.shape[-1]
-    weight = (mu[:, :, None, None] * pp[None]).reshape(N, S, d * d)  # mu_c(s) phi(s) phi(s)^T
-    u2 = u2.reshape(N, S, d * d)
-
-    def cov(m, X):  # batched matmuls over agents (einsum is several times slower here)
-        q = r**2 - 2 * r * (u1 @ m[:, :, None])[..., 0] + (u2 @ X.reshape(N, d * d, 1))[..., 0]  # (N, S)
-        second = (q[:, None, :] @ weight).reshape(N, d, d)
-        return second - mean_part(m, X)
-
     return cov
-
-
-def _explicit_second_moment(w, Az, bz):
-    """``(m, X) -> sum_k w_k (A_k X A_k^T - A_k m b_k^T - b_k m^T A_k^T + b_k b_k^T)`` per agent,
-    i.e. ``E[(A(Z) x - b(Z))(...)^T]`` for explicit ``A (N, K, d, d)``, ``b (N, K, d)``,
-    weights ``w (N, K)``. With one point of weight 1 it is the mean part, computed by the
-    same operations, so a noise-free problem's covariance is exactly 0."""
-    At = np.swapaxes(Az, -1, -2)
-    bb = np.einsum("ck,cki,ckj->cij", w, bz, bz)
-    wb = w[:, :, None, None] * bz[..., None]  # (N, K, d, 1)
-
-    def second(m, X):
-        Am = Az @ m[:, None, :, None]  # (N, K, d, 1)
-        cross = np.sum(Am * np.swapaxes(wb, -1, -2), axis=1)  # sum_k w A_k m b_k^T
-        return np.sum(w[:, :, None, None] * (Az @ X[:, None] @ At), axis=1) - cross - np.swapaxes(cross, 1, 2) + bb
-
-    return second
 
 
 def _support_second_moment(problem, A, b):
@@ -659,7 +614,7 @@ def _support_second_moment(problem, A, b):
         _validate.fail(name, "the support's means", "expected sum_k weights A(z_k) = A_bar and sum_k weights b(z_k) "
                        "= b_bar for every agent")
     if sup.A is not None:
-        return _explicit_second_moment(w, Az, bz)
+        return direction_second_moment(w, Az, bz)
     wl = w[:, :, None] * left
     bb = np.swapaxes(w[:, :, None] * bz, 1, 2) @ bz  # sum_k w b b^T
 
