@@ -124,8 +124,8 @@ class Augmented:
         self.add("one", 1, initial=lambda e0: 1.0)
         self.add("theta", initial=START, carried=theta_carried)
 
-    def add(self, name: str, size: int | None = None, per_agent: bool = False, initial: Callable | None = None,
-            carried: bool = False, zero_sum: bool = False) -> None:
+    def add(self, name: str, size: int | None = None, per_agent: bool = False,
+            initial: Callable | None = None, carried: bool = False, zero_sum: bool = False) -> None:
         """Append a block of ``size`` coordinates (default d), one per agent if ``per_agent``.
 
         ``initial(theta_0 - theta_star) -> values`` gives its initial mean (default 0; :data:`START`:
@@ -153,13 +153,14 @@ class Augmented:
                 blocks += [(f"{name}{c}", size) for c in range(self.N)] if per_agent else [(name, size)]
             D = sum(n for _, n in blocks)
             if D > MAX_AUGMENTED_DIM:
-                kinds: dict[str, list[int]] = {}  # a block per agent is counted, not listed: N may be thousands
+                kinds: dict[str, list[int]] = {}  # a block per agent is counted, not listed: N may be large
                 for b, n in blocks:
                     kinds.setdefault(b.rstrip("0123456789"), []).append(n)
                 sizes = " + ".join(f"{len(ns)} x {ns[0]} ({b})" if len(ns) > 1 else f"{ns[0]} ({b})"
                                    for b, ns in kinds.items() if ns[0])
-                _validate.fail("problem", f"N={self.N}, d={self.d}", f"the exact recursion's state for {self.name} "
-                               f"has {D} coordinates ({sizes}) > MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}")
+                _validate.fail("problem", f"N={self.N}, d={self.d}",
+                               f"the exact recursion's state for {self.name} has {D} coordinates ({sizes}) > "
+                               f"MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}")
             starts = np.cumsum([0] + [n for _, n in blocks])
             flat = {b: slice(int(s), int(s) + n) for (b, n), s in zip(blocks, starts)}
             self._slices = {name: [flat[f"{name}{c}"] for c in range(self.N)] if per_agent else flat[name]
@@ -312,7 +313,8 @@ class Aggregation(Affine):
         self.control_variates, self.denominator = control_variates, denominator
         channel.quantizer.check_dim(y.d)
         self.w_server = y.memo(("weights", id(channel)), lambda: _expected_weights(channel, y.N))[0]
-        super().__init__(y, self._build, ("aggregate", reference, into, iterates, control_variates, denominator))
+        key = ("aggregate", reference, into, iterates, control_variates, denominator)
+        super().__init__(y, self._build, key)
 
     def _build(self) -> np.ndarray:
         """``a <- ref + sum_c E[w_c] (loc_c - ref)`` and the control variates' mean step against it."""
@@ -347,8 +349,8 @@ class Aggregation(Affine):
     def prepare(self) -> None:
         if self.control_variates and not self.channel.trivial:
             _validate.fail("algorithm", self.channel.describe(),
-                           f"exact_mse covers {self.y.title or self.y.name} with an exact channel only (identity "
-                           "quantizer, success_prob=1); exact_mean covers any unbiased channel")
+                           f"exact_mse covers {self.y.title or self.y.name} with an exact channel only "
+                           "(identity quantizer, success_prob=1); exact_mean covers any unbiased channel")
         self._channel_moments()
 
     def second(self, S: np.ndarray, conjugate) -> np.ndarray:
@@ -364,7 +366,8 @@ class Aggregation(Affine):
             Sl = S[np.ix_(loc_idx, loc_idx)].reshape(N, d, N, d)
             cross = S[np.ix_(loc_idx, ref_idx)].reshape(N, d, d)  # E[loc_c ref^T]
             # E[m_c m_j^T] for the messages m_c = loc_c - ref
-            M = Sl - cross[:, :, None, :] - np.transpose(cross, (2, 0, 1))[None] + S[ref, ref][None, :, None, :]
+            M = Sl - cross[:, :, None, :] - np.transpose(cross, (2, 0, 1))[None] \
+                + S[ref, ref][None, :, None, :]
             diag_sum = np.einsum("cicj->ij", M)
             extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
             extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
@@ -587,10 +590,10 @@ def recursion_of(algorithm, problem):
     describe = getattr(algorithm, "theory", None)
     if describe is None:
         _validate.fail("algorithm", getattr(algorithm, "name", algorithm),
-                       "has no exact moment description: pass theory=fn to fj.Algorithm, with fn(config, problem) "
-                       "returning fj.theory.Recursion(state, round, step_size, num_local_steps) built from the "
-                       "blocks of fj.theory (broadcast, local_step, aggregate, server_step, assign...; see the "
-                       "README, 'Write your own algorithm')")
+                       "has no exact moment description: pass theory=fn to fj.Algorithm, with "
+                       "fn(config, problem) returning fj.theory.Recursion(state, round, step_size, "
+                       "num_local_steps) built from the blocks of fj.theory (broadcast, local_step, aggregate, "
+                       "server_step, assign...; see the README, 'Write your own algorithm')")
     out = describe(algorithm.config, problem)
     if isinstance(out, Recursion) and out.state.name is None:
         out.state.name = algorithm.name
@@ -633,7 +636,8 @@ def _expected_weights(channel, N: int) -> tuple[float, float, float]:
 
 
 def _control_variate_rows(L, xi, loc, ref, channel, N: int, denominator: float) -> None:
-    """Adds to ``L`` the mean control-variate step on the messages ``m_j = Y[loc_j] - Y[ref]``: ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator``."""
+    """Adds to ``L`` the mean control-variate step on the messages ``m_j = Y[loc_j] - Y[ref]``:
+    ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator``."""
     _, w_same, w_other = _expected_weights(channel, N)
     p = float(channel.success_prob)
     I = np.eye(xi[0].stop - xi[0].start)
@@ -727,8 +731,9 @@ def noise_model(problem):
     cov = own() if callable(own) else None
     if cov is None:
         _validate.fail("problem", type(problem).__name__,
-                       "exact second moments need the law of the noise: a problem with a noise_second_moment() "
-                       "method (Gaussian LSA, federated TD) or a finite_support() method (fj.problems.FiniteSupport)")
+                       "exact second moments need the law of the noise: a problem with a "
+                       "noise_second_moment() method (Gaussian LSA, federated TD) or a finite_support() "
+                       "method (fj.problems.FiniteSupport)")
     require_iid(problem)
     return cov
 

@@ -98,7 +98,8 @@ def theory_averaged(config: AveragedConfig, problem) -> moments.Recursion:
     ``v <- v + (theta - v) / (t - b)`` after round ``t > b``; v is reported after the burn-in."""
     inner = moments.recursion_of(config.inner, problem)
     if not isinstance(inner, moments.Recursion):
-        _validate.fail("algorithm", config.inner.name, f"exact recursions average one recursion, not {inner.what}")
+        _validate.fail("algorithm", config.inner.name,
+                       f"exact recursions average one recursion, not {inner.what}")
     y, b, scored = inner.state, config.burn_in, inner.scored
     avg, k = "avg", 1
     while avg in y:  # an average of an average
@@ -175,7 +176,8 @@ def _map_step_size(algorithm: Algorithm, fn) -> Algorithm:
 
 def scale_step_size(algorithm: Algorithm, factor: float) -> Algorithm:
     """``algorithm`` with its step size (or schedule) multiplied by ``factor``, through wrappers."""
-    return _map_step_size(algorithm, lambda eta: eta.scaled(factor) if hasattr(eta, "scaled") else eta * factor)
+    return _map_step_size(algorithm,
+                          lambda eta: eta.scaled(factor) if hasattr(eta, "scaled") else eta * factor)
 
 
 def with_step_size(algorithm: Algorithm, step_size: float) -> Algorithm:
@@ -189,7 +191,8 @@ def theory_richardson(config: RichardsonConfig, problem) -> moments.Combination:
     moments share the noise, so ``exact_mse`` does not cover it)."""
     return moments.Combination(((2.0, config.inner), (-1.0, config.doubled)),
                                "Richardson-Romberg extrapolation (its two runs share their noise)",
-                               "pass the algorithm it extrapolates (its 2 eta run must be stable: halve the bound)")
+                               "pass the algorithm it extrapolates (its 2 eta run must be stable: halve the "
+                               "bound)")
 
 
 def richardson(algorithm: Algorithm) -> Algorithm:

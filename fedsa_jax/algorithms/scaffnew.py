@@ -180,11 +180,11 @@ def theory(config: ScaffnewConfig, problem) -> moments.Recursion:
     p = float(config.comm_prob)
 
     def step(eta):
-        talk = moments.chain(y, ("communication", eta),
-                             moments.aggregate(y, config.channel, into=into, reference="sync", control_variates="xi",
-                                               denominator=eta / p),
-                             server, moments.broadcast(y, source="sync"))
-        return moments.chain(y, ("local", eta), moments.local_step(y, eta, controls="xi"), moments.coin(p, talk))
+        send = moments.aggregate(y, config.channel, into=into, reference="sync", control_variates="xi",
+                                 denominator=eta / p)
+        talk = moments.chain(y, ("communication", eta), send, server, moments.broadcast(y, source="sync"))
+        return moments.chain(y, ("local", eta), moments.local_step(y, eta, controls="xi"),
+                             moments.coin(p, talk))
 
     mean = moments.agents_mean(y)
     return moments.Recursion(y, lambda t, etas: [*(step(float(eta)) for eta in etas), mean], config.step_size,

@@ -9,7 +9,8 @@ algorithms only ever use the *direction* ``A_c(Z) theta - b_c(Z)`` at one
 Any object with the members of :class:`Problem` works with every algorithm,
 :func:`fedsa_jax.simulate` and :func:`fedsa_jax.theory.exact_mean`; with the
 optional ``finite_support()`` (:class:`FiniteSupport`) or ``noise_second_moment()``
-(the law of its noise) also with :func:`fedsa_jax.theory.exact_mse`. :func:`missing_members` names what an object
+(the law of its noise) also with :func:`fedsa_jax.theory.exact_mse`.
+:func:`missing_members` names what an object
 lacks. The built-in families
 (:func:`~fedsa_jax.problems.gaussian_lsa`, :func:`~fedsa_jax.problems.federated_td`,
 :func:`~fedsa_jax.problems.least_squares`, :func:`~fedsa_jax.problems.expected`)

@@ -194,8 +194,8 @@ class FederatedTD:
         next_phi2 = np.einsum("cst,ti,tj->csij", P, phi, phi)  # E[phi(s') phi(s')^T | s]
         pp = np.einsum("si,sj->sij", phi, phi)
         u1 = phi[None] - g * next_phi  # E[u | s]
-        u2 = pp[None] - g * (np.einsum("si,csj->csij", phi, next_phi) + np.einsum("csi,sj->csij", next_phi, phi)) \
-            + g * g * next_phi2  # E[u u^T | s]
+        u2 = pp[None] - g * (np.einsum("si,csj->csij", phi, next_phi)
+                             + np.einsum("csi,sj->csij", next_phi, phi)) + g * g * next_phi2  # E[u u^T | s]
         S = P.shape[-1]
         weight = (mu[:, :, None, None] * pp[None]).reshape(N, S, d * d)  # mu_c(s) phi(s) phi(s)^T
         u2 = u2.reshape(N, S, d * d)

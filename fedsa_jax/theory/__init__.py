@@ -85,6 +85,7 @@ Mitra, Pappas, QFedTD, IEEE L-CSS 2023 (channel model); Mishchenko, Malinovsky,
 Stich, Richtárik, ProxSkip, ICML 2022, arXiv:2202.09357 (Scaffnew).
 """
 
+from fedsa_jax import moments as _moments
 from fedsa_jax.moments import (
     MAX_AUGMENTED_DIM,
     START,
@@ -118,28 +119,13 @@ from fedsa_jax.theory.references import (
 )
 
 __all__ = [
-    "MAX_AUGMENTED_DIM",
-    "START",
-    "Affine",
-    "Augmented",
-    "Combination",
-    "Recursion",
-    "agents_mean",
-    "aggregate",
-    "assign",
-    "averaging",
-    "broadcast",
-    "chain",
-    "coin",
+    *_moments.__all__,
     "exact_mean",
     "exact_mse",
     "fedlsa_bias",
     "fedlsa_round_bias",
-    "local_step",
     "lsa_step_size_bound",
     "max_stable_step_size",
     "mixing_time",
-    "recursion_of",
-    "server_step",
     "tv_to_stationary",
 ]

@@ -30,8 +30,8 @@ def _etas(rec: Recursion, num_rounds: int) -> np.ndarray:
         values = optim.schedule_values(rec.step_size, num_rounds * H)
     if not np.all(np.isfinite(values) & (values > 0)):
         k = int(np.argmax(~(np.isfinite(values) & (values > 0))))
-        _validate.fail("step_size", rec.step_size.describe(), f"the schedule gives {float(values[k])!r} at k={k}; "
-                       "step sizes must be finite and > 0")
+        _validate.fail("step_size", rec.step_size.describe(),
+                       f"the schedule gives {float(values[k])!r} at k={k}; step sizes must be finite and > 0")
     return values.reshape(num_rounds, H)
 
 
@@ -124,7 +124,8 @@ def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
     T = _validate.integer("num_rounds", num_rounds, 0)
     description = recursion_of(algorithm, problem)
     if isinstance(description, Combination):
-        _validate.fail("algorithm", algorithm.name, f"exact_mse does not cover {description.what}; exact_mean does")
+        _validate.fail("algorithm", algorithm.name,
+                       f"exact_mse does not cover {description.what}; exact_mean does")
     rec, etas = _recursion(description, algorithm, T, second=True)
     y = rec.state
     y.noise  # noqa: B018 (the problem's noise law, or a refusal)
@@ -187,7 +188,8 @@ def mean_spectral_radius(problem, algorithm) -> float:
         return np.inf
     d = y.d
     zero = [sl for name in y.zero_sum for sl in y[name]]
-    parts = [*zero] + [sl for name in y.carried for sl in (y[name] if isinstance(y[name], list) else [y[name]])]
+    parts = [*zero] + [sl for name in y.carried
+                       for sl in (y[name] if isinstance(y[name], list) else [y[name]])]
     keep = np.concatenate([np.arange(y.D)[sl] for sl in parts])
     M = R[np.ix_(keep, keep)]
     if not zero:

@@ -99,7 +99,8 @@ def max_stable_step_size(problem, algorithm="fedlsa", num_local_steps: int | Non
         H = _validate.integer("num_local_steps", 1 if num_local_steps is None else num_local_steps)
         if algorithm == "qfedtd" and H != 1:
             _validate.fail("num_local_steps", H, "QFedTD takes one local step per round (H=1)")
-        algorithm = algorithms.qfedtd(1.0) if algorithm == "qfedtd" else getattr(algorithms, algorithm)(1.0, H)
+        factory = getattr(algorithms, algorithm)
+        algorithm = factory(1.0) if algorithm == "qfedtd" else factory(1.0, H)
     return stable_step_size(problem, algorithm, grid_points, tol)
 
 
