@@ -16,7 +16,14 @@ from fedsa_jax.algorithms._base import (
     run_agents,
     server_update,
 )
-from fedsa_jax.algorithms.averaged import AveragedState, RichardsonState, averaged, richardson, scale_step_size
+from fedsa_jax.algorithms.averaged import (
+    AveragedState,
+    RichardsonState,
+    averaged,
+    richardson,
+    scale_step_size,
+    with_step_size,
+)
 from fedsa_jax.algorithms.fedlsa import FedLSAState, fedlsa
 from fedsa_jax.algorithms.qfedtd import QFedTDState, qfedtd
 from fedsa_jax.algorithms.scafflsa import SCAFFLSAState, scafflsa
@@ -50,4 +57,5 @@ __all__ = [
     "scafflsa",
     "scaffnew",
     "server_update",
+    "with_step_size",
 ]

@@ -56,6 +56,12 @@ class Algorithm:
         :class:`RoundInfo` with :func:`round_info` for the usual round (every agent
         sends one message) or by hand.
 
+      theory: optional ``theory(config, problem) -> fj.theory.Recursion``, the exact moment
+        description of a round written with the blocks of :mod:`fedsa_jax.moments`
+        (``fj.theory.broadcast``, ``local_step``, ``aggregate``, ...): with it
+        :func:`fedsa_jax.theory.exact_mean` and :func:`~fedsa_jax.theory.exact_mse` cover
+        the algorithm. Without it they raise a ``ValueError`` saying how to add one.
+
     Both functions are written for one seed (agents are vmapped inside, see
     :func:`run_agents`); make them module-level functions so that two equal
     algorithms hit the same compiled kernel.
@@ -65,6 +71,7 @@ class Algorithm:
     name: str = dataclasses.field(metadata=dict(static=True))
     init_fn: Callable = dataclasses.field(metadata=dict(static=True))
     step_fn: Callable = dataclasses.field(metadata=dict(static=True))
+    theory: Callable | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @property
     def num_local_steps(self) -> int:

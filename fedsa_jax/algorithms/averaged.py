@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import _validate
+from fedsa_jax import _validate, moments
 from fedsa_jax.algorithms._base import Algorithm, RoundRandomness
 
 
@@ -93,6 +93,28 @@ def step_averaged(rand: RoundRandomness, state: AveragedState, problem, config: 
     return AveragedState(problem.theta_star + error, error, inner, count), info
 
 
+def theory_averaged(config: AveragedConfig, problem) -> moments.Recursion:
+    """The inner algorithm's description with the running mean ``v`` appended to its state:
+    ``v <- v + (theta - v) / (t - b)`` after round ``t > b``; v is reported after the burn-in."""
+    inner = moments.recursion_of(config.inner, problem)
+    if not isinstance(inner, moments.Recursion):
+        _validate.fail("algorithm", config.inner.name,
+                       f"exact recursions average one recursion, not {inner.what}")
+    y, b, scored = inner.state, config.burn_in, inner.scored
+    avg, k = "avg", 1
+    while avg in y:  # an average of an average
+        k += 1
+        avg = f"avg{k}"
+    y.add(avg, initial=moments.START)
+
+    def round(t, etas):
+        phases = inner.round(t, etas)
+        n = t + 1 - b  # iterates in the mean after the round
+        return phases if n < 1 else [*phases, moments.averaging(y, n, avg, scored(t + 1))]
+
+    return dataclasses.replace(inner, round=round, scored=lambda t: avg if t > b else scored(t))
+
+
 def averaged(algorithm: Algorithm, burn_in: int = 0) -> Algorithm:
     """Polyak-Ruppert averaging of ``algorithm`` after ``burn_in`` rounds (module docstring); named
     ``"averaged_<name>"``.
@@ -106,7 +128,8 @@ def averaged(algorithm: Algorithm, burn_in: int = 0) -> Algorithm:
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm to average")
     b = _validate.integer("burn_in", burn_in, 0)
-    return Algorithm(AveragedConfig(algorithm, b), f"averaged_{algorithm.name}", init_averaged, step_averaged)
+    return Algorithm(AveragedConfig(algorithm, b), f"averaged_{algorithm.name}", init_averaged, step_averaged,
+                     theory_averaged)
 
 
 @jax.tree_util.register_dataclass
@@ -138,18 +161,38 @@ def step_richardson(rand: RoundRandomness, state: RichardsonState, problem, conf
     return RichardsonState(problem.theta_star + error, error, a, b), info
 
 
-def scale_step_size(algorithm: Algorithm, factor: float) -> Algorithm:
-    """``algorithm`` with its step size (or schedule) multiplied by ``factor``, through wrappers."""
+def _map_step_size(algorithm: Algorithm, fn) -> Algorithm:
+    """``algorithm`` with its config's ``step_size`` replaced by ``fn(step_size)``, through wrappers."""
     config = algorithm.config
     if isinstance(config, _Wrapper):
-        fields = {f.name: scale_step_size(getattr(config, f.name), factor)
+        fields = {f.name: _map_step_size(getattr(config, f.name), fn)
                   for f in dataclasses.fields(config) if isinstance(getattr(config, f.name), Algorithm)}
         return dataclasses.replace(algorithm, config=dataclasses.replace(config, **fields))
     eta = getattr(config, "step_size", None)
     if eta is None:
         _validate.fail("algorithm", algorithm.name, "Richardson extrapolation needs a config field step_size")
-    scaled = eta.scaled(factor) if hasattr(eta, "scaled") else eta * factor
-    return dataclasses.replace(algorithm, config=dataclasses.replace(config, step_size=scaled))
+    return dataclasses.replace(algorithm, config=dataclasses.replace(config, step_size=fn(eta)))
+
+
+def scale_step_size(algorithm: Algorithm, factor: float) -> Algorithm:
+    """``algorithm`` with its step size (or schedule) multiplied by ``factor``, through wrappers."""
+    return _map_step_size(algorithm,
+                          lambda eta: eta.scaled(factor) if hasattr(eta, "scaled") else eta * factor)
+
+
+def with_step_size(algorithm: Algorithm, step_size: float) -> Algorithm:
+    """``algorithm`` with the constant step size ``step_size``, through wrappers (both runs of a
+    Richardson pair get it)."""
+    return _map_step_size(algorithm, lambda eta: step_size)
+
+
+def theory_richardson(config: RichardsonConfig, problem) -> moments.Combination:
+    """``2 E[theta(eta)] - E[theta(2 eta)]``: a combination of the two runs' means (their second
+    moments share the noise, so ``exact_mse`` does not cover it)."""
+    return moments.Combination(((2.0, config.inner), (-1.0, config.doubled)),
+                               "Richardson-Romberg extrapolation (its two runs share their noise)",
+                               "pass the algorithm it extrapolates (its 2 eta run must be stable: halve the "
+                               "bound)")
 
 
 def richardson(algorithm: Algorithm) -> Algorithm:
@@ -158,4 +201,4 @@ def richardson(algorithm: Algorithm) -> Algorithm:
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm")
     return Algorithm(RichardsonConfig(algorithm, scale_step_size(algorithm, 2.0)), f"richardson_{algorithm.name}",
-                     init_richardson, step_richardson)
+                     init_richardson, step_richardson, theory_richardson)

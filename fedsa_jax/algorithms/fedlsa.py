@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import optim
+from fedsa_jax import moments, optim
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
@@ -79,6 +79,22 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     return state, round_info(local, error, delivery, config, problem)
 
 
+def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
+    """The exact moment description of a round (:mod:`fedsa_jax.moments`): ``Y = (1, theta,
+    theta^1..theta^N [, s, a])``; broadcast, H local steps, the aggregate through the channel
+    (into theta, or into a scratch block a for the server optimizer) and the optimizer's step."""
+    y = moments.Augmented(problem)
+    y.add("loc", per_agent=True)
+    into, server = moments.server_step(y, config.server_optimizer)
+    send = moments.broadcast(y)
+
+    def round(t, etas):
+        return [send, *(moments.local_step(y, float(eta)) for eta in etas),
+                moments.aggregate(y, config.channel, into=into), server]
+
+    return moments.Recursion(y, round, config.step_size, config.num_local_steps)
+
+
 def fedlsa(
     step_size: float,
     num_local_steps: int,
@@ -109,4 +125,4 @@ def fedlsa(
     """
     config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
                                 server_optimizer)
-    return Algorithm(config, "fedlsa", init, step)
+    return Algorithm(config, "fedlsa", init, step, theory)

@@ -37,6 +37,7 @@ from fedsa_jax.algorithms._base import (
     local_steps_config,
     round_info,
 )
+from fedsa_jax.algorithms.fedlsa import theory
 from fedsa_jax.channel import Delivery, aggregate, transmit
 
 
@@ -100,4 +101,4 @@ def qfedtd(step_size: float, quantizer=None, success_prob: float = 1.0,
       >>> res = fj.simulate(jax.random.key(1), problem, alg, num_rounds=200, num_seeds=256)
     """
     config = local_steps_config(step_size, 1, 1, quantizer, success_prob, aggregation, server_optimizer)
-    return Algorithm(config, "qfedtd", init, step)
+    return Algorithm(config, "qfedtd", init, step, theory)  # FedLSA's round with H = 1

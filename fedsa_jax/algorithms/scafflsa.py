@@ -35,8 +35,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from fedsa_jax import optim
+from fedsa_jax import moments, optim
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
@@ -84,6 +85,26 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     return state, round_info(local, error, delivery, config, problem)
 
 
+def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
+    """The exact moment description of a round (:mod:`fedsa_jax.moments`): ``Y = (1, theta,
+    xi_1..xi_N, theta^1..theta^N [, s, a])``; broadcast, H local steps with the control variates,
+    the aggregate through the channel with the control variates' step against it (divided by
+    ``sum_h eta_{tH+h}``), and the server optimizer's step."""
+    y = moments.Augmented(problem, title="SCAFFLSA")
+    y.add("xi", per_agent=True, zero_sum=True)
+    y.add("loc", per_agent=True)
+    into, server = moments.server_step(y, config.server_optimizer)
+    send = moments.broadcast(y)
+
+    def round(t, etas):
+        steps = [moments.local_step(y, float(eta), controls="xi") for eta in etas]
+        aggregate = moments.aggregate(y, config.channel, into=into, control_variates="xi",
+                                      denominator=float(np.sum(etas)))
+        return [send, *steps, aggregate, server]
+
+    return moments.Recursion(y, round, config.step_size, config.num_local_steps)
+
+
 def scafflsa(
     step_size: float,
     num_local_steps: int,
@@ -110,4 +131,4 @@ def scafflsa(
     """
     config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
                                 server_optimizer)
-    return Algorithm(config, "scafflsa", init, step)
+    return Algorithm(config, "scafflsa", init, step, theory)

@@ -66,7 +66,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import _validate, optim
+from fedsa_jax import _validate, moments, optim
 from fedsa_jax.algorithms._base import (
     LOCAL_UNROLL,
     Algorithm,
@@ -165,6 +165,32 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
     return ScaffnewState(problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state), info
 
 
+def theory(config: ScaffnewConfig, problem) -> moments.Recursion:
+    """The exact moment description of a round (:mod:`fedsa_jax.moments`): ``Y = (1, theta,
+    xi_1..xi_N, x_1..x_N, x_sync [, s, a])``, the agents' iterates and ``x_sync`` carried across
+    rounds. Each local step is followed, on a coin of probability p, by the communication:
+    aggregate into ``x_sync`` (or a for the optimizer) with the control variates' step (divided
+    by ``eta / p``), the optimizer's step, every agent restarting from ``x_sync``. The round
+    ends with ``theta <- mean_c x_c``."""
+    y = moments.Augmented(problem, title="Scaffnew", theta_carried=False)
+    y.add("xi", per_agent=True, zero_sum=True)
+    y.add("loc", per_agent=True, initial=moments.START, carried=True)
+    y.add("sync", initial=moments.START, carried=True)
+    into, server = moments.server_step(y, config.server_optimizer, reference="sync")
+    p = float(config.comm_prob)
+
+    def step(eta):
+        send = moments.aggregate(y, config.channel, into=into, reference="sync", control_variates="xi",
+                                 denominator=eta / p)
+        talk = moments.chain(y, ("communication", eta), send, server, moments.broadcast(y, source="sync"))
+        return moments.chain(y, ("local", eta), moments.local_step(y, eta, controls="xi"),
+                             moments.coin(p, talk))
+
+    mean = moments.agents_mean(y)
+    return moments.Recursion(y, lambda t, etas: [*(step(float(eta)) for eta in etas), mean], config.step_size,
+                             config.num_local_steps)
+
+
 def scaffnew(
     step_size: float,
     comm_prob: float,
@@ -202,4 +228,4 @@ def scaffnew(
                               server_optimizer)
     p = _validate.real("comm_prob", comm_prob, 0.0, 1.0, low_open=True)
     config = ScaffnewConfig(base.step_size, p, base.channel, base.num_local_steps, base.skip, base.server_optimizer)
-    return Algorithm(config, "scaffnew", init, step)
+    return Algorithm(config, "scaffnew", init, step, theory)

@@ -7,7 +7,7 @@ from fedsa_jax.problems.gaussian import GaussianLSA, gaussian_lsa, random_gaussi
 from fedsa_jax.problems.generators import garnet, qfedtd_mdp
 from fedsa_jax.problems.mean_path import ExpectedProblem, expected
 from fedsa_jax.problems.regression import LeastSquares, least_squares
-from fedsa_jax.problems.protocol import FiniteSupport, Problem, missing_members
+from fedsa_jax.problems.protocol import FiniteSupport, Problem, direction_second_moment, missing_members
 from fedsa_jax.problems.td import FederatedTD, federated_td
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "Problem",
     "alias_draw",
     "alias_tables",
+    "direction_second_moment",
     "expected",
     "federated_td",
     "fixed_points",

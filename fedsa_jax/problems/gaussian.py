@@ -126,6 +126,22 @@ class GaussianLSA:
                 step_sizes, control)
         return _batched_steps(0, 0)(*args)
 
+    def noise_second_moment(self):
+        """``cov(m, X) = (noise_A[c]^2 tr(X[c]) + noise_b[c]^2) I`` (N, d, d): the noise
+        ``noise_A G x - noise_b g`` has that covariance given x (the protocol's
+        ``noise_second_moment``; float64 numpy). ``None`` for a subclass with its own noise."""
+        if type(self)._noise is not GaussianLSA._noise:
+            return None
+        N, d = self.num_agents, self.dim
+        sA = np.broadcast_to(np.asarray(self.noise_A, np.float64), (N,))
+        sb = np.broadcast_to(np.asarray(self.noise_b, np.float64), (N,))
+
+        def cov(m, X):
+            scale = sA**2 * np.trace(X, axis1=1, axis2=2) + sb**2
+            return scale[:, None, None] * np.eye(d)
+
+        return cov
+
     def describe(self) -> dict[str, Any]:
         return {"family": "gaussian_lsa", "num_agents": self.num_agents, "dim": self.dim}
 

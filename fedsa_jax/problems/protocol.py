@@ -8,8 +8,9 @@ algorithms only ever use the *direction* ``A_c(Z) theta - b_c(Z)`` at one
 
 Any object with the members of :class:`Problem` works with every algorithm,
 :func:`fedsa_jax.simulate` and :func:`fedsa_jax.theory.exact_mean`; with the
-optional ``finite_support()`` (:class:`FiniteSupport`) also with
-:func:`fedsa_jax.theory.exact_mse`. :func:`missing_members` names what an object
+optional ``finite_support()`` (:class:`FiniteSupport`) or ``noise_second_moment()``
+(the law of its noise) also with :func:`fedsa_jax.theory.exact_mse`.
+:func:`missing_members` names what an object
 lacks. The built-in families
 (:func:`~fedsa_jax.problems.gaussian_lsa`, :func:`~fedsa_jax.problems.federated_td`,
 :func:`~fedsa_jax.problems.least_squares`, :func:`~fedsa_jax.problems.expected`)
@@ -93,6 +94,17 @@ class Problem(Protocol):
     * ``finite_support() -> FiniteSupport``: for observations with finitely many
       values per agent; makes :func:`fedsa_jax.theory.exact_mse` exact for the
       problem (see :class:`FiniteSupport`).
+    * ``noise_second_moment() -> cov`` or ``None``: the second moment of the
+      observation noise, for a problem whose law is not a finite support (Gaussian
+      LSA, generative TD), as a function ``cov(m, X) -> (N, d, d)``: for each agent
+      c, ``E[w w^T]`` of the noise ``w = (A_c(Z) x - b_c(Z)) - (A_bar[c] x - b_bar[c])``
+      of the direction at an iterate x independent of Z with ``E[x] = m[c]``,
+      ``E[x x^T] = X[c]`` (``m (N, d)``, ``X (N, d, d)``, float64 numpy). It must be
+      linear in ``(m, X)`` (it is whenever A_c(Z) and b_c(Z) have second moments:
+      ``E[w w^T] = E[(A(Z) x - b(Z))(...)^T] - (A_bar x - b_bar)(...)^T`` averaged over x),
+      which makes :func:`fedsa_jax.theory.exact_mse` exact for the problem under
+      i.i.d. sampling; ``None`` declines (e.g. a subclass whose noise differs).
+      :func:`direction_second_moment` computes the mean part (or a finite sum).
     * ``sampling: str``: ``"generative"`` (the default when absent: observations
       independent across local steps and rounds) or anything else (e.g.
       ``"markov"``), for which the exact recursions refuse the problem.
@@ -177,6 +189,25 @@ def missing_members(problem: Any) -> list[str]:
         if value is _ABSENT or (name in _METHODS and not callable(value)):
             missing.append(name)
     return missing
+
+
+def direction_second_moment(weights, A, b):
+    """``(m, X) -> sum_k w_k (A_k X A_k^T - A_k m b_k^T - b_k m^T A_k^T + b_k b_k^T)`` per agent,
+    i.e. ``E[(A(Z) x - b(Z))(...)^T]`` for explicit ``A (N, K, d, d)``, ``b (N, K, d)``,
+    weights ``w (N, K)`` (float64 numpy). With one point of weight 1 (``A_bar[:, None]``,
+    ``b_bar[:, None]``) it is the mean part of a noise second moment, computed by the same
+    operations, so a noise-free problem's covariance is exactly 0."""
+    At = np.swapaxes(A, -1, -2)
+    bb = np.einsum("ck,cki,ckj->cij", weights, b, b)
+    wb = weights[:, :, None, None] * b[..., None]  # (N, K, d, 1)
+
+    def second(m, X):
+        Am = A @ m[:, None, :, None]  # (N, K, d, 1)
+        cross = np.sum(Am * np.swapaxes(wb, -1, -2), axis=1)  # sum_k w A_k m b_k^T
+        quadratic = np.sum(weights[:, :, None, None] * (A @ X[:, None] @ At), axis=1)
+        return quadratic - cross - np.swapaxes(cross, 1, 2) + bb
+
+    return second
 
 
 class FiniteSupport(NamedTuple):

@@ -49,6 +49,7 @@ from fedsa_jax.problems._base import (
     fixed_points,
     stationary_distribution,
 )
+from fedsa_jax.problems.protocol import direction_second_moment
 
 SAMPLING_MODES = ("generative", "markov")
 # Pair tables (one row per (s, s'): phi(s) and phi(s) - gamma phi(s')) when they hold at most this
@@ -172,6 +173,39 @@ class FederatedTD:
         row = self.features_star[obs.state]  # one gather gives phi(s) and v(s)
         full = row - self.gamma * self.features_star[obs.next_state]  # (psi, v(s) - gamma v(s'))
         return (jnp.dot(full[:d], error) + (full[d] - obs.reward)) * row[:d]
+
+    def noise_second_moment(self):
+        """The protocol's ``noise_second_moment``: ``cov(m, X) -> (N, d, d)``, float64 numpy.
+
+        With ``Z = (s, s')``, ``s ~ mu_c``, ``s' ~ P_c(s, .)`` and ``u = phi(s) - gamma phi(s')``,
+        ``E[(b(Z) - A(Z) x)(...)^T] = sum_s mu_c(s) phi(s) phi(s)^T E_{s'|s}[(r_c(s) - u^T x)^2]``,
+        from which the mean part is removed; the inner expectation needs only ``E[u | s]`` and
+        ``E[u u^T | s]`` (finite support, enumerated once). Exact for generative sampling."""
+        A = np.asarray(self.A_bar, np.float64)
+        b = np.asarray(self.b_bar, np.float64)
+        N, d, _ = A.shape
+        mean_part = direction_second_moment(np.ones((N, 1)), A[:, None], b[:, None])
+        P = np.asarray(self.transitions, np.float64)  # (N, S, S)
+        r = np.asarray(self.rewards, np.float64)  # (N, S)
+        phi = np.asarray(self.features, np.float64)  # (S, d)
+        mu = np.asarray(self.stationary, np.float64)  # (N, S)
+        g = float(self.gamma)
+        next_phi = P @ phi  # (N, S, d): E[phi(s') | s]
+        next_phi2 = np.einsum("cst,ti,tj->csij", P, phi, phi)  # E[phi(s') phi(s')^T | s]
+        pp = np.einsum("si,sj->sij", phi, phi)
+        u1 = phi[None] - g * next_phi  # E[u | s]
+        u2 = pp[None] - g * (np.einsum("si,csj->csij", phi, next_phi)
+                             + np.einsum("csi,sj->csij", next_phi, phi)) + g * g * next_phi2  # E[u u^T | s]
+        S = P.shape[-1]
+        weight = (mu[:, :, None, None] * pp[None]).reshape(N, S, d * d)  # mu_c(s) phi(s) phi(s)^T
+        u2 = u2.reshape(N, S, d * d)
+
+        def cov(m, X):  # batched matmuls over agents (einsum is several times slower here)
+            q = r**2 - 2 * r * (u1 @ m[:, :, None])[..., 0] + (u2 @ X.reshape(N, d * d, 1))[..., 0]  # (N, S)
+            second = (q[:, None, :] @ weight).reshape(N, d, d)
+            return second - mean_part(m, X)
+
+        return cov
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,816 @@
+"""Building blocks of exact moment recursions: an algorithm describes its round with them, and
+:func:`fedsa_jax.theory.exact_mean` and :func:`~fedsa_jax.theory.exact_mse` run the description.
+
+With i.i.d. observations every update of a federated LSA algorithm built from the simulation blocks
+(:mod:`fedsa_jax.algorithms`) is affine in a joint state given the round's noise. An algorithm
+lays that state out as an :class:`Augmented` vector
+
+    Y = (1, theta, <its own blocks: control variates, local iterates, optimizer state, averages...>)
+
+in **error coordinates** (every iterate minus ``theta_star``, so the MSE is read with no
+cancellation), and describes round t as a list of **phases**, each ``Y <- L Y + w`` with a
+constant matrix L and a noise w of mean zero given Y. The mean follows ``m <- L m``; the second
+moment ``S = E[Y Y^T]`` follows ``S <- L S L^T + E[w w^T]`` with ``E[w w^T]`` linear in S. The
+phases mirror the simulation blocks:
+
+==========================================  ============================================================
+simulation                                  phase
+==========================================  ============================================================
+agents start from theta (``run_agents``)     :func:`broadcast` (``loc_c <- theta``)
+one local step (``local_updates``)           :func:`local_step`: ``loc_c <- (I - eta A_bar[c]) loc_c
+                                             - eta rho_c + eta xi_c + w_c``, w_c from the problem's
+                                             ``noise_second_moment()`` or ``finite_support()``
+``server_update`` (+ the channel)            :func:`aggregate`: ``a <- ref + sum_c E[w_c](loc_c - ref)``;
+                                             erasure weights and quantizer noise enter S exactly
+``control_variate_update``                   ``aggregate(..., control_variates="xi", denominator=...)``
+``fj.optim.server_step``                     :func:`server_step` (an affine optax optimizer, probed)
+a coin (communicate with probability p)      :func:`coin`
+``fj.averaged``                              :func:`averaging`
+anything else affine                         :func:`assign`, :func:`agents_mean`, :class:`Affine`
+==========================================  ============================================================
+
+``rho_c = A_bar[c] theta_star - b_bar[c]`` (float64) is the constant of a local step in error
+coordinates. :func:`chain` groups phases (one map, cached: a local step and its coin). A
+:class:`Recursion` holds the state and the round (``round(t, etas) -> phases``, ``etas`` the
+round's H local step sizes, a schedule's values included); a :class:`Combination` is a linear
+combination of other algorithms' means (Richardson-Romberg). An algorithm passes its
+description as ``fj.Algorithm(..., theory=fn)`` with ``fn(config, problem) -> Recursion``.
+
+Example (server momentum on the agents' mean, ``v <- beta v + (mean - theta)``, ``theta <- theta + v``)::
+
+    def fedavgm_theory(config, problem):
+        y = fj.theory.Augmented(problem)
+        y.add("loc", per_agent=True)             # the agents' iterates
+        y.add("velocity", carried=True)          # kept across rounds (starts at 0)
+        y.add("mean")                            # scratch: the aggregate
+        b = float(config.momentum)
+        server = fj.theory.assign(y, velocity={"velocity": b, "mean": 1.0, "theta": -1.0},
+                                  theta={"velocity": b, "mean": 1.0})
+        def round(t, etas):
+            return [fj.theory.broadcast(y), *(fj.theory.local_step(y, eta) for eta in etas),
+                    fj.theory.aggregate(y, fj.channel.channel(), into="mean"), server]
+        return fj.theory.Recursion(y, round, config.step_size, config.num_local_steps)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from math import lgamma
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedsa_jax import _validate
+from fedsa_jax.problems.protocol import direction_second_moment
+
+__all__ = [
+    "MAX_AUGMENTED_DIM",
+    "START",
+    "Affine",
+    "Augmented",
+    "Combination",
+    "Recursion",
+    "agents_mean",
+    "aggregate",
+    "assign",
+    "averaging",
+    "broadcast",
+    "chain",
+    "coin",
+    "local_step",
+    "recursion_of",
+    "server_step",
+]
+
+MAX_AUGMENTED_DIM = 2000
+CACHE_SIZE = 32  # maps kept per state (a constant step needs a handful; a schedule's are used once each)
+
+
+def START(error0: np.ndarray) -> np.ndarray:
+    """Initial mean of a block that starts at the initial iterate: ``theta_0 - theta_star``."""
+    return error0
+
+
+class Augmented:
+    """The augmented state Y of an exact recursion: named blocks (error coordinates), their initial
+    means, and a cache of the maps built on it.
+
+    ``Augmented(problem)`` holds the blocks ``one`` (the constant 1, column of the affine terms) and
+    ``theta`` (the server iterate, starting at ``theta_0``). :meth:`add` appends a block; after
+    the first read of the layout (``y["theta"]``, ``y.D``) no block can be added. The problem's
+    float64 ``A_bar`` (``y.A``), ``theta_star`` and residuals ``rho = A_bar theta_star - b_bar``
+    (``y.rho``, (N, d)) are attributes, with ``y.N`` and ``y.d``.
+
+    Args:
+      problem: the problem (its mean system is read with numpy).
+      title: how refusals name the algorithm (default: its name).
+      theta_carried: whether theta persists across rounds (:func:`fedsa_jax.theory.max_stable_step_size`
+        takes the spectral radius of a round on the carried blocks); False when a round recomputes it.
+    """
+
+    def __init__(self, problem, title: str | None = None, theta_carried: bool = True):
+        A, _, theta_star = _arrays(problem)
+        self.problem, self.name, self.title = problem, None, title
+        self.A, self.theta_star, self.rho = A, theta_star, _residuals(problem)
+        self.N, self.d = self.rho.shape
+        self._specs: list[tuple[str, int, bool, Callable | None]] = []
+        self.carried: list[str] = []
+        self.zero_sum: list[str] = []
+        self._slices: dict[str, Any] | None = None
+        self._cache: dict = {}
+        self._memo: dict = {}
+        self.add("one", 1, initial=lambda e0: 1.0)
+        self.add("theta", initial=START, carried=theta_carried)
+
+    def add(self, name: str, size: int | None = None, per_agent: bool = False,
+            initial: Callable | None = None, carried: bool = False, zero_sum: bool = False) -> None:
+        """Append a block of ``size`` coordinates (default d), one per agent if ``per_agent``.
+
+        ``initial(theta_0 - theta_star) -> values`` gives its initial mean (default 0; :data:`START`:
+        the initial iterate). ``carried``: the block persists across rounds (stability).
+        ``zero_sum`` (per-agent blocks): their sum over agents stays 0 (control variates);
+        stability is taken on that subspace.
+        """
+        if self._slices is not None:
+            _validate.fail("block", name, "add every block before reading the layout (y[...], y.D)")
+        if name in self:
+            _validate.fail("block", name, f"a block of that name exists: {[n for n, *_ in self._specs]}")
+        self._specs.append((name, self.d if size is None else int(size), per_agent, initial))
+        if carried:
+            self.carried.append(name)
+        if zero_sum:
+            self.zero_sum.append(name)
+
+    def __contains__(self, name: str) -> bool:
+        return any(n == name for n, *_ in self._specs)
+
+    def _layout(self) -> dict[str, Any]:
+        if self._slices is None:
+            blocks = []
+            for name, size, per_agent, _ in self._specs:
+                blocks += [(f"{name}{c}", size) for c in range(self.N)] if per_agent else [(name, size)]
+            D = sum(n for _, n in blocks)
+            if D > MAX_AUGMENTED_DIM:
+                kinds: dict[str, list[int]] = {}  # a block per agent is counted, not listed: N may be large
+                for b, n in blocks:
+                    kinds.setdefault(b.rstrip("0123456789"), []).append(n)
+                sizes = " + ".join(f"{len(ns)} x {ns[0]} ({b})" if len(ns) > 1 else f"{ns[0]} ({b})"
+                                   for b, ns in kinds.items() if ns[0])
+                _validate.fail("problem", f"N={self.N}, d={self.d}",
+                               f"the exact recursion's state for {self.name} has {D} coordinates ({sizes}) > "
+                               f"MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}")
+            starts = np.cumsum([0] + [n for _, n in blocks])
+            flat = {b: slice(int(s), int(s) + n) for (b, n), s in zip(blocks, starts)}
+            self._slices = {name: [flat[f"{name}{c}"] for c in range(self.N)] if per_agent else flat[name]
+                            for name, _, per_agent, _ in self._specs}
+            self._D = int(D)
+        return self._slices
+
+    @property
+    def D(self) -> int:
+        """Dimension of Y."""
+        self._layout()
+        return self._D
+
+    def __getitem__(self, name: str):
+        """A block's slice of Y (a list of N slices for a per-agent block)."""
+        return self._layout()[name]
+
+    def indices(self, name: str) -> np.ndarray:
+        """The coordinates of a block (all agents' in order for a per-agent block)."""
+        def build():
+            parts = self[name] if isinstance(self[name], list) else [self[name]]
+            return np.concatenate([np.arange(self.D)[sl] for sl in parts])
+
+        return self.memo(("indices", name), build)
+
+    def memo(self, key, build):
+        """``build()`` once per key (small derived values: indices, channel moments, the noise model)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+    def cached(self, key, build):
+        """``build()`` cached under ``key`` (the last ``CACHE_SIZE`` maps are kept)."""
+        if key not in self._cache:
+            if len(self._cache) >= CACHE_SIZE:
+                self._cache.pop(next(iter(self._cache)))  # the oldest
+            self._cache[key] = build()
+        return self._cache[key]
+
+    @property
+    def noise(self):
+        """The problem's local noise covariance ``cov(m, X) -> (N, d, d)`` (:func:`noise_model`)."""
+        return self.memo("noise", lambda: noise_model(self.problem))
+
+    def initial(self, theta0=None) -> np.ndarray:
+        """``E[Y_0]`` for the initial iterate ``theta0`` (default 0)."""
+        d = self.d
+        e0 = -self.theta_star
+        if theta0 is not None:
+            theta0 = _validate.array("theta0", theta0, 1)
+            if theta0.shape != (d,):
+                _validate.fail("theta0", theta0, f"expected shape ({d},) to match the problem's dimension")
+            e0 = theta0 - self.theta_star
+        m = np.zeros(self.D)
+        for name, _, per_agent, initial in self._specs:
+            if initial is not None:
+                for sl in (self[name] if per_agent else [self[name]]):
+                    m[sl] = initial(e0)
+        return m
+
+
+# -- phases ----------------------------------------------------------------------------------
+
+class Affine:
+    """``Y <- L Y``, no noise: ``build() -> L (D, D)`` (the affine constant in column 0), built
+    once (cached in the state under ``key`` if given, else on the phase)."""
+
+    noiseless = True
+
+    def __init__(self, y: Augmented, build: Callable[[], np.ndarray], key=None):
+        self.y, self.build, self.key, self._L = y, build, key, None
+
+    def mean(self) -> np.ndarray:
+        if self.key is not None:
+            return self.y.cached(self.key, self.build)
+        if self._L is None:
+            self._L = self.build()
+        return self._L
+
+    def prepare(self) -> None:
+        """Checks that the second-moment recursion applies (raises ``ValueError`` if not)."""
+
+    def second(self, S: np.ndarray, conjugate) -> np.ndarray:
+        return conjugate(self.mean(), S)
+
+
+class LocalStep:
+    """One local step of every agent (:func:`local_step`)."""
+
+    noiseless = False
+
+    def __init__(self, y: Augmented, eta: float, iterates: str, controls: str | None):
+        self.y, self.eta, self.iterates, self.controls = y, float(eta), iterates, controls
+
+    def mean(self) -> np.ndarray:
+        """``e_c <- (I - eta A_c) e_c - eta rho_c (+ eta xi_c)`` (error coordinates)."""
+        y, eta = self.y, self.eta
+
+        def build():
+            L = np.eye(y.D)
+            xi = y[self.controls] if self.controls else None
+            for c, l in enumerate(y[self.iterates]):
+                L[l, l] = np.eye(y.d) - eta * y.A[c]
+                L[l, 0] = -eta * y.rho[c]
+                if xi:
+                    L[l, xi[c]] = eta * np.eye(y.d)
+            return L
+
+        return y.cached(("local", eta, self.iterates, self.controls), build)
+
+    def prepare(self) -> None:
+        self.y.noise  # noqa: B018 (builds the noise model: refuses a problem without one)
+
+    def second(self, S: np.ndarray, conjugate) -> np.ndarray:
+        """``S <- L S L^T + E[w w^T]``, touching only the local rows and columns."""
+        y, eta = self.y, self.eta
+        N, d, D = y.N, y.d, y.D
+        A, rho, theta_star = y.A, y.rho, y.theta_star
+        loc_idx = y.indices(self.iterates)
+        xi_idx = y.indices(self.controls) if self.controls else None
+        blocks = y.memo(("diagonal", self.iterates), lambda: (loc_idx.reshape(N, d)[:, :, None],
+                                                               loc_idx.reshape(N, d)[:, None, :]))
+
+        def local_rows(S):
+            """``L(eta) @ S``: only the local rows change."""
+            R = S.copy()
+            B = np.eye(d) - eta * A  # (N, d, d)
+            rows = B @ S[loc_idx].reshape(N, d, D) - eta * rho[:, :, None] * S[0][None, None]
+            if xi_idx is not None:
+                rows = rows + eta * S[xi_idx].reshape(N, d, D)
+            R[loc_idx] = rows.reshape(N * d, D)
+            return R
+
+        # the noise model takes the local iterates' moments in theta coordinates
+        m_e = S[0, loc_idx].reshape(N, d)
+        X = S[blocks] + theta_star[:, None] * m_e[:, None, :] + m_e[:, :, None] * theta_star[None, :] \
+            + np.outer(theta_star, theta_star)  # (N, d, d): E[theta^c theta^c^T]
+        cov = (eta * eta) * y.noise(m_e + theta_star, X)
+        S = local_rows(local_rows(S).T)
+        S[blocks] += cov
+        return S
+
+
+class Aggregation(Affine):
+    """The server's aggregate through the uplink channel (:func:`aggregate`)."""
+
+    def __init__(self, y: Augmented, channel, reference: str, into: str, iterates: str,
+                 control_variates: str | None, denominator: float | None):
+        self.channel, self.reference, self.into, self.iterates = channel, reference, into, iterates
+        self.control_variates, self.denominator = control_variates, denominator
+        channel.quantizer.check_dim(y.d)
+        self.w_server = y.memo(("weights", id(channel)), lambda: _expected_weights(channel, y.N))[0]
+        key = ("aggregate", reference, into, iterates, control_variates, denominator)
+        super().__init__(y, self._build, key)
+
+    def _build(self) -> np.ndarray:
+        """``a <- ref + sum_c E[w_c] (loc_c - ref)`` and the control variates' mean step against it."""
+        y = self.y
+        L = np.eye(y.D)
+        d, ref, into = y.d, y[self.reference], y[self.into]
+        L[into] = 0.0
+        L[into, ref] = (1.0 - y.N * self.w_server) * np.eye(d)
+        for l in y[self.iterates]:
+            L[into, l] = self.w_server * np.eye(d)
+        if self.control_variates:
+            _control_variate_rows(L, y[self.control_variates], y[self.iterates], ref, self.channel, y.N,
+                                  self.denominator)
+        return L
+
+    def _channel_moments(self):
+        """``(Cov(w_c, w_c), Cov(w_c, w_j), E[w_c^2], V)`` of the channel."""
+        ch, y = self.channel, self.y
+
+        def build():
+            quant = _quantizer_covariance(ch.quantizer, y.d)
+            c_same, c_other = _weight_covariance(ch, y.N)
+            return c_same, c_other, c_same + _server_weight(ch, y.N) ** 2, quant
+
+        return y.memo(("channel", id(ch)), build)
+
+    @property
+    def noiseless(self) -> bool:
+        c_same, c_other, _, _ = self._channel_moments()
+        return not (c_same or c_other or self.channel.quantizer.kind != "identity")
+
+    def prepare(self) -> None:
+        if self.control_variates and not self.channel.trivial:
+            _validate.fail("algorithm", self.channel.describe(),
+                           f"exact_mse covers {self.y.title or self.y.name} with an exact channel only "
+                           "(identity quantizer, success_prob=1); exact_mean covers any unbiased channel")
+        self._channel_moments()
+
+    def second(self, S: np.ndarray, conjugate) -> np.ndarray:
+        """Erasure weights and quantizer errors of mean zero add ``sum_{c,j} Cov(w_c, w_j) E[m_c m_j^T]
+        + sum_c E[w_c^2] V(E[m_c m_c^T])`` to the aggregate, ``m_c = loc_c - ref``."""
+        y = self.y
+        N, d = y.N, y.d
+        c_same, c_other, w_sq, quant = self._channel_moments()
+        extra = None
+        if not self.noiseless:
+            loc_idx, ref_idx = y.indices(self.iterates), y.indices(self.reference)
+            ref = y[self.reference]
+            Sl = S[np.ix_(loc_idx, loc_idx)].reshape(N, d, N, d)
+            cross = S[np.ix_(loc_idx, ref_idx)].reshape(N, d, d)  # E[loc_c ref^T]
+            # E[m_c m_j^T] for the messages m_c = loc_c - ref
+            M = Sl - cross[:, :, None, :] - np.transpose(cross, (2, 0, 1))[None] \
+                + S[ref, ref][None, :, None, :]
+            diag_sum = np.einsum("cicj->ij", M)
+            extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
+            extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
+        S = conjugate(self.mean(), S)
+        if extra is not None:  # the channel's noise enters the aggregate
+            into = y[self.into]
+            S[into, into] += extra
+        return S
+
+
+class Coin:
+    """With probability p (a coin independent of the state) ``phase``, else nothing (:func:`coin`)."""
+
+    noiseless = False
+
+    def __init__(self, p: float, phase):
+        self.p, self.phase = float(p), phase
+
+    def mean(self) -> np.ndarray:
+        L = self.phase.mean()
+        return (1.0 - self.p) * np.eye(L.shape[0]) + self.p * L
+
+    def prepare(self) -> None:
+        self.phase.prepare()
+
+    def second(self, S: np.ndarray, conjugate) -> np.ndarray:
+        return (1.0 - self.p) * S + self.p * self.phase.second(S, conjugate)
+
+
+class Chain:
+    """Phases applied in order, their mean maps multiplied once and cached (:func:`chain`)."""
+
+    def __init__(self, y: Augmented, key, phases):
+        self.y, self.key, self.phases = y, key, [p for p in phases if p is not None]
+
+    @property
+    def noiseless(self) -> bool:
+        return all(p.noiseless for p in self.phases)
+
+    def mean(self) -> np.ndarray:
+        def build():
+            L = self.phases[0].mean()
+            for p in self.phases[1:]:
+                L = p.mean() @ L
+            return L
+
+        return self.y.cached(("chain", self.key), build)
+
+    def prepare(self) -> None:
+        for p in self.phases:
+            p.prepare()
+
+    def second(self, S: np.ndarray, conjugate) -> np.ndarray:
+        if self.noiseless:  # one conjugation by the product
+            return conjugate(self.mean(), S)
+        for p in self.phases:
+            S = p.second(S, conjugate)
+        return S
+
+
+# -- the blocks --------------------------------------------------------------------------------
+
+def broadcast(y: Augmented, source: str = "theta", into: str = "loc") -> Affine:
+    """Every agent starts from the server's iterate: ``into_c <- source`` (``run_agents``)."""
+    def build():
+        L = np.eye(y.D)
+        for l in y[into]:
+            L[l, l] = 0.0
+            L[l, y[source]] = np.eye(y.d)
+        return L
+
+    return Affine(y, build, ("broadcast", source, into))
+
+
+def local_step(y: Augmented, eta: float, iterates: str = "loc", controls: str | None = None) -> LocalStep:
+    """One local step of every agent at step size ``eta``, with the problem's noise:
+    ``e_c <- (I - eta A_bar[c]) e_c - eta rho_c + eta xi_c + w_c`` (``controls``: the per-agent
+    block of control variates xi, or None), ``E[w_c w_c^T] = eta^2 cov_c`` from the problem's
+    ``noise_second_moment()`` or ``finite_support()``, independent across agents and steps."""
+    return LocalStep(y, eta, iterates, controls)
+
+
+def aggregate(y: Augmented, channel, into: str = "theta", reference: str = "theta", iterates: str = "loc",
+              control_variates: str | None = None, denominator: float | None = None) -> Aggregation:
+    """``server_update`` through ``channel``: ``into <- reference + sum_c w_c q(m_c)``,
+    ``m_c = iterates_c - reference``, with the channel's random weights (erasures, either
+    aggregation rule) and quantizer (unbiased; for second moments identity or rand-k).
+
+    ``control_variates``: also ``control_variate_update`` of that per-agent block in the same map,
+    ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator`` (its mean;
+    exact second moments with an exact channel only)."""
+    return Aggregation(y, channel, reference, into, iterates, control_variates, denominator)
+
+
+def server_step(y: Augmented, server_optimizer, reference: str = "theta"):
+    """``fj.optim.server_step``: ``(into, phase)``. Without an optimizer the aggregate goes to
+    ``reference`` and the phase is None. With one (probed in float64 as an affine map
+    ``[u; s'] = M [g; s; params] + c`` of the pseudo-gradient ``g = reference - a``, its flattened
+    state s and the iterate, refused if not affine or if its state counts steps), the state gains
+    its block ``s`` (carried) and a scratch block ``agg`` for the aggregate a (so call this before
+    adding later blocks), and the phase is ``reference <- reference + u``, ``s <- s'``."""
+    if server_optimizer is None:
+        return reference, None
+    d = y.d
+    M, c, _, n_s = _affine_optimizer(server_optimizer, d, np.zeros(d))
+    y.add("s", n_s, initial=lambda e0: _affine_optimizer(server_optimizer, d, e0)[2], carried=True)
+    y.add("agg")
+
+    def build():
+        I = np.eye(d)
+        Mg, Ms, Mp = M[:, :d], M[:, d:d + n_s], M[:, d + n_s:]
+        L = np.eye(y.D)
+        ref, s, agg = y[reference], y["s"], y["agg"]
+        out = np.zeros((d + n_s, y.D))  # rows of [u; s']
+        out[:, ref] = Mg + Mp
+        out[:, agg] = -Mg
+        out[:, s] = Ms
+        out[:, 0] = c + Mp @ y.theta_star
+        L[ref] = out[:d]
+        L[ref, ref] += I
+        L[s] = out[d:]
+        return L
+
+    return "agg", Affine(y, build, ("optimizer", reference))
+
+
+def coin(p: float, phase) -> Coin:
+    """``phase`` with probability p, on a coin independent of the state: the mean map is
+    ``(1 - p) I + p L`` and the second moment the mixture ``(1 - p) S + p phase(S)``."""
+    return Coin(p, phase)
+
+
+def chain(y: Augmented, key, *phases) -> Chain:
+    """Phases in order as one (None entries skipped); the product of their mean maps is cached under
+    ``key`` (which must identify the phases, e.g. ``("local", eta)``)."""
+    return Chain(y, key, phases)
+
+
+def agents_mean(y: Augmented, source: str = "loc", into: str = "theta") -> Affine:
+    """``into <- mean_c source_c`` (exact channel)."""
+    def build():
+        L = np.eye(y.D)
+        L[y[into]] = 0.0
+        for l in y[source]:
+            L[y[into], l] = np.eye(y.d) / y.N
+        return L
+
+    return Affine(y, build, ("mean", source, into))
+
+
+def averaging(y: Augmented, n: int, block: str = "avg", source: str = "theta") -> Affine:
+    """Polyak-Ruppert: ``block <- block + (source - block) / n`` (n iterates in the mean)."""
+    def build():
+        L = np.eye(y.D)
+        v = y[block]
+        L[v, v] = (1.0 - 1.0 / n) * np.eye(y.d)
+        L[v, y[source]] = np.eye(y.d) / n
+        return L
+
+    return Affine(y, build)
+
+
+def assign(y: Augmented, **rows) -> Affine:
+    """Blocks set at once to linear combinations of the old values: ``assign(y, theta={"theta": 1 - b,
+    "mean": b})`` is ``theta <- (1 - b) theta + b mean``. A coefficient is a number (times the
+    identity; blocks of equal size) or a matrix; ``"one"`` with a vector adds a constant (error
+    coordinates: a constant shift of an iterate). Unnamed blocks are unchanged."""
+    def build():
+        L = np.eye(y.D)
+        for target, combination in rows.items():
+            t = y[target]
+            L[t] = 0.0
+            for source, coef in combination.items():
+                s = y[source]
+                if np.ndim(coef) == 0 and source != "one":
+                    coef = coef * np.eye(t.stop - t.start, s.stop - s.start)
+                L[t, s] += np.reshape(coef, (t.stop - t.start, s.stop - s.start))
+        return L
+
+    return Affine(y, build)
+
+
+# -- descriptions ------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Recursion:
+    """An algorithm's exact moment description.
+
+    Args:
+      state: its :class:`Augmented` state.
+      round: ``round(t, etas) -> [phase, ...]`` for round t (0-based), ``etas (H,)`` the step sizes
+        of its local steps (float64; a schedule's ``eta_{tH+h}``); None entries are skipped.
+      step_size: the config's step size (a float or a schedule of the local-step count).
+      num_local_steps: H.
+      scored: ``scored(t) -> block name`` of the reported iterate after round t (default theta).
+    """
+
+    state: Augmented
+    round: Callable[[int, np.ndarray], list]
+    step_size: Any
+    num_local_steps: int = 1
+    scored: Callable[[int], str] = lambda t: "theta"
+
+
+@dataclasses.dataclass
+class Combination:
+    """A linear combination ``sum_k coef_k E[theta_t(algorithm_k)]`` of other algorithms' means:
+    :func:`~fedsa_jax.theory.exact_mean` only (the runs may share their noise).
+
+    ``what`` names it in refusals; ``hint`` says what to pass to ``max_stable_step_size`` instead."""
+
+    terms: tuple
+    what: str
+    hint: str = "pass one of the algorithms it combines"
+
+
+def recursion_of(algorithm, problem):
+    """The description ``algorithm.theory(algorithm.config, problem)`` (a :class:`Recursion` or a
+    :class:`Combination`); a ``ValueError`` saying how to add one if the algorithm has none."""
+    describe = getattr(algorithm, "theory", None)
+    if describe is None:
+        _validate.fail("algorithm", getattr(algorithm, "name", algorithm),
+                       "has no exact moment description: pass theory=fn to fj.Algorithm, with "
+                       "fn(config, problem) returning fj.theory.Recursion(state, round, step_size, "
+                       "num_local_steps) built from the blocks of fj.theory (broadcast, local_step, aggregate, "
+                       "server_step, assign...; see the README, 'Write your own algorithm')")
+    out = describe(algorithm.config, problem)
+    if isinstance(out, Recursion) and out.state.name is None:
+        out.state.name = algorithm.name
+    return out
+
+
+# -- moments of the noise and of the channel ----------------------------------------------------
+
+def _arrays(problem):
+    A = np.asarray(problem.A_bar, np.float64)
+    b = np.asarray(problem.b_bar, np.float64)
+    return A, b, np.asarray(problem.theta_star, np.float64)
+
+
+def _binomial_inverse_mean(n: int, p: float, shift: int, power: int = 1) -> float:
+    """``E[1 / (shift + X)^power]`` for ``X ~ Binomial(n, p)``, ``shift >= 1`` (log-space
+    probabilities, so any n)."""
+    if p == 1.0:
+        return 1.0 / (shift + n) ** power
+    k = np.arange(n + 1)
+    log_pmf = (lgamma(n + 1) - np.array([lgamma(i + 1) + lgamma(n - i + 1) for i in k])
+               + k * np.log(p) + (n - k) * np.log1p(-p))
+    return float(np.sum(np.exp(log_pmf) / (shift + k) ** power))
+
+
+def _server_weight(channel, N: int) -> float:
+    """``E[w_c]``: ``p / N`` (``"divide_by_n"``) or ``E[1{c in R} / |R|] = (1 - (1 - p)^N) / N``."""
+    p = float(channel.success_prob)
+    return p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N
+
+
+def _expected_weights(channel, N: int) -> tuple[float, float, float]:
+    """``E[w_c]``, ``E[1{c in R} / |R|]`` and ``E[1{c, j in R} / |R|]`` (j != c)."""
+    if not channel.quantizer.unbiased:
+        _validate.fail("quantizer", channel.quantizer.describe(), "exact recursions need an unbiased quantizer")
+    p = float(channel.success_prob)
+    same = p * _binomial_inverse_mean(N - 1, p, 1)
+    other = p * p * _binomial_inverse_mean(N - 2, p, 2) if N > 1 else 0.0
+    return _server_weight(channel, N), same, other
+
+
+def _control_variate_rows(L, xi, loc, ref, channel, N: int, denominator: float) -> None:
+    """Adds to ``L`` the mean control-variate step on the messages ``m_j = Y[loc_j] - Y[ref]``:
+    ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator``."""
+    _, w_same, w_other = _expected_weights(channel, N)
+    p = float(channel.success_prob)
+    I = np.eye(xi[0].stop - xi[0].start)
+    for c in range(N):
+        for j in range(N):
+            coef = (w_same - p if j == c else w_other) / denominator
+            L[xi[c], loc[j]] += coef * I
+            L[xi[c], ref] -= coef * I
+
+
+def _affine_optimizer(server_optimizer, d: int, error0: np.ndarray):
+    """A server optimizer as an affine map, probed in float64: ``[u; s'] = M [g; s; params] + c`` for the
+    pseudo-gradient g (d), its flattened state s (n_s) and ``params`` (d); returns ``(M, c, s0, n_s)``
+    with ``s0`` the flattened initial state. Refuses optimizers that are not affine (Adam) or that
+    count steps (a schedule inside the optimizer: not constant)."""
+    what = server_optimizer.describe()
+    with jax.enable_x64(True):
+        tx = server_optimizer.build()
+        s0 = tx.init(jnp.asarray(error0, jnp.float64))
+        leaves, treedef = jax.tree.flatten(s0)
+        if any(not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) for x in leaves):
+            _validate.fail("server_optimizer", what, "exact_mean and exact_mse need a constant affine server "
+                           "optimizer such as optax.sgd(lr, momentum=beta); this one's state counts steps (Adam's bias "
+                           "correction, or a schedule inside it), so its update changes with t: estimate it by "
+                           "simulation")
+        shapes = [jnp.shape(x) for x in leaves]
+        sizes = [int(np.prod(s)) for s in shapes]
+        n_s = sum(sizes)
+
+        def f(z):
+            g, s, p = z[:d], z[d:d + n_s], z[d + n_s:]
+            parts = np.split(np.arange(n_s), np.cumsum(sizes)[:-1]) if n_s else []
+            state = jax.tree.unflatten(treedef, [s[idx].reshape(shape) for idx, shape in zip(parts, shapes)])
+            u, state = tx.update(g, state, p)
+            return jnp.concatenate([jnp.ravel(u), *[jnp.ravel(x) for x in jax.tree.leaves(state)]])
+
+        f = jax.jit(f)
+        n = 2 * d + n_s
+        c = np.asarray(f(jnp.zeros(n)), np.float64)
+        if c.shape != (d + n_s,):
+            _validate.fail("server_optimizer", what, "exact theory needs an optimizer whose state keeps its shape")
+        M = np.stack([np.asarray(f(jnp.eye(n)[i]), np.float64) - c for i in range(n)], axis=1)
+        rng = np.random.default_rng(0)
+        for scale in (1e-3, 1.0, 1e3):  # an affine map matches c + M z everywhere
+            z = scale * rng.standard_normal(n)
+            out = np.asarray(f(jnp.asarray(z)), np.float64)
+            pred = c + M @ z
+            if not np.allclose(out, pred, rtol=1e-8, atol=1e-12 * (np.abs(M) @ np.abs(z) + np.abs(c)).max()):
+                _validate.fail("server_optimizer", what, "exact_mean and exact_mse need an affine server optimizer "
+                               "(updates and state linear in the pseudo-gradient, the state and the iterate, e.g. "
+                               "optax.sgd(lr, momentum=beta)); this one is not (Adam- and RMSProp-type updates divide by a "
+                               "running second moment): estimate it by simulation")
+        s0 = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in leaves]) if n_s else np.zeros(0)
+    return M, c, s0, n_s
+
+
+def _residuals(problem) -> np.ndarray:
+    """``rho_c = A_bar[c] theta_star - b_bar[c]`` (N, d), in float64: the constant term of a local
+    step in error coordinates."""
+    A, b, theta_star = _arrays(problem)
+    return np.einsum("cij,j->ci", A, theta_star) - b
+
+
+def require_iid(problem):
+    """Refuses a problem whose observations are not i.i.d. (``sampling`` other than generative)."""
+    if getattr(problem, "sampling", "generative") != "generative":
+        _validate.fail("problem.sampling", problem.sampling, "exact recursions need i.i.d. ('generative') sampling")
+
+
+def noise_model(problem):
+    """``cov(m, X) -> (N, d, d)``: the covariance of the local direction
+    ``b_c(Z) - A_c(Z) x`` around ``b_bar[c] - A_bar[c] x``, averaged over an iterate
+    ``x`` with ``E[x] = m[c]``, ``E[x x^T] = X[c]``, Z independent of x:
+    ``E[(A(Z) x - b(Z))(...)^T] - E[(A_bar x - b_bar)(...)^T]``, linear in ``(m, X)``.
+
+    * A problem with ``finite_support()`` (least squares, :func:`~fedsa_jax.problems.expected`,
+      user problems): the first term is the finite sum of
+      :class:`~fedsa_jax.problems.FiniteSupport` over each agent's support points.
+    * A problem with ``noise_second_moment()`` (Gaussian LSA, federated TD, user problems):
+      the function it returns (the problem owns the law of its noise; see
+      :class:`~fedsa_jax.problems.Problem`).
+    """
+    A, b, _ = _arrays(problem)
+    N, d, _ = A.shape
+    if hasattr(problem, "finite_support"):
+        require_iid(problem)
+        mean_part = direction_second_moment(np.ones((N, 1)), A[:, None], b[:, None])
+        second = _support_second_moment(problem, A, b)
+        return lambda m, X: second(m, X) - mean_part(m, X)
+    own = getattr(problem, "noise_second_moment", None)
+    cov = own() if callable(own) else None
+    if cov is None:
+        _validate.fail("problem", type(problem).__name__,
+                       "exact second moments need the law of the noise: a problem with a "
+                       "noise_second_moment() method (Gaussian LSA, federated TD) or a finite_support() "
+                       "method (fj.problems.FiniteSupport)")
+    require_iid(problem)
+    return cov
+
+
+def _support_second_moment(problem, A, b):
+    """``E[(A(Z) x - b(Z))(...)^T]`` from ``problem.finite_support()``, after checking
+    that its weights are a law per agent and reproduce ``A_bar`` and ``b_bar``."""
+    sup = problem.finite_support()
+    N, d, _ = A.shape
+    name = f"{type(problem).__name__}.finite_support()"
+    w = np.asarray(sup.weights, np.float64)
+    bz = np.asarray(sup.b, np.float64)
+    if w.ndim != 2 or w.shape[0] != N or bz.shape != w.shape + (d,):
+        _validate.fail(name, f"weights {w.shape}, b {bz.shape}", f"expected weights (N={N}, K) and b (N, K, d={d})")
+    if sup.A is not None:
+        Az = np.asarray(sup.A, np.float64)
+        if Az.shape != w.shape + (d, d) or sup.left is not None or sup.right is not None:
+            _validate.fail(name, f"A {Az.shape}", f"expected A of shape {w.shape + (d, d)} and no left/right")
+        mean_A = np.einsum("ck,ckij->cij", w, Az)
+    else:
+        if sup.left is None or sup.right is None:
+            _validate.fail(name, "A=None", "expected A, or both left and right (A(z) = left right^T)")
+        left, right = np.asarray(sup.left, np.float64), np.asarray(sup.right, np.float64)
+        if left.shape != bz.shape or right.shape != bz.shape:
+            _validate.fail(name, f"left {left.shape}, right {right.shape}", f"expected both of shape {bz.shape}")
+        mean_A = np.einsum("ck,cki,ckj->cij", w, left, right)
+    tol = np.sqrt(np.finfo(problem.dtype).eps)
+    if np.any(w < 0) or not np.allclose(w.sum(1), 1.0, rtol=0, atol=tol):
+        _validate.fail(name, "weights", "expected nonnegative weights summing to 1 for every agent")
+    scale = max(1.0, float(np.max(np.abs(A))), float(np.max(np.abs(b))))
+    if not (np.allclose(mean_A, A, rtol=0, atol=tol * scale)
+            and np.allclose(np.einsum("ck,cki->ci", w, bz), b, rtol=0, atol=tol * scale)):
+        _validate.fail(name, "the support's means", "expected sum_k weights A(z_k) = A_bar and sum_k weights b(z_k) "
+                       "= b_bar for every agent")
+    if sup.A is not None:
+        return direction_second_moment(w, Az, bz)
+    wl = w[:, :, None] * left
+    bb = np.swapaxes(w[:, :, None] * bz, 1, 2) @ bz  # sum_k w b b^T
+
+    def second(m, X):
+        v = (right @ m[:, :, None])[..., 0]  # (N, K): r_k^T m
+        q = np.sum((right @ X) * right, axis=-1)  # r_k^T X r_k
+        ll = np.swapaxes(wl * q[..., None], 1, 2) @ left  # sum_k w q l l^T
+        lb = np.swapaxes(wl * v[..., None], 1, 2) @ bz  # sum_k w v l b^T
+        return ll - lb - np.swapaxes(lb, 1, 2) + bb
+
+    return second
+
+
+def _quantizer_covariance(quantizer, d: int):
+    """``V(Sigma)``: covariance of ``Q(x) - x`` given ``E[x x^T] = Sigma``, linear in
+    Sigma for the identity and rand-k (k of d coordinates without replacement, scaled
+    by d/k: ``E[Q Q^T]_ii = (d/k) x_i^2``, ``E[Q Q^T]_ij = d (k-1) / (k (d-1)) x_i x_j``)."""
+    if quantizer.kind == "identity":
+        return lambda S: np.zeros_like(S)
+    if quantizer.kind == "rand_k":
+        k = quantizer.k
+        diag = d / k - 1.0
+        off = (d * (k - 1) / (k * (d - 1)) - 1.0) if d > 1 else 0.0
+        W = np.full((d, d), off)
+        np.fill_diagonal(W, diag)
+        return lambda S: W * S
+    _validate.fail("quantizer", quantizer.describe(),
+                   "exact second moments need a quantizer whose error covariance is linear in x x^T: "
+                   "identity() or rand_k(k)")
+
+
+def _weight_covariance(channel, N: int) -> tuple[float, float]:
+    """``Cov(w_c, w_c)`` and ``Cov(w_c, w_j)`` (j != c) of the random aggregation weights."""
+    p = float(channel.success_prob)
+    if not channel.erasures or p == 1.0:
+        return 0.0, 0.0
+    if channel.aggregation == "divide_by_n":
+        return p * (1 - p) / N**2, 0.0
+    mean = _server_weight(channel, N)
+    same = p * _binomial_inverse_mean(N - 1, p, 1, 2) - mean**2
+    other = (p * p * _binomial_inverse_mean(N - 2, p, 2, 2) if N > 1 else 0.0) - mean**2
+    return same, other
+
+

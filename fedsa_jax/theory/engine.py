@@ -1,0 +1,237 @@
+"""The exact recursions: run an algorithm's moment description (:mod:`fedsa_jax.moments`).
+
+Every algorithm describes its own round (``fj.Algorithm(..., theory=fn)``); this module knows no
+algorithm. :func:`exact_mean` composes a round's mean maps and applies them to ``E[Y]``;
+:func:`exact_mse` propagates ``S = E[Y Y^T]`` phase by phase (sparse conjugations
+``S -> L S L^T`` touching only the rows a map changes, and the local steps' own row updates);
+:func:`mean_spectral_radius` is the contraction factor of one round of the mean recursion on the
+blocks that persist across rounds, which :func:`stable_step_size` scans.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from fedsa_jax import _validate, algorithms, optim
+from fedsa_jax.moments import Combination, Recursion, recursion_of, require_iid
+
+__all__ = ["exact_mean", "exact_mse", "lsa_step_size_bound", "mean_spectral_radius", "stable_step_size"]
+
+CACHE_SIZE = 32  # conjugators kept (one per map in use)
+
+
+def _etas(rec: Recursion, num_rounds: int) -> np.ndarray:
+    """``(num_rounds, H)`` step sizes of every local step (float64)."""
+    H = int(rec.num_local_steps)
+    if optim.is_constant(rec.step_size):
+        return np.full((num_rounds, H), float(rec.step_size))
+    with jax.enable_x64(True):
+        values = optim.schedule_values(rec.step_size, num_rounds * H)
+    if not np.all(np.isfinite(values) & (values > 0)):
+        k = int(np.argmax(~(np.isfinite(values) & (values > 0))))
+        _validate.fail("step_size", rec.step_size.describe(),
+                       f"the schedule gives {float(values[k])!r} at k={k}; step sizes must be finite and > 0")
+    return values.reshape(num_rounds, H)
+
+
+def _phases(rec: Recursion, t: int, etas: np.ndarray) -> list:
+    return [p for p in rec.round(t, etas) if p is not None]
+
+
+def _recursion(rec, algorithm, num_rounds: int, second: bool = False):
+    """``(rec, etas)`` for the description ``rec`` of ``algorithm``, everything checked: the layout's
+    size, the round's blocks (channel, quantizer) and, for second moments, their channel."""
+    if not isinstance(rec, Recursion):
+        _validate.fail("algorithm", getattr(algorithm, "name", algorithm), "its theory must return "
+                       f"fj.theory.Recursion or fj.theory.Combination, not {type(rec).__name__}")
+    rec.state.D  # noqa: B018 (the layout, its size checked before any map is built)
+    etas = _etas(rec, num_rounds)
+    phases = _phases(rec, 0, etas[0] if num_rounds else _etas(rec, 1)[0])
+    if second:
+        for phase in phases:
+            phase.prepare()
+    return rec, etas
+
+
+def round_map(rec: Recursion, t: int, etas: np.ndarray) -> np.ndarray:
+    """The mean map of round t (0-based: its count after the round is t + 1)."""
+    phases = _phases(rec, t, etas)
+    L = phases[0].mean()
+    for phase in phases[1:]:
+        L = phase.mean() @ L
+    return L
+
+
+def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
+    """``E[theta_t]`` for ``t = 0..num_rounds`` (shape ``(T+1, d)``), exact for i.i.d.
+    observations, for every algorithm with a moment description: the built-in ones with any
+    unbiased channel, any step-size schedule, any affine server optimizer (``optax.sgd`` with or
+    without momentum), their Polyak-Ruppert average (:func:`fedsa_jax.averaged`) and
+    Richardson-Romberg extrapolation (:func:`fedsa_jax.richardson`: ``2 E[theta(eta)] -
+    E[theta(2 eta)]``), and yours (``fj.Algorithm(..., theory=fn)``, :mod:`fedsa_jax.moments`).
+    """
+    require_iid(problem)
+    T = _validate.integer("num_rounds", num_rounds, 0)
+    description = recursion_of(algorithm, problem)
+    if isinstance(description, Combination):
+        out = 0.0
+        for coef, term in description.terms:
+            out = out + coef * exact_mean(problem, term, T, theta0)
+        return out
+    rec, etas = _recursion(description, algorithm, T)
+    y = rec.state
+    m = y.initial(theta0)
+    out = [m[y[rec.scored(0)]].copy()]
+    for t in range(T):
+        m = round_map(rec, t, etas[t]) @ m
+        out.append(m[y[rec.scored(t + 1)]].copy())
+    return np.asarray(out) + y.theta_star  # from error coordinates
+
+
+def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
+    """``E|theta_t - theta_star|^2`` for ``t = 0..num_rounds``, exact (float64).
+
+    Propagates ``S = E[Y Y^T]`` of the algorithm's augmented state Y through the phases of its
+    rounds (:mod:`fedsa_jax.moments`). A local step maps ``S <- L_s S L_s^T + E[w w^T]``: the
+    local noise ``w_c = eta ((b_c(Z) - A_c(Z) x_c) - (b_bar[c] - A_bar[c] x_c))`` has mean zero
+    given the state and is independent across agents, and its covariance is linear in S: the
+    problem's ``noise_second_moment()`` (Gaussian LSA, generative TD) or ``finite_support()``
+    (least squares, ``fj.problems.expected``, user problems). Other problems are refused with a
+    ``ValueError``.
+
+    The uplink channel enters exactly: with random weights ``w_c`` (erasures) and quantizer
+    error ``e_c`` (mean zero given the message, covariance ``V(m_c m_c^T)``), the aggregate gains
+    ``sum_{c,j} Cov(w_c, w_j) E[m_c m_j^T] + sum_c E[w_c^2] V(E[m_c m_c^T])``. ``V`` is linear for
+    ``identity`` and ``rand_k`` only; other quantizers, and control variates on a lossy channel
+    (products of erasure indicators), are refused. A coin independent of the state (communicate
+    with probability p) mixes ``S <- (1 - p) S + p L S L^T``.
+
+    Cost O(N d^2 D) per local step and O(N d D^2) per round (O(N^2 d^2 D) with control variates)
+    with D the size of Y (``1 + d + N d`` plus the algorithm's blocks; at most
+    ``MAX_AUGMENTED_DIM``); memory O(D^2).
+    """
+    rec, moments = _second_moments(problem, algorithm, num_rounds, theta0)
+    y = rec.state
+    # error coordinates: no cancellation
+    return np.asarray([np.trace(S[y[rec.scored(t)], y[rec.scored(t)]]) for t, S in enumerate(moments)])
+
+
+def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
+    """``(recursion, an iterator over S_t = E[Y_t Y_t^T] for t = 0..num_rounds)``: the recursion of
+    :func:`exact_mse` (``recursion.scored(t)`` names the reported iterate's block of Y after round t),
+    its arguments checked before it returns."""
+    T = _validate.integer("num_rounds", num_rounds, 0)
+    description = recursion_of(algorithm, problem)
+    if isinstance(description, Combination):
+        _validate.fail("algorithm", algorithm.name,
+                       f"exact_mse does not cover {description.what}; exact_mean does")
+    rec, etas = _recursion(description, algorithm, T, second=True)
+    y = rec.state
+    y.noise  # noqa: B018 (the problem's noise law, or a refusal)
+    conjugators: dict = {}
+
+    def conjugate(L, S):
+        if id(L) not in conjugators:
+            if len(conjugators) >= CACHE_SIZE:
+                conjugators.pop(next(iter(conjugators)))
+            conjugators[id(L)] = (L, _conjugator(L))  # L kept alive while cached: its id stays unique
+        return conjugators[id(L)][1](S)
+
+    def moments(S):
+        yield S
+        for t in range(T):
+            for phase in _phases(rec, t, etas[t]):
+                S = phase.second(S, conjugate)
+            yield S
+
+    m = y.initial(theta0)
+    return rec, moments(np.outer(m, m))
+
+
+def _conjugator(L):
+    """``S -> L S L^T`` for symmetric S, touching only the rows where L differs from I
+    (and, in them, only L's nonzero columns): O(r c D) instead of O(D^3)."""
+    D = L.shape[0]
+    rows = np.nonzero(np.any(L != np.eye(D), axis=1))[0]
+    cols = np.nonzero(np.any(L[rows] != 0, axis=0))[0]
+    if 2 * len(cols) > D:  # gathering most of S costs more than the zeros it skips
+        cols = slice(None)
+    block = L[rows][:, cols]
+
+    def apply_rows(S):
+        R = S.copy()
+        R[rows] = block @ S[cols]
+        return R
+
+    return lambda S: apply_rows(apply_rows(S).T)
+
+
+def lsa_step_size_bound(A) -> float:
+    """Largest eta with spectral radius ``rho(I - eta A) < 1``: ``min_lambda 2 Re(lambda) / |lambda|^2``
+    over the eigenvalues of ``A (d, d)`` (0 if some ``Re(lambda) <= 0``, i.e. A is not Hurwitz-stable)."""
+    lam = np.linalg.eigvals(np.asarray(A, np.float64))
+    if np.any(lam.real <= 0):
+        return 0.0
+    return float(np.min(2 * lam.real / np.abs(lam) ** 2))
+
+
+def mean_spectral_radius(problem, algorithm) -> float:
+    """Spectral radius of one round of the exact mean recursion (constant step), on the blocks
+    that persist across rounds (``carried``), restricted to ``sum_c xi_c = 0`` for the per-agent
+    blocks whose sum stays 0 (``zero_sum``: control variates)."""
+    rec, etas = _recursion(recursion_of(algorithm, problem), algorithm, 1)
+    y = rec.state
+    with np.errstate(over="ignore", invalid="ignore"):
+        R = round_map(rec, 0, etas[0])
+    if not np.all(np.isfinite(R)):
+        return np.inf
+    d = y.d
+    zero = [sl for name in y.zero_sum for sl in y[name]]
+    parts = [*zero] + [sl for name in y.carried
+                       for sl in (y[name] if isinstance(y[name], list) else [y[name]])]
+    keep = np.concatenate([np.arange(y.D)[sl] for sl in parts])
+    M = R[np.ix_(keep, keep)]
+    if not zero:
+        return float(np.max(np.abs(np.linalg.eigvals(M))))
+    # Orthonormal basis of {sum_c xi_c = 0} in the kept coordinates (the xi blocks come first).
+    sums = np.zeros((d, len(keep)))
+    for c in range(len(zero)):
+        sums[:, c * d:(c + 1) * d] = np.eye(d)
+    _, _, Vt = np.linalg.svd(sums)
+    Q = Vt[d:].T
+    return float(np.max(np.abs(np.linalg.eigvals(Q.T @ M @ Q))))
+
+
+def stable_step_size(problem, algorithm, grid_points: int = 200, tol: float = 1e-6) -> float:
+    """Largest constant step size up to which ``algorithm``'s exact mean recursion contracts, its
+    other hyperparameters kept (see :func:`fedsa_jax.theory.max_stable_step_size`)."""
+    description = recursion_of(algorithm, problem)
+    if isinstance(description, Combination):
+        _validate.fail("algorithm", algorithm.name, description.hint)
+    if not optim.is_constant(description.step_size):
+        _validate.fail("algorithm", algorithm.name, "max_stable_step_size varies a constant step size; this "
+                       "algorithm has a schedule")
+
+    def radius(eta):
+        return mean_spectral_radius(problem, algorithms.with_step_size(algorithm, eta))
+
+    A = np.asarray(problem.A_bar, np.float64)
+    base = lsa_step_size_bound(A.mean(0))
+    if base == 0.0:
+        _validate.fail("problem", "mean_c A_bar[c]", "has an eigenvalue with Re <= 0: no step size is stable")
+    grid = base * np.logspace(-4, 2, grid_points)
+    if radius(grid[0]) >= 1.0:
+        return 0.0
+    lo = grid[0]
+    for hi in grid[1:]:
+        if radius(hi) >= 1.0:
+            break
+        lo = hi
+    else:
+        return float(grid[-1])
+    while hi - lo > tol * lo:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if radius(mid) < 1.0 else (lo, mid)
+    return float(lo)
+

@@ -1,0 +1,148 @@
+"""Closed forms and shorthands of the exact theory: FedLSA's heterogeneity bias, the step-size
+bound of a recursion given by name, and the mixing times of per-agent Markov chains."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedsa_jax import _validate, algorithms
+from fedsa_jax.moments import _arrays
+from fedsa_jax.theory.engine import stable_step_size
+
+__all__ = ["fedlsa_bias", "fedlsa_round_bias", "max_stable_step_size", "mixing_time", "tv_to_stationary"]
+
+
+def _fedlsa_round(problem, step_size, num_local_steps):
+    """``Gamma_bar = mean_c B_c^H`` and ``rho_bar = mean_c (I - B_c^H)(theta_c* - theta*)`` with
+    ``B_c = I - eta A_bar[c]``; ``rho_bar`` is computed as
+    ``eta mean_c sum_{k<H} B_c^k (b_c - A_c theta*)``, which needs no local inverse."""
+    if callable(step_size):
+        _validate.fail("step_size", step_size, "fedlsa_bias and fedlsa_round_bias take a constant step size; for a "
+                       "schedule the mean iterate is fj.theory.exact_mean(problem, fj.fedlsa(schedule, H), T)")
+    eta = _validate.real("step_size", step_size, 0.0, low_open=True)
+    H = _validate.integer("num_local_steps", num_local_steps)
+    A, b, theta_star = _arrays(problem)
+    N, d, _ = A.shape
+    gamma_bar = np.zeros((d, d))
+    rho = np.zeros(d)
+    for c in range(N):
+        B = np.eye(d) - eta * A[c]
+        Bk = np.eye(d)
+        acc = np.zeros(d)
+        r = b[c] - A[c] @ theta_star
+        for _ in range(H):
+            acc += Bk @ r
+            Bk = B @ Bk
+        gamma_bar += Bk / N
+        rho += eta * acc / N
+    return gamma_bar, rho
+
+
+def fedlsa_round_bias(problem, step_size: float, num_local_steps: int) -> np.ndarray:
+    """``rho_bar_H = mean_c (I - (I - eta A_bar[c])^H)(local_theta_star[c] - theta_star)``: the
+    deterministic heterogeneity bias one round of local training adds (SCAFFLSA paper,
+    Sec. 4). Zero for homogeneous agents or ``H = 1``."""
+    return _fedlsa_round(problem, step_size, num_local_steps)[1]
+
+
+def fedlsa_bias(problem, step_size: float, num_local_steps: int, num_rounds: int | None = None) -> np.ndarray:
+    """FedLSA's heterogeneity bias (DESIGN §2; SCAFFLSA paper, Sec. 4).
+
+    The mean iterate follows ``E[theta_{t+1}] - theta* = Gamma_bar (E[theta_t] - theta*) + rho_bar``
+    with ``Gamma_bar = mean_c (I - eta A_bar[c])^H`` and ``rho_bar`` from
+    :func:`fedlsa_round_bias`, so ``E[theta_t] - theta* = Gamma_bar^t (theta_0 - theta*) + bias_t``.
+
+    Args:
+      num_rounds: None for the limit (closed form)
+        ``bias_inf = [mean_c (I - B_c^H)]^{-1} mean_c (I - B_c^H)(theta_c* - theta*)``, shape ``(d,)``;
+        an integer T for the per-round bias ``bias_t = sum_{s<t} Gamma_bar^s rho_bar``
+        (the paper's ``theta^(bi,bi)_t``, the part of ``E[theta_t] - theta*`` that does not
+        depend on ``theta_0``), shape ``(T + 1, d)``, ``bias_0 = 0``.
+    """
+    gamma_bar, rho = _fedlsa_round(problem, step_size, num_local_steps)
+    d = rho.shape[0]
+    if num_rounds is None:
+        return np.linalg.solve(np.eye(d) - gamma_bar, rho)
+    T = _validate.integer("num_rounds", num_rounds, 0)
+    out = np.zeros((T + 1, d))
+    for t in range(T):
+        out[t + 1] = gamma_bar @ out[t] + rho
+    return out
+
+
+def max_stable_step_size(problem, algorithm="fedlsa", num_local_steps: int | None = None,
+                         grid_points: int = 200, tol: float = 1e-6) -> float:
+    """Largest step size up to which the exact mean recursion of ``algorithm``
+    contracts (spectral radius of one round < 1 for every smaller step size).
+
+    Args:
+      algorithm: ``"fedlsa"``, ``"scafflsa"`` or ``"qfedtd"`` (exact channel, H =
+        ``num_local_steps``, default 1), or an algorithm such as
+        ``fj.qfedtd(0.1, success_prob=0.5)`` or ``fj.scaffnew(0.1, 0.2, 10)``, whose H,
+        channel (and communication probability) are kept and whose step size is
+        varied (erasures with ``"divide_by_n"`` shrink the mean step by p, so they
+        raise the bound by about 1/p); any algorithm with a moment description works
+        (averaging leaves the bound as is).
+
+    Scans a log grid from ``1e-4 eta_lsa`` to ``100 eta_lsa`` (``eta_lsa`` =
+    :func:`lsa_step_size_bound` of ``mean_c A_bar[c]``) up to its first unstable
+    point, then bisects to relative precision ``tol``. For H = 1 FedLSA this is
+    ``eta_lsa``. If the whole grid is stable it returns ``100 eta_lsa``, a lower
+    bound. Mean stability is necessary, not sufficient, for a bounded MSE; check
+    :func:`exact_mse` at the chosen step size for that.
+    """
+    if isinstance(algorithm, algorithms.Algorithm):
+        if num_local_steps is not None:
+            _validate.fail("num_local_steps", num_local_steps, "leave it out: it is taken from the algorithm")
+    else:
+        _validate.choice("algorithm", algorithm, ("fedlsa", "scafflsa", "qfedtd"))
+        H = _validate.integer("num_local_steps", 1 if num_local_steps is None else num_local_steps)
+        if algorithm == "qfedtd" and H != 1:
+            _validate.fail("num_local_steps", H, "QFedTD takes one local step per round (H=1)")
+        factory = getattr(algorithms, algorithm)
+        algorithm = factory(1.0) if algorithm == "qfedtd" else factory(1.0, H)
+    return stable_step_size(problem, algorithm, grid_points, tol)
+
+
+def _tv_sequence(problem):
+    """Yields ``max_s TV(P_c^t(s, .), mu_c)`` (shape ``(N,)``) for t = 0, 1, 2, ..."""
+    if not hasattr(problem, "transitions"):
+        _validate.fail("problem", type(problem).__name__, "mixing times need a federated TD problem (a Markov chain)")
+    P = np.asarray(problem.transitions, np.float64)
+    mu = np.asarray(problem.stationary, np.float64)
+    N, S, _ = P.shape
+    Pt = np.broadcast_to(np.eye(S), (N, S, S)).copy()
+    while True:
+        yield 0.5 * np.abs(Pt - mu[:, None, :]).sum(-1).max(-1)
+        Pt = Pt @ P
+
+
+def tv_to_stationary(problem, num_steps: int) -> np.ndarray:
+    """``(N, num_steps + 1)``: ``max_s TV(P_c^t(s, .), mu_c)`` for ``t = 0..num_steps``, per agent.
+
+    ``TV(p, q) = sum_s |p(s) - q(s)| / 2``; non-increasing in t.
+    """
+    T = _validate.integer("num_steps", num_steps, 0)
+    seq = _tv_sequence(problem)
+    return np.stack([next(seq) for _ in range(T + 1)], axis=1)
+
+
+def mixing_time(problem, eps: float = 0.25, max_steps: int = 100_000) -> np.ndarray:
+    """``(N,)`` per-agent mixing time ``t_mix(eps) = min{t : max_s TV(P_c^t(s, .), mu_c) <= eps}``.
+
+    A natural ``skip`` for Markovian FedLSA (SCAFFLSA paper, Sec. 4: keep about one
+    observation per mixing time). Raises if some chain has not mixed within ``max_steps``
+    (e.g. a periodic chain).
+    """
+    eps = _validate.real("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
+    max_steps = _validate.integer("max_steps", max_steps)
+    seq = _tv_sequence(problem)
+    out = None
+    for t in range(max_steps + 1):
+        tv = next(seq)
+        out = np.full(tv.shape, -1) if out is None else out
+        out[(out < 0) & (tv <= eps)] = t
+        if np.all(out >= 0):
+            return out
+    _validate.fail("problem", f"agents {np.nonzero(out < 0)[0].tolist()}",
+                   f"did not mix to TV <= {eps} within max_steps={max_steps} steps (periodic or slowly mixing chain)")
