@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fedsa_jax as fj
-from fedsa_jax.simulate import run_code
+from fedsa_jax._run import run_code
 
 
 def as_optax(fn):
