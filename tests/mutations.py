@@ -393,25 +393,25 @@ MUTATIONS = [
     ),
     # --- CLI reporting ------------------------------------------------------------------------
     Mutation(
-        "cli-bias-not-squared", "fedsa_jax/cli.py",
+        "cli-bias-not-squared", "fedsa_jax/cli/run.py",
         "level = float(np.sum(bias**2))", "level = float(np.sqrt(np.sum(bias**2)))",
         (f"{CLI}::test_squared_bias_and_exact_curve_are_reported",),
         "the printed, saved and drawn FedLSA bias is |bias| instead of |bias|^2",
     ),
     Mutation(
-        "cli-exact-not-drawn", "fedsa_jax/cli.py",
+        "cli-exact-not-drawn", "fedsa_jax/cli/run.py",
         "band=args.band, theory=exact)", "band=args.band, theory={})",
         (f"{CLI}::test_squared_bias_and_exact_curve_are_reported",),
         "--exact computes the curve but the figure does not draw it",
     ),
     Mutation(
-        "cli-qsgd-levels-from-bits", "fedsa_jax/cli.py",
-        "return fj.channel.qsgd(args.levels)", "return fj.channel.qsgd(args.bits)",
+        "cli-qsgd-levels-from-bits", "fedsa_jax/channel/quantizers.py",
+        "return qsgd(args.levels)", "return qsgd(args.bits)",
         (f"{CLI}::test_quantizer_options_build_the_named_quantizer",),
         "--levels ignored: QSGD takes --bits levels",
     ),
     Mutation(
-        "cli-garnet-level-ignored", "fedsa_jax/cli.py",
+        "cli-garnet-level-ignored", "fedsa_jax/problems/generators.py",
         "    het = args.heterogeneity\n",
         "    het = args.heterogeneity\n    het = het if isinstance(het, str) else float(round(het))\n",
         (f"{CLI}::test_problem_options_build_the_named_problem",),

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import moments, optim
+from fedsa_jax import moments, optim, registry
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
@@ -126,3 +126,11 @@ def fedlsa(
     config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
                                 server_optimizer)
     return Algorithm(config, "fedlsa", init, step, theory)
+
+
+def _from_options(step_size, args, **channel) -> Algorithm:
+    return fedlsa(step_size, args.local_steps, skip=args.skip, **channel)
+
+
+registry.register_algorithm("fedlsa", _from_options, options=(registry.LOCAL_STEPS, registry.SKIP),
+                            title="FedLSA", bias="fedlsa_bias", order=0, default=True)

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import optim
+from fedsa_jax import optim, registry
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
@@ -102,3 +102,10 @@ def qfedtd(step_size: float, quantizer=None, success_prob: float = 1.0,
     """
     config = local_steps_config(step_size, 1, 1, quantizer, success_prob, aggregation, server_optimizer)
     return Algorithm(config, "qfedtd", init, step, theory)  # FedLSA's round with H = 1
+
+
+def _from_options(step_size, args, **channel) -> Algorithm:
+    return qfedtd(step_size, **channel)
+
+
+registry.register_algorithm("qfedtd", _from_options, title="QFedTD", note="one local step per round", order=2)

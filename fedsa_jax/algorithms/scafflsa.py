@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import moments, optim
+from fedsa_jax import moments, optim, registry
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
@@ -132,3 +132,11 @@ def scafflsa(
     config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
                                 server_optimizer)
     return Algorithm(config, "scafflsa", init, step, theory)
+
+
+def _from_options(step_size, args, **channel) -> Algorithm:
+    return scafflsa(step_size, args.local_steps, skip=args.skip, **channel)
+
+
+registry.register_algorithm("scafflsa", _from_options, options=(registry.LOCAL_STEPS, registry.SKIP),
+                            title="SCAFFLSA", order=1, default=True)

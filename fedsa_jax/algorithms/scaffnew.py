@@ -66,7 +66,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import _validate, moments, optim
+from fedsa_jax import _validate, moments, optim, registry
 from fedsa_jax.algorithms._base import (
     LOCAL_UNROLL,
     Algorithm,
@@ -229,3 +229,16 @@ def scaffnew(
     p = _validate.real("comm_prob", comm_prob, 0.0, 1.0, low_open=True)
     config = ScaffnewConfig(base.step_size, p, base.channel, base.num_local_steps, base.skip, base.server_optimizer)
     return Algorithm(config, "scaffnew", init, step, theory)
+
+
+COMM_PROB = registry.Option(("--comm-prob",), "comm_prob",
+                            "scaffnew: probability that a local step ends with a communication",
+                            registry.real, 0.2, group="algorithms", params=("comm_prob",))
+
+
+def _from_options(step_size, args, **channel) -> Algorithm:
+    return scaffnew(step_size, args.comm_prob, args.local_steps, skip=args.skip, **channel)
+
+
+registry.register_algorithm("scaffnew", _from_options,
+                            options=(COMM_PROB, registry.LOCAL_STEPS, registry.SKIP), title="Scaffnew", order=3)

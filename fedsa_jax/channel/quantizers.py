@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import _prng, _validate
+from fedsa_jax import _prng, _validate, registry
 
 KINDS = ("identity", "stochastic_uniform", "qsgd", "rand_k", "natural")
 
@@ -191,3 +191,27 @@ def natural() -> Quantizer:
     """Natural compression: stochastic rounding of each coordinate to a signed power of
     two (Horváth et al., 2019), ``zeta = 1/8``."""
     return Quantizer("natural")
+
+
+BITS = registry.Option(("--bits",), "bits", "stochastic-uniform: bits per coordinate", registry.positive_int, 4,
+                       group="channel", params=("bits",))
+RANGE = registry.Option(
+    ("--range",), "range", "stochastic-uniform: 'maxabs' (unbiased) or a fixed R > 0 (clipped, biased)",
+    lambda text: registry.name_or_number(text, ("maxabs",), lambda v: v > 0.0, "'maxabs' or a number R > 0"),
+    "maxabs", group="channel", params=("range",))
+LEVELS = registry.Option(("--levels",), "levels", "qsgd: number of levels s", registry.positive_int, 4,
+                         group="channel", params=("levels",))
+K = registry.Option(("--k",), "k", "rand-k: coordinates kept", registry.positive_int, 1, group="channel",
+                    params=("k",))
+
+
+def _qsgd_from_options(args):
+    return qsgd(args.levels)
+
+
+registry.register_quantizer("none", lambda args: None)
+registry.register_quantizer("stochastic-uniform", lambda args: stochastic_uniform(args.bits, range=args.range),
+                            options=(BITS, RANGE), caption=lambda args: f" {args.bits} bits")
+registry.register_quantizer("qsgd", _qsgd_from_options, options=(LEVELS,))
+registry.register_quantizer("rand-k", lambda args: rand_k(args.k), options=(K,))
+registry.register_quantizer("natural", lambda args: natural())

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import _prng, _validate
+from fedsa_jax import _prng, _validate, registry
 from fedsa_jax.problems._base import fixed_points
 
 class GaussianParams(NamedTuple):
@@ -299,3 +299,21 @@ def random_gaussian_lsa(
     A = A0[None] + h * E
     b = rng.standard_normal(d)[None] + h * rng.standard_normal((N, d))
     return gaussian_lsa(A, b, noise_A, noise_b, dtype=dtype)
+
+
+NOISE_A = registry.Option(("--noise-A",), "noise_A", "gaussian: std of A(Z) entries", registry.real, 0.1,
+                          group="problem", params=("noise_A",))
+NOISE_B = registry.Option(("--noise-b",), "noise_b", "gaussian: std of b(Z) entries", registry.real, 0.5,
+                          group="problem", params=("noise_b",))
+
+
+def _from_options(key, args):
+    level = {"homogeneous": 0.0, "heterogeneous": 1.0}.get(args.heterogeneity, args.heterogeneity)
+    return random_gaussian_lsa(
+        key, num_agents=args.agents, dim=args.dim or 5, heterogeneity=level,
+        noise_A=args.noise_A, noise_b=args.noise_b, dtype=args.dtype,
+    )
+
+
+registry.register_problem("gaussian", _from_options, options=(registry.HETEROGENEITY, NOISE_A, NOISE_B),
+                          note="random Gaussian LSA", order=1)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsa_jax import _validate
+from fedsa_jax import _validate, registry
 from fedsa_jax.problems.td import SAMPLING_MODES, FederatedTD, federated_td
 
 HETEROGENEITY_MODES = {"homogeneous": 0.0, "heterogeneous": 1.0}
@@ -163,3 +163,24 @@ def qfedtd_mdp(
     r = rng.uniform(size=S)
     Phi, _ = np.linalg.qr(rng.standard_normal((S, d)))
     return federated_td(np.broadcast_to(P, (N, S, S)), r, Phi, gamma, sampling=sampling, dtype=dtype)
+
+
+def _garnet_from_options(key, args):
+    het = args.heterogeneity
+    return garnet(
+        key, num_agents=args.agents, heterogeneity=het, num_states=args.states or 30,
+        dim=args.dim or 8, sampling=args.sampling or "generative", dtype=args.dtype,
+    )
+
+
+def _qfedtd_mdp_from_options(key, args):
+    return qfedtd_mdp(
+        key, num_agents=args.agents, num_states=args.states or 20, dim=args.dim or 10,
+        sampling=args.sampling or "markov", dtype=args.dtype,
+    )
+
+
+registry.register_problem("garnet", _garnet_from_options, options=(
+    registry.HETEROGENEITY, registry.STATES, registry.SAMPLING), note="Garnet MRPs (SCAFFLSA experiments)", order=0)
+registry.register_problem("qfedtd-mdp", _qfedtd_mdp_from_options, options=(registry.STATES, registry.SAMPLING),
+                          note="the QFedTD experiments' 20-state MDP", order=2)

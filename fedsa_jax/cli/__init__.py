@@ -1,0 +1,57 @@
+"""Command line: ``fedsa-jax run`` simulates, writes result files and a figure;
+``fedsa-jax sweep CONFIG.toml`` runs a grid of configurations.
+
+    fedsa-jax run                      # heterogeneous Garnet, FedLSA vs SCAFFLSA
+    fedsa-jax run --problem gaussian --algorithms fedlsa --step-size 0.1 --local-steps 10
+    fedsa-jax run --algorithms fedlsa,mymodule:fedavgm --param beta=0.9   # a user's own algorithm
+    fedsa-jax run --schedule inverse-time --average 20 --server-optimizer sgd --server-momentum 0.5
+    fedsa-jax sweep CONFIG.toml        # a grid of configurations, resumable
+    fedsa-jax sweep CONFIG.toml --shard 3/8   # one task of a cluster job array
+
+The sweep file's format (``[run]``, ``[grid]`` and ``[params]`` tables) is
+documented with a complete example in the README ("Sweeps from a TOML file").
+
+The algorithms, problems and quantizers, and the options each reads, come from
+:mod:`fedsa_jax.registry` (each registered in its own file); this package names none of them:
+``options`` (the list of options), ``parser``, ``build`` (objects from options), ``checks``
+(options nothing reads, library errors under their option), ``run``, ``sweep_file`` and ``titles``.
+
+Nothing is lost to a bad path: every output folder is created and checked
+before any simulation; errors are one line naming the option (exit status 2).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from fedsa_jax.cli.build import _make_algorithm, _make_problem, _make_quantizer
+from fedsa_jax.cli.options import param as _param
+from fedsa_jax.cli.parser import build_parser
+from fedsa_jax.cli.run import cmd_run
+from fedsa_jax.cli.sweep_file import _sweep_spec, cmd_sweep
+
+__all__ = ["build_parser", "cmd_run", "cmd_sweep", "main"]
+_TESTED = (_make_algorithm, _make_problem, _make_quantizer, _param, _sweep_spec)  # used as cli._name
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = {"run": cmd_run, "sweep": cmd_sweep}[args.command]
+    shown = warnings.showwarning
+
+    def one_line_warning(message, category, filename, lineno, file=None, line=None):
+        print(f"fedsa-jax: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    warnings.showwarning = one_line_warning  # warnings (diverged seeds, damaged files) in one line
+    try:
+        return command(args)
+    except ValueError as err:
+        print(f"fedsa-jax: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a folder that became unwritable during the run, a full disk
+        print(f"fedsa-jax: error: {err.strerror or err}: {err.filename or ''}", file=sys.stderr)
+        return 2
+    finally:
+        warnings.showwarning = shown

@@ -1,0 +1,143 @@
+"""Problems, quantizers and algorithms from the options, through the registry; a user's
+``module:factory`` algorithm imported and called with its keyword arguments."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+
+import fedsa_jax as fj
+from fedsa_jax import registry
+
+
+def _make_problem(args, key):
+    problems = registry.problems()
+    if args.problem not in problems:
+        raise ValueError(f"problem={args.problem!r} is invalid: expected one of {', '.join(problems)}")
+    return problems[args.problem].build(key, args)
+
+
+def _make_quantizer(args):
+    quantizers = registry.quantizers()
+    if args.quantizer not in quantizers:
+        raise ValueError(f"quantizer={args.quantizer!r} is invalid: expected one of {', '.join(quantizers)}")
+    return quantizers[args.quantizer].build(args)
+
+
+def _make_algorithm(name: str, args, option: str = "--algorithms", param_option: str = "--param"):
+    """A registered algorithm from the options, or a user's ``module:factory`` called with
+    ``args.params`` (and step_size / num_local_steps where its signature takes them)."""
+    algorithms = registry.algorithms()
+    if ":" in name:
+        if args.schedule != "constant" or args.server_optimizer != "none":
+            raise ValueError(f"--schedule/--server-optimizer is invalid with {option}={name!r}: they configure the "
+                             "built-in algorithms (a factory takes its own step_size and server_optimizer)")
+        alg = _custom_algorithm(name, getattr(args, "params", None) or {}, args, option, param_option)
+    elif name not in algorithms:
+        raise ValueError(f"algorithm={name!r} is invalid: expected one of {', '.join(algorithms)}")
+    else:
+        step = args.step_size
+        if args.schedule == "inverse-time":
+            step = fj.schedule(fj.optim.inverse_time, eta0=float(args.step_size), k0=float(args.decay_steps))
+        alg = algorithms[name].build(step, args, quantizer=_make_quantizer(args), success_prob=args.success_prob,
+                                     aggregation=args.aggregation, server_optimizer=_make_server_optimizer(args))
+    if args.average is not None:
+        alg = fj.averaged(alg, burn_in=args.average)
+    return fj.richardson(alg) if args.richardson else alg
+
+
+def _make_server_optimizer(args):
+    if args.server_optimizer == "none":
+        for option, value, default in (("--server-lr", args.server_lr, 1.0),
+                                       ("--server-momentum", args.server_momentum, 0.0)):
+            if value != default:
+                raise ValueError(f"{option}={value!r} is invalid: it sets --server-optimizer, which is 'none'")
+        return None
+    import optax
+
+    lr = float(args.server_lr)
+    if args.server_optimizer == "adam":
+        if args.server_momentum != 0.0:
+            raise ValueError(f"--server-momentum={args.server_momentum!r} is invalid: it applies to sgd")
+        return fj.optimizer(optax.adam, learning_rate=lr)
+    beta = float(args.server_momentum)
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"--server-momentum={beta!r} is invalid: expected a number in [0, 1)")
+    if beta == 0.0:
+        return fj.optimizer(optax.sgd, learning_rate=lr)
+    return fj.optimizer(optax.sgd, learning_rate=lr, momentum=beta)
+
+
+def one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _import_factory(spec: str, fail):
+    """The function ``spec`` = ``package.module:function`` names, the current folder first on the
+    import path (as ``python -m`` does)."""
+    module_name, attr = spec.split(":")
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):
+            fail(f"no module named {err.name!r} (looked in the current folder and on the import path)")
+        fail(f"importing {module_name!r} raised {one_line(err)}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # the user's module failed or exited (SystemExit): say how, in one line
+        fail(f"importing {module_name!r} raised {one_line(err)}")
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    factory = getattr(module, attr, None)
+    if factory is None:
+        fail(f"module {module_name!r} has no attribute {attr!r}")
+    if not callable(factory):
+        fail(f"{attr!r} is a {type(factory).__name__}, expected a function returning a fedsa_jax.Algorithm")
+    return factory
+
+
+def factory_parameters(factory) -> tuple[list[str], bool] | None:
+    """The keyword parameters of a plugin factory, and whether it takes ``**kwargs`` (None: unknown)."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    names = [n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return names, takes_any
+
+
+def _custom_algorithm(spec: str, params: dict, args, option: str, param_option: str):
+    def fail(reason, name=option, value=spec):
+        raise ValueError(f"{name}={value!r} is invalid: {reason}")
+
+    factory = _import_factory(spec, fail)
+    kwargs = dict(params)
+    signature = factory_parameters(factory)
+    if signature is not None:
+        names, takes_any = signature
+        for key, value in params.items():
+            if key not in names and not takes_any:  # named as given: --param beta=0.5, or params.beta=0.5
+                where, shown = ("--param", f"{key}={value}") if param_option == "--param" else (param_option + key, value)
+                fail(f"{spec} takes no argument {key!r} (its arguments: {', '.join(names) or 'none'})", where, shown)
+        for key, value in (("step_size", args.step_size), ("num_local_steps", args.local_steps)):
+            if key in names and key not in params:
+                kwargs[key] = value
+    try:
+        alg = factory(**kwargs)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # SystemExit too: a factory never ends the command with its status
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        fail(f"{spec}({shown}) raised {one_line(err)}")
+    if not isinstance(alg, fj.Algorithm):
+        fail(f"{spec} returned a {type(alg).__name__}, expected a fedsa_jax.Algorithm")
+    return alg

@@ -1,0 +1,242 @@
+"""``fedsa-jax run``: simulate the algorithms on one problem, write result files, a summary and
+a figure."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from fedsa_jax import registry
+from fedsa_jax.cli.build import _make_algorithm, _make_problem
+from fedsa_jax.cli.checks import options_checked
+from fedsa_jax.cli.titles import run_title
+
+
+def _prepare_jax(args, dtype: str) -> None:
+    """JAX's settings, before anything computes: float64 if asked, one CPU device per core
+    (``--cpu-devices``) and the persistent compilation cache.
+
+    When ``main()`` is called from a process whose JAX already runs (a notebook, the tests),
+    the default keeps its devices as they are; an explicit ``--cpu-devices`` that cannot be
+    honoured is an error."""
+    import jax
+
+    from fedsa_jax import compile_cache, cpu
+
+    if dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    if args.cpu_devices is not None or not cpu.backends_initialized():
+        try:
+            cpu.use_cpu_cores(args.cpu_devices)
+        except (RuntimeError, ValueError) as err:  # more devices than cores, or JAX already runs
+            reason = str(err).removeprefix(f"num_devices={args.cpu_devices} is invalid: ")
+            raise ValueError(f"--cpu-devices={args.cpu_devices} is invalid: {reason}") from None
+    folder = compile_cache.configured_dir(opt_out=args.no_compile_cache)
+    if folder is not None:
+        compile_cache.enable(folder)
+
+
+def _prepare_outputs(pairs) -> None:
+    from fedsa_jax._io import prepare_dir
+
+    for option, path in pairs:
+        if path is not None:
+            prepare_dir(path, option)
+
+
+def _num_local_steps(alg) -> int:
+    return int(getattr(alg.config, "num_local_steps", 1))
+
+
+class _CompileTimer:
+    """Wall time JAX spends tracing, lowering and compiling (the union of those events' spans),
+    so that throughput can be reported warm, without compilation."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+
+    def __enter__(self):
+        import jax.monitoring as monitoring
+
+        self.spans: list[tuple[float, float]] = []
+        self._monitoring = monitoring
+        self._spans = hasattr(monitoring, "register_event_time_span_listener")
+        if self._spans:
+            monitoring.register_event_time_span_listener(self._record)
+        else:  # older JAX: durations only (nested events may count twice)
+            monitoring.register_event_duration_secs_listener(self._record_duration)
+        return self
+
+    def _record(self, event, start, end, **kwargs):
+        if event in self.EVENTS:
+            self.spans.append((start, end))
+
+    def _record_duration(self, event, duration, **kwargs):
+        if event in self.EVENTS:
+            start = self.spans[-1][1] if self.spans else 0.0
+            self.spans.append((start, start + duration))
+
+    def __exit__(self, *exc):
+        if self._spans:
+            self._monitoring.unregister_event_time_span_listener(self._record)
+        else:
+            self._monitoring.unregister_event_duration_listener(self._record_duration)
+
+    @property
+    def seconds(self) -> float:
+        total, reach = 0.0, float("-inf")
+        for start, end in sorted(self.spans):
+            if end > reach:
+                total += end - max(start, reach)
+                reach = end
+        return total
+
+
+def _timing(res, seconds: float, compile_s: float, problem, alg) -> dict:
+    """What a run cost: wall time, compile time, and warm agent-steps/s over the work it did
+    itself (a resumed run counts only the rounds it ran)."""
+    execution = res.config["execution"]
+    steps = int(execution.get("seed_rounds_run", 0)) * problem.num_agents * _num_local_steps(alg)
+    warm = seconds - compile_s
+    return {
+        "seconds": seconds,
+        "compile_s": compile_s,
+        "agent_steps_run": steps,
+        "agent_steps_per_s": steps / warm if steps and warm > 0 else None,
+        "resumed": execution.get("resumed_from") is not None,
+        "resumed_from": execution.get("resumed_from"),
+    }
+
+
+def _describe_timing(timing: dict, num_rounds: int) -> str:
+    text = f"{timing['seconds']:.1f} s"
+    resumed = timing["resumed_from"]
+    if resumed is not None and not timing["agent_steps_run"]:
+        return text + ", loaded a finished checkpoint (nothing ran)"
+    if resumed is not None:
+        text += f", resumed at seed batch {resumed['seed_batch']} round {resumed['round']} of {num_rounds}"
+    text += f": compile {timing['compile_s']:.1f} s"
+    if timing["agent_steps_per_s"] is not None:
+        text += f", {timing['agent_steps_per_s']:.3g} agent-steps/s warm"
+    return text
+
+
+def _algorithms(args, problem) -> tuple[list, list[str]]:
+    """The run's algorithms and the file names of their results (distinct)."""
+    from fedsa_jax._paths import safe_name
+
+    args.params = dict(args.param or [])
+    if args.params and not any(":" in name for name in args.algorithms):
+        raise ValueError("--param is invalid: it applies to 'module:factory' algorithms only, and --algorithms "
+                         f"has none ({','.join(args.algorithms)})")
+    algs = [_make_algorithm(name, args) for name in args.algorithms]
+    names = [safe_name(alg.name) for alg in algs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"--algorithms={','.join(args.algorithms)!r} is invalid: two algorithms are named "
+                         f"{max(names, key=names.count)!r} (results are named after the algorithm)")
+    return algs, names
+
+
+def _simulate_one(args, problem, alg, file_name: str, summary: dict):
+    """Simulate ``alg``, write its result files, add its line to ``summary`` and print it."""
+    import jax
+
+    import fedsa_jax as fj
+
+    with _CompileTimer() as timer:
+        t0 = time.perf_counter()
+        res = fj.simulate(
+            jax.random.key(args.seed), problem, alg, args.rounds, args.seeds,
+            record_every=min(args.record_every, args.rounds), chunk_rounds=args.chunk_rounds,
+            checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / file_name,
+            progress=args.progress, quantiles=True if args.band == "quantiles" else None,
+            metrics=["last_iterate_mse"] if args.average is not None else None,
+        )
+        seconds = time.perf_counter() - t0
+    timing = _timing(res, seconds, timer.seconds, problem, alg)
+    path = args.out / f"result_{file_name}.npz"
+    res.save(path)
+    res.to_csv(args.out / f"result_{file_name}.csv")
+    summary["runs"][alg.name] = {
+        "file": path.name,
+        "final_mse": float(res.mse_mean[-1]),
+        "final_mse_sem": float(res.mse_sem[-1]),
+        "num_diverged": int(res.num_diverged[-1]),
+        "bits_sent": float(res.bits_sent[-1]),
+        "bits_delivered": float(res.bits_delivered[-1]),
+        **timing,
+        "config": res.config["algorithm"],
+    }
+    print(f"{alg.name:9s} final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g} (s.e.), "
+          f"{int(res.num_diverged[-1])} diverged, {_describe_timing(timing, args.rounds)} -> {path}")
+    return res
+
+
+def _bias_lines(args, problem, summary: dict) -> dict:
+    """The squared limit bias of every algorithm whose entry names a closed form (constant step)."""
+    import numpy as np
+
+    import fedsa_jax as fj
+
+    lines = {}
+    for name, entry in registry.algorithms().items():
+        if entry.bias is None or name not in args.algorithms or args.schedule != "constant":
+            continue
+        bias = getattr(fj.theory, entry.bias)(problem, args.step_size, args.local_steps)
+        level = float(np.sum(bias**2))
+        summary[f"{name}_predicted_squared_bias"] = level
+        lines[rf"{entry.title} predicted $\|\mathrm{{bias}}\|^2$"] = level
+        print(f"{entry.title} predicted squared bias |theta_inf - theta_star|^2 = {level:.4g}")
+    return lines
+
+
+def _exact_curves(args, problem, algs, summary: dict) -> dict:
+    """``--exact``: the exact MSE of every algorithm that has an exact description (built-in or not)."""
+    import fedsa_jax as fj
+
+    exact = {}
+    for alg in algs if args.exact else ():
+        try:
+            exact[alg.name] = fj.theory.exact_mse(problem, alg, args.rounds)
+        except ValueError as err:
+            print(f"fedsa-jax: no exact curve for {alg.name}: {err}", file=sys.stderr)
+            continue
+        summary["runs"][alg.name]["exact_final_mse"] = float(exact[alg.name][-1])
+        print(f"{alg.name:9s} exact final MSE {exact[alg.name][-1]:.4g}")
+    return exact
+
+
+@options_checked
+def cmd_run(args) -> int:
+    _prepare_outputs([("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)])
+    import jax
+
+    _prepare_jax(args, args.dtype)
+    from fedsa_jax._io import atomic_write, write_json
+
+    problem = _make_problem(args, jax.random.key(args.problem_seed))
+    algs, names = _algorithms(args, problem)
+    builtin = [alg for spec, alg in zip(args.algorithms, algs) if spec in registry.algorithms()]
+    if builtin and (args.quantizer != "none" or args.success_prob != 1.0):
+        print(f"uplink channel: {json.dumps(builtin[0].config.channel.describe())}")
+    out: Path = args.out
+    print(f"problem: {json.dumps(problem.describe())}")
+    summary = {"problem": problem.describe(), "runs": {}}
+    results = {alg.name: _simulate_one(args, problem, alg, name, summary) for alg, name in zip(algs, names)}
+    lines = _bias_lines(args, problem, summary)
+    exact = _exact_curves(args, problem, algs, summary)
+    if not args.no_plot:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, never a window
+        from fedsa_jax.plotting import plot_mse
+
+        title = run_title(args, problem)
+        fig = plot_mse(results, reference_lines=lines, title=title, x=args.x_axis, band=args.band, theory=exact)
+
+        atomic_write(out / "mse.png", lambda f: fig.savefig(f, format="png"))
+        print(f"figure -> {out / 'mse.png'}")
+    write_json(out / "summary.json", summary)
+    return 0

@@ -1,0 +1,30 @@
+"""The run figure's title, from the options and the registered entries' captions."""
+
+from __future__ import annotations
+
+from fedsa_jax import registry
+
+
+def reads_local_steps(args) -> bool:
+    """Whether an algorithm of this run takes H local steps per round (a plugin may)."""
+    algorithms = registry.algorithms()
+    return any(name not in algorithms or algorithms[name].reads("local_steps") for name in args.algorithms)
+
+
+def run_title(args, problem) -> str:
+    title = f"{args.problem}, N={problem.num_agents}, d={problem.dim}, " + rf"$\eta$={args.step_size:g}"
+    if args.schedule != "constant":
+        title = title.replace(rf"$\eta$={args.step_size:g}", rf"$\eta_k$={args.step_size:g}/(1+k/{args.decay_steps:g})")
+    if reads_local_steps(args):
+        title += f", H={args.local_steps}"
+    if args.server_optimizer != "none":
+        title += f", server {args.server_optimizer} lr={args.server_lr:g}"
+        title += f" momentum={args.server_momentum:g}" if args.server_momentum else ""
+    if args.average is not None:
+        title += f", averaged after {args.average}"
+    if args.quantizer != "none":
+        caption = registry.quantizers()[args.quantizer].caption
+        title += f", {args.quantizer}" + (caption(args) if caption is not None else "")
+    if args.success_prob != 1.0:
+        title += f", p={args.success_prob:g}"
+    return title
