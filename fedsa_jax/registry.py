@@ -21,15 +21,31 @@ import math
 from typing import Any, Callable
 
 __all__ = [
-    "Entry", "Option", "algorithms", "problems", "quantizers", "register_algorithm", "register_problem",
-    "register_quantizer", "positive_int", "nonnegative_int", "real", "positive_real", "seed",
-    "LOCAL_STEPS", "SKIP", "STATES", "SAMPLING", "HETEROGENEITY",
+    "Entry",
+    "Option",
+    "algorithms",
+    "problems",
+    "quantizers",
+    "register_algorithm",
+    "register_problem",
+    "register_quantizer",
+    "positive_int",
+    "nonnegative_int",
+    "real",
+    "positive_real",
+    "seed",
+    "LOCAL_STEPS",
+    "SKIP",
+    "STATES",
+    "SAMPLING",
+    "HETEROGENEITY",
 ]
 
 SEED_MAX = 2**32 - 1  # larger seeds collide in 32-bit mode (JAX keeps the low 32 bits)
 
 
 # --- how option text is checked and converted (argparse types; sweep files use them too) -------------------
+
 
 def _int_at_least(text: str, minimum: int) -> int:
     try:
@@ -81,6 +97,7 @@ def positive_real(text: str) -> float:
 
 
 # --- options and entries -----------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Option:
@@ -179,19 +196,55 @@ def quantizers() -> dict[str, Entry]:
 
 # --- options that several entries read (declared once) -----------------------------------------------------
 
-LOCAL_STEPS = Option(("--local-steps", "-H"), "local_steps", "local steps H per round", positive_int, 1000,
-                     group="algorithms", params=("num_local_steps",), plugins=True,
-                     read_by="algorithms with local steps (qfedtd takes one step per round)")
-SKIP = Option(("--skip",), "skip", "keep one observation out of SKIP (Markovian sampling)", positive_int, 1,
-              group="algorithms", params=("skip",))
+LOCAL_STEPS = Option(
+    ("--local-steps", "-H"),
+    "local_steps",
+    "local steps H per round",
+    positive_int,
+    1000,
+    group="algorithms",
+    params=("num_local_steps",),
+    plugins=True,
+    read_by="algorithms with local steps (qfedtd takes one step per round)",
+)
+SKIP = Option(
+    ("--skip",),
+    "skip",
+    "keep one observation out of SKIP (Markovian sampling)",
+    positive_int,
+    1,
+    group="algorithms",
+    params=("skip",),
+)
 HETEROGENEITY = Option(
-    ("--heterogeneity",), "heterogeneity", "garnet and gaussian: 'homogeneous', 'heterogeneous' or a level in "
+    ("--heterogeneity",),
+    "heterogeneity",
+    "garnet and gaussian: 'homogeneous', 'heterogeneous' or a level in "
     "[0, 1] (gaussian: homogeneous = 0, heterogeneous = 1)",
-    lambda text: name_or_number(text, ("homogeneous", "heterogeneous"), lambda v: 0.0 <= v <= 1.0,
-                                "'homogeneous', 'heterogeneous' or a number in [0, 1]"),
-    "heterogeneous", group="problem", params=("heterogeneity",))
-STATES = Option(("--states",), "states", "number of states S (garnet default 30, qfedtd-mdp default 20)",
-                positive_int, None, group="problem", params=("num_states",))
-SAMPLING = Option(("--sampling",), "sampling",
-                  "TD observation model (garnet default generative, qfedtd-mdp default markov)",
-                  choices=("generative", "markov"), group="problem", params=("sampling",))
+    lambda text: name_or_number(
+        text,
+        ("homogeneous", "heterogeneous"),
+        lambda v: 0.0 <= v <= 1.0,
+        "'homogeneous', 'heterogeneous' or a number in [0, 1]",
+    ),
+    "heterogeneous",
+    group="problem",
+    params=("heterogeneity",),
+)
+STATES = Option(
+    ("--states",),
+    "states",
+    "number of states S (garnet default 30, qfedtd-mdp default 20)",
+    positive_int,
+    None,
+    group="problem",
+    params=("num_states",),
+)
+SAMPLING = Option(
+    ("--sampling",),
+    "sampling",
+    "TD observation model (garnet default generative, qfedtd-mdp default markov)",
+    choices=("generative", "markov"),
+    group="problem",
+    params=("sampling",),
+)

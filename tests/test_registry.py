@@ -53,8 +53,15 @@ def test_every_registered_entry_and_option_is_in_help_and_a_grid_key(capsys, tmp
 @pytest.fixture
 def toy():
     """An algorithm registered outside the command line: FedLSA named 'toy', its H from --toy-steps."""
-    steps = registry.Option(("--toy-steps",), "toy_steps", "toy: local steps per round", registry.positive_int, 2,
-                            group="algorithms", params=("num_local_steps",))
+    steps = registry.Option(
+        ("--toy-steps",),
+        "toy_steps",
+        "toy: local steps per round",
+        registry.positive_int,
+        2,
+        group="algorithms",
+        params=("num_local_steps",),
+    )
 
     def build(step_size, args, **channel):
         return dataclasses.replace(fj.fedlsa(step_size, args.toy_steps, **channel), name="toy")
@@ -67,7 +74,9 @@ def toy():
 def test_a_registered_algorithm_gets_its_option_check_grid_key_and_exact_curve(toy, tmp_path, capsys):
     assert "--toy-steps" in _run_help(capsys)
     out = tmp_path / "run"
-    assert cli.main(["run", *TINY, "--algorithms", "toy", "--toy-steps", "3", "--exact", "--out", str(out)]) == 0
+    assert (
+        cli.main(["run", *TINY, "--algorithms", "toy", "--toy-steps", "3", "--exact", "--out", str(out)]) == 0
+    )
     run = json.loads((out / "summary.json").read_text())["runs"]["toy"]
     assert run["config"]["num_local_steps"] == 3 and run["exact_final_mse"] > 0
     assert cli.main(["run", *TINY, "--algorithms", "fedlsa", "--toy-steps", "3", "--out", str(out)]) == 2
@@ -77,17 +86,29 @@ def test_a_registered_algorithm_gets_its_option_check_grid_key_and_exact_curve(t
 
 
 def test_a_plugin_with_an_exact_description_gets_an_exact_curve(tmp_path, monkeypatch):
-    (tmp_path / "toyplugin.py").write_text(textwrap.dedent("""
+    (tmp_path / "toyplugin.py").write_text(
+        textwrap.dedent("""
         import dataclasses
         import fedsa_jax as fj
 
         def make(step_size, num_local_steps):
             return dataclasses.replace(fj.scafflsa(step_size, num_local_steps), name="mine")
-    """))
+    """)
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "run"
-    argv = ["run", *TINY, "--algorithms", "toyplugin:make", "--local-steps", "2", "--exact", "--out", str(out)]
+    argv = [
+        "run",
+        *TINY,
+        "--algorithms",
+        "toyplugin:make",
+        "--local-steps",
+        "2",
+        "--exact",
+        "--out",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     assert json.loads((out / "summary.json").read_text())["runs"]["mine"]["exact_final_mse"] > 0
 
@@ -99,9 +120,14 @@ def _cli_sources() -> list[Path]:
 
 def _code_strings_and_names(tree: ast.AST):
     """Identifiers and string constants of the code, docstrings left out."""
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
-                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             yield node.value

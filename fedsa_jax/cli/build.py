@@ -32,8 +32,10 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
     algorithms = registry.algorithms()
     if ":" in name:
         if args.schedule != "constant" or args.server_optimizer != "none":
-            raise ValueError(f"--schedule/--server-optimizer is invalid with {option}={name!r}: they configure the "
-                             "built-in algorithms (a factory takes its own step_size and server_optimizer)")
+            raise ValueError(
+                f"--schedule/--server-optimizer is invalid with {option}={name!r}: they configure the "
+                "built-in algorithms (a factory takes its own step_size and server_optimizer)"
+            )
         alg = _custom_algorithm(name, getattr(args, "params", None) or {}, args, option, param_option)
     elif name not in algorithms:
         raise ValueError(f"algorithm={name!r} is invalid: expected one of {', '.join(algorithms)}")
@@ -41,8 +43,14 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
         step = args.step_size
         if args.schedule == "inverse-time":
             step = fj.schedule(fj.optim.inverse_time, eta0=float(args.step_size), k0=float(args.decay_steps))
-        alg = algorithms[name].build(step, args, quantizer=_make_quantizer(args), success_prob=args.success_prob,
-                                     aggregation=args.aggregation, server_optimizer=_make_server_optimizer(args))
+        alg = algorithms[name].build(
+            step,
+            args,
+            quantizer=_make_quantizer(args),
+            success_prob=args.success_prob,
+            aggregation=args.aggregation,
+            server_optimizer=_make_server_optimizer(args),
+        )
     if args.average is not None:
         alg = fj.averaged(alg, burn_in=args.average)
     return fj.richardson(alg) if args.richardson else alg
@@ -50,10 +58,14 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
 
 def _make_server_optimizer(args):
     if args.server_optimizer == "none":
-        for option, value, default in (("--server-lr", args.server_lr, 1.0),
-                                       ("--server-momentum", args.server_momentum, 0.0)):
+        for option, value, default in (
+            ("--server-lr", args.server_lr, 1.0),
+            ("--server-momentum", args.server_momentum, 0.0),
+        ):
             if value != default:
-                raise ValueError(f"{option}={value!r} is invalid: it sets --server-optimizer, which is 'none'")
+                raise ValueError(
+                    f"{option}={value!r} is invalid: it sets --server-optimizer, which is 'none'"
+                )
         return None
     import optax
 
@@ -126,8 +138,16 @@ def _custom_algorithm(spec: str, params: dict, args, option: str, param_option: 
         names, takes_any = signature
         for key, value in params.items():
             if key not in names and not takes_any:  # named as given: --param beta=0.5, or params.beta=0.5
-                where, shown = ("--param", f"{key}={value}") if param_option == "--param" else (param_option + key, value)
-                fail(f"{spec} takes no argument {key!r} (its arguments: {', '.join(names) or 'none'})", where, shown)
+                where, shown = (
+                    ("--param", f"{key}={value}")
+                    if param_option == "--param"
+                    else (param_option + key, value)
+                )
+                fail(
+                    f"{spec} takes no argument {key!r} (its arguments: {', '.join(names) or 'none'})",
+                    where,
+                    shown,
+                )
         for key, value in (("step_size", args.step_size), ("num_local_steps", args.local_steps)):
             if key in names and key not in params:
                 kwargs[key] = value

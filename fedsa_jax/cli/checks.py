@@ -30,9 +30,13 @@ def _as_option(text: str, args, option_of) -> str:
     if option is None:
         return text
     value = getattr(args, dest, None)
-    where = f"{option}={value!r}" if value is not None else \
-        f"{option}={shown} (its default with --problem {args.problem})" if dest in ("states", "dim") else \
-        f"{option}={shown}"
+    where = (
+        f"{option}={value!r}"
+        if value is not None
+        else f"{option}={shown} (its default with --problem {args.problem})"
+        if dest in ("states", "dim")
+        else f"{option}={shown}"
+    )
     decay = option_of("decay_steps")
     if dest == "step_size" and getattr(args, "schedule", "constant") != "constant" and decay is not None:
         where += f" with {decay}={args.decay_steps!r}"
@@ -61,11 +65,19 @@ def options_checked(command):
 
 
 def _readers(args, kind: str) -> dict[str, tuple[str, bool, str]]:
-    """For each option an entry of ``kind`` reads: (who reads it, whether this run does, what this run has)."""
-    table = {"problem": registry.problems, "quantizer": registry.quantizers, "algorithm": registry.algorithms}[kind]()
+    """For each option an entry of ``kind`` reads: (who reads it, whether this run does, what this
+    run has)."""
+    table = {
+        "problem": registry.problems,
+        "quantizer": registry.quantizers,
+        "algorithm": registry.algorithms,
+    }[kind]()
     if kind == "algorithm":
         chosen = [table[n] for n in args.algorithms if n in table]
-        plugins, has = any(n not in table for n in args.algorithms), f"--algorithms {','.join(args.algorithms)}"
+        plugins, has = (
+            any(n not in table for n in args.algorithms),
+            f"--algorithms {','.join(args.algorithms)}",
+        )
     else:
         chosen, plugins, has = [table[getattr(args, kind)]], False, f"--{kind} {getattr(args, kind)}"
     readers: dict[str, tuple[str, bool, str]] = {}
@@ -94,7 +106,11 @@ def _check_applicable(args) -> None:
     builtin = any(n in registry.algorithms() for n in args.algorithms)
     algorithms = f"--algorithms {','.join(args.algorithms)}"
     table = _readers(args, "quantizer")
-    table["decay_steps"] = ("--schedule inverse-time", args.schedule == "inverse-time", f"--schedule {args.schedule}")
+    table["decay_steps"] = (
+        "--schedule inverse-time",
+        args.schedule == "inverse-time",
+        f"--schedule {args.schedule}",
+    )
     table.update(_readers(args, "problem"))
     table.update(_readers(args, "algorithm"))
     for dest in ("quantizer", "success_prob", "aggregation"):
@@ -103,5 +119,7 @@ def _check_applicable(args) -> None:
         value = getattr(args, dest)
         if not read and value != options[dest].default:
             option = options[dest].flags[0]
-            raise ValueError(f"{option}={value!r} is invalid: it is read only with {read_by}, and this run "
-                             f"has {has}; drop {option}")
+            raise ValueError(
+                f"{option}={value!r} is invalid: it is read only with {read_by}, and this run "
+                f"has {has}; drop {option}"
+            )

@@ -32,7 +32,8 @@ def algorithm(text: str) -> str:
     name, names = text.strip(), registry.algorithms()
     if name not in names and not _FACTORY_RE.match(name):
         raise argparse.ArgumentTypeError(
-            f"expected one of {', '.join(names)} or a factory 'package.module:function', got {text!r}")
+            f"expected one of {', '.join(names)} or a factory 'package.module:function', got {text!r}"
+        )
     return name
 
 
@@ -41,13 +42,14 @@ def algorithm_list(text: str) -> list[str]:
     known = ", ".join(registry.algorithms())
     if not names:
         raise argparse.ArgumentTypeError(
-            f"expected a comma-separated list from {known} or 'module:factory', got {text!r}")
+            f"expected a comma-separated list from {known} or 'module:factory', got {text!r}"
+        )
     try:
         return [algorithm(n) for n in names]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"expected a comma-separated list from {known} or 'package.module:factory' entries, "
-            f"got {text!r}") from None
+            f"expected a comma-separated list from {known} or 'package.module:factory' entries, got {text!r}"
+        ) from None
 
 
 def _param_value(text: str):
@@ -56,7 +58,9 @@ def _param_value(text: str):
         value = json.loads(text)
     except ValueError:
         return text
-    ok = isinstance(value, (bool, int, str)) or (isinstance(value, float) and value == value and abs(value) != float("inf"))
+    ok = isinstance(value, (bool, int, str)) or (
+        isinstance(value, float) and value == value and abs(value) != float("inf")
+    )
     return value if ok else text
 
 
@@ -86,88 +90,264 @@ def _algorithm_names() -> str:
 def _common() -> list[Option]:
     """The options of every run, in ``--help`` order within each group."""
     return [
-        Option(("--problem",), "problem", _listing(registry.problems()), default="garnet",
-               choices=tuple(registry.problems()), group="problem"),
-        Option(("--agents", "-N"), "agents", "number of agents N", positive_int, 10, group="problem",
-               params=("num_agents",)),
-        Option(("--dim", "-d"), "dim", "dimension d (garnet default 8, qfedtd-mdp 10, gaussian 5)", positive_int,
-               group="problem", params=("dim",)),
-        Option(("--problem-seed",), "problem_seed", "PRNG seed of the random problem", seed, 0, group="problem"),
-        Option(("--algorithms", "--algorithm"), "algorithms", f"comma-separated from {_algorithm_names()}, or "
-               "your own algorithm as 'package.module:factory': a function returning a fedsa_jax.Algorithm, "
-               "imported with the current folder on the import path", algorithm_list, default_algorithms(),
-               group="algorithms", grid=False),
-        Option(("--param",), "param", "keyword argument of every 'module:factory' algorithm (repeat the "
-               "option); VALUE is read as a JSON number, string or true/false, else kept as text. A factory also "
-               "gets step_size and num_local_steps (from --step-size, --local-steps) if its signature has them "
-               "and no --param gives them", param, metavar="NAME=VALUE", action="append", group="algorithms",
-               grid=False),
-        Option(("--step-size", "--eta"), "step_size", "step size eta", real, 0.05, group="algorithms",
-               params=("step_size", "eta0")),
+        Option(
+            ("--problem",),
+            "problem",
+            _listing(registry.problems()),
+            default="garnet",
+            choices=tuple(registry.problems()),
+            group="problem",
+        ),
+        Option(
+            ("--agents", "-N"),
+            "agents",
+            "number of agents N",
+            positive_int,
+            10,
+            group="problem",
+            params=("num_agents",),
+        ),
+        Option(
+            ("--dim", "-d"),
+            "dim",
+            "dimension d (garnet default 8, qfedtd-mdp 10, gaussian 5)",
+            positive_int,
+            group="problem",
+            params=("dim",),
+        ),
+        Option(
+            ("--problem-seed",), "problem_seed", "PRNG seed of the random problem", seed, 0, group="problem"
+        ),
+        Option(
+            ("--algorithms", "--algorithm"),
+            "algorithms",
+            f"comma-separated from {_algorithm_names()}, or "
+            "your own algorithm as 'package.module:factory': a function returning a fedsa_jax.Algorithm, "
+            "imported with the current folder on the import path",
+            algorithm_list,
+            default_algorithms(),
+            group="algorithms",
+            grid=False,
+        ),
+        Option(
+            ("--param",),
+            "param",
+            "keyword argument of every 'module:factory' algorithm (repeat the option); VALUE is read as a "
+            "JSON number, string or true/false, else kept as text. A factory also gets step_size and "
+            "num_local_steps (from --step-size, --local-steps) if its signature has them and no --param "
+            "gives them",
+            param,
+            metavar="NAME=VALUE",
+            action="append",
+            group="algorithms",
+            grid=False,
+        ),
+        Option(
+            ("--step-size", "--eta"),
+            "step_size",
+            "step size eta",
+            real,
+            0.05,
+            group="algorithms",
+            params=("step_size", "eta0"),
+        ),
         *_schedule(),
-        Option(("--quantizer",), "quantizer", "quantizer of the uplink message (FedLSA/SCAFFLSA: the model "
-               "difference; QFedTD: the TD direction)", default="none", choices=tuple(registry.quantizers()),
-               group="channel", read_by=BUILT_IN_CHANNEL),
-        Option(("--success-prob", "-p"), "success_prob", "probability that an uplink message is delivered "
-               "(Bernoulli erasures)", real, 1.0, group="channel", params=("success_prob",),
-               read_by=BUILT_IN_CHANNEL),
-        Option(("--aggregation",), "aggregation", "server rule: sum of delivered messages over N, or over the "
-               "number received", default="divide_by_n", choices=("divide_by_n", "divide_by_received"),
-               group="channel", params=("aggregation",), read_by=BUILT_IN_CHANNEL),
+        Option(
+            ("--quantizer",),
+            "quantizer",
+            "quantizer of the uplink message (FedLSA/SCAFFLSA: the model "
+            "difference; QFedTD: the TD direction)",
+            default="none",
+            choices=tuple(registry.quantizers()),
+            group="channel",
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--success-prob", "-p"),
+            "success_prob",
+            "probability that an uplink message is delivered (Bernoulli erasures)",
+            real,
+            1.0,
+            group="channel",
+            params=("success_prob",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--aggregation",),
+            "aggregation",
+            "server rule: sum of delivered messages over N, or over the number received",
+            default="divide_by_n",
+            choices=("divide_by_n", "divide_by_received"),
+            group="channel",
+            params=("aggregation",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
         *_simulation(),
     ]
 
 
 def _schedule() -> list[Option]:
     return [
-        Option(("--schedule",), "schedule", "step size of local step k = t H + h: constant eta, or inverse-time "
-               "eta / (1 + k / DECAY_STEPS) (the 1/k regime); any optax schedule from Python", default="constant",
-               choices=SCHEDULES, group="schedule"),
-        Option(("--decay-steps",), "decay_steps", "inverse-time: local steps k0 over which the step size halves",
-               positive_real, 1000.0, group="schedule", params=("k0",), read_by="--schedule inverse-time"),
-        Option(("--server-optimizer",), "server_optimizer", "optax optimizer on the server's pseudo-gradient "
-               "theta_t - aggregate_t: none (plain averaging), sgd (with --server-momentum: FedAvgM) or adam "
-               "(FedAdam)", default="none", choices=SERVER_OPTIMIZERS, group="schedule"),
-        Option(("--server-lr",), "server_lr", "server optimizer's learning rate", positive_real, 1.0,
-               group="schedule", params=("learning_rate",)),
-        Option(("--server-momentum",), "server_momentum", "sgd: momentum beta in [0, 1) (0: none)", real, 0.0,
-               group="schedule", params=("momentum",)),
-        Option(("--average",), "average", "report the Polyak-Ruppert average of the iterates after BURN_IN "
-               "rounds (fj.averaged); the last iterate's MSE is kept as the metric last_iterate_mse",
-               nonnegative_int, metavar="BURN_IN", group="schedule", params=("burn_in",)),
-        Option(("--richardson",), "richardson", "Richardson-Romberg: report 2 theta(eta) - theta(2 eta), both "
-               "runs on the same random numbers (fj.richardson; with --average, of the averaged iterates)",
-               default=False, action="store_true", group="schedule", grid=False),
+        Option(
+            ("--schedule",),
+            "schedule",
+            "step size of local step k = t H + h: constant eta, or inverse-time "
+            "eta / (1 + k / DECAY_STEPS) (the 1/k regime); any optax schedule from Python",
+            default="constant",
+            choices=SCHEDULES,
+            group="schedule",
+        ),
+        Option(
+            ("--decay-steps",),
+            "decay_steps",
+            "inverse-time: local steps k0 over which the step size halves",
+            positive_real,
+            1000.0,
+            group="schedule",
+            params=("k0",),
+            read_by="--schedule inverse-time",
+        ),
+        Option(
+            ("--server-optimizer",),
+            "server_optimizer",
+            "optax optimizer on the server's pseudo-gradient "
+            "theta_t - aggregate_t: none (plain averaging), sgd (with --server-momentum: FedAvgM) or adam "
+            "(FedAdam)",
+            default="none",
+            choices=SERVER_OPTIMIZERS,
+            group="schedule",
+        ),
+        Option(
+            ("--server-lr",),
+            "server_lr",
+            "server optimizer's learning rate",
+            positive_real,
+            1.0,
+            group="schedule",
+            params=("learning_rate",),
+        ),
+        Option(
+            ("--server-momentum",),
+            "server_momentum",
+            "sgd: momentum beta in [0, 1) (0: none)",
+            real,
+            0.0,
+            group="schedule",
+            params=("momentum",),
+        ),
+        Option(
+            ("--average",),
+            "average",
+            "report the Polyak-Ruppert average of the iterates after BURN_IN "
+            "rounds (fj.averaged); the last iterate's MSE is kept as the metric last_iterate_mse",
+            nonnegative_int,
+            metavar="BURN_IN",
+            group="schedule",
+            params=("burn_in",),
+        ),
+        Option(
+            ("--richardson",),
+            "richardson",
+            "Richardson-Romberg: report 2 theta(eta) - theta(2 eta), both "
+            "runs on the same random numbers (fj.richardson; with --average, of the averaged iterates)",
+            default=False,
+            action="store_true",
+            group="schedule",
+            grid=False,
+        ),
     ]
 
 
 def _simulation() -> list[Option]:
     return [
-        Option(("--rounds", "-T"), "rounds", "communication rounds T", positive_int, 60, params=("num_rounds",),
-               grid=False),
-        Option(("--seeds",), "seeds", "independent runs", positive_int, 256, params=("num_seeds",), grid=False),
+        Option(
+            ("--rounds", "-T"),
+            "rounds",
+            "communication rounds T",
+            positive_int,
+            60,
+            params=("num_rounds",),
+            grid=False,
+        ),
+        Option(
+            ("--seeds",), "seeds", "independent runs", positive_int, 256, params=("num_seeds",), grid=False
+        ),
         Option(("--seed",), "seed", "PRNG seed of the runs", seed, 1, grid=False),
-        Option(("--record-every",), "record_every", "record statistics every K rounds", positive_int, 1,
-               params=("record_every",), grid=False),
-        Option(("--dtype",), "dtype", "floating point type", default="float32", choices=("float32", "float64"),
-               params=("dtype",), grid=False),
+        Option(
+            ("--record-every",),
+            "record_every",
+            "record statistics every K rounds",
+            positive_int,
+            1,
+            params=("record_every",),
+            grid=False,
+        ),
+        Option(
+            ("--dtype",),
+            "dtype",
+            "floating point type",
+            default="float32",
+            choices=("float32", "float64"),
+            params=("dtype",),
+            grid=False,
+        ),
         Option(("--out",), "out", "output folder (created if needed)", Path, Path("fedsa_run"), grid=False),
-        Option(("--checkpoint-dir",), "checkpoint_dir", "write an atomic checkpoint here after each chunk; "
-               "rerunning the same command resumes (one subfolder per algorithm; other configurations may share "
-               "the folder)", Path, params=("checkpoint_dir",), grid=False),
-        Option(("--chunk-rounds",), "chunk_rounds", "rounds per kernel call (progress and checkpoint "
-               "granularity; default: automatic)", positive_int, params=("chunk_rounds",), grid=False),
-        Option(("--progress",), "progress", "progress bar (default: on a terminal only)",
-               action=argparse.BooleanOptionalAction, grid=False),
-        Option(("--x-axis",), "x_axis", "figure's x axis: communication rounds, uplink messages, observations "
-               "drawn, uplink bits sent or delivered ('bits' means bits_delivered)", x_axis, "rounds",
-               choices=X_AXES, grid=False),
-        Option(("--band",), "band", "figure's band: mean +- 2 standard errors, or 5-95%% / 25-75%% quantiles "
-               "over seeds", default="sem", choices=("sem", "quantiles"), grid=False),
-        Option(("--exact",), "exact", "also compute the exact MSE curve (fj.theory.exact_mse; every algorithm "
-               "with an exact description, plugins included, on Gaussian or generative TD problems, small N d) "
-               "and draw it dotted", default=False, action="store_true", grid=False),
-        Option(("--no-plot",), "no_plot", "skip the PNG figure", default=False, action="store_true", grid=False),
+        Option(
+            ("--checkpoint-dir",),
+            "checkpoint_dir",
+            "write an atomic checkpoint here after each chunk; "
+            "rerunning the same command resumes (one subfolder per algorithm; other configurations may share "
+            "the folder)",
+            Path,
+            params=("checkpoint_dir",),
+            grid=False,
+        ),
+        Option(
+            ("--chunk-rounds",),
+            "chunk_rounds",
+            "rounds per kernel call (progress and checkpoint granularity; default: automatic)",
+            positive_int,
+            params=("chunk_rounds",),
+            grid=False,
+        ),
+        Option(
+            ("--progress",),
+            "progress",
+            "progress bar (default: on a terminal only)",
+            action=argparse.BooleanOptionalAction,
+            grid=False,
+        ),
+        Option(
+            ("--x-axis",),
+            "x_axis",
+            "figure's x axis: communication rounds, uplink messages, observations "
+            "drawn, uplink bits sent or delivered ('bits' means bits_delivered)",
+            x_axis,
+            "rounds",
+            choices=X_AXES,
+            grid=False,
+        ),
+        Option(
+            ("--band",),
+            "band",
+            "figure's band: mean +- 2 standard errors, or 5-95%% / 25-75%% quantiles over seeds",
+            default="sem",
+            choices=("sem", "quantiles"),
+            grid=False,
+        ),
+        Option(
+            ("--exact",),
+            "exact",
+            "also compute the exact MSE curve (fj.theory.exact_mse; every algorithm "
+            "with an exact description, plugins included, on Gaussian or generative TD problems, small N d) "
+            "and draw it dotted",
+            default=False,
+            action="store_true",
+            grid=False,
+        ),
+        Option(
+            ("--no-plot",), "no_plot", "skip the PNG figure", default=False, action="store_true", grid=False
+        ),
     ]
 
 

@@ -23,7 +23,11 @@ class _Help(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        if (
+            "default" in text
+            or action.default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
             return text
         return text + " (default: %(default)s)"
 
@@ -55,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulate algorithms on a problem; write result files and an MSE figure",
         description="Simulate FedLSA / SCAFFLSA on a federated problem over many independent seeds. "
         "Writes result_<algorithm>.npz (arrays + config + versions), result_<algorithm>.csv, summary.json "
-        "and mse.png into --out. Defaults: heterogeneous Garnet (N=10), FedLSA vs SCAFFLSA, eta=0.05, H=1000, "
-        "60 rounds, 256 seeds (under a minute on 2 CPU cores).",
+        "and mse.png into --out. Defaults: heterogeneous Garnet (N=10), FedLSA vs SCAFFLSA, eta=0.05, "
+        "H=1000, 60 rounds, 256 seeds (under a minute on 2 CPU cores).",
         formatter_class=_Help,
     )
     groups = {key: run.add_argument_group(title) for key, title in GROUPS.items()}
@@ -80,31 +84,59 @@ def _sweep_parser(sub) -> None:
     )
     sw.add_argument("config", type=Path, help="the sweep's TOML file")
     sw.add_argument("--out", type=Path, default=None, help="output folder (default: [run] out)")
-    sw.add_argument("--shard", type=shard, default=None, metavar="K/N",
-                    help="run only the configurations whose index is K mod N (0 <= K < N), into the shared "
-                    "output folder, e.g. one task of a cluster job array; a later run without --shard "
-                    "collects them and writes sweep.json and sweep.png")
-    sw.add_argument("--collect", action="store_true",
-                    help="compute nothing: load the finished configurations, write sweep.json and sweep.png, "
-                    "list the missing ones (exit status 1 if any)")
-    sw.add_argument("--allow-plugins", action="store_true",
-                    help="run the file's 'module:factory' algorithms: each is code that the sweep imports "
-                    "and calls, so allow it only for a file you trust (without it such a file is refused)")
-    sw.add_argument("--max-grid", type=positive_int, default=None, metavar="N",
-                    help="refuse grids of more than N configurations (default: fedsa_jax.sweep.MAX_GRID)")
-    sw.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                    help="progress bars (default: on a terminal only)")
+    sw.add_argument(
+        "--shard",
+        type=shard,
+        default=None,
+        metavar="K/N",
+        help="run only the configurations whose index is K mod N (0 <= K < N), into the shared "
+        "output folder, e.g. one task of a cluster job array; a later run without --shard "
+        "collects them and writes sweep.json and sweep.png",
+    )
+    sw.add_argument(
+        "--collect",
+        action="store_true",
+        help="compute nothing: load the finished configurations, write sweep.json and sweep.png, "
+        "list the missing ones (exit status 1 if any)",
+    )
+    sw.add_argument(
+        "--allow-plugins",
+        action="store_true",
+        help="run the file's 'module:factory' algorithms: each is code that the sweep imports "
+        "and calls, so allow it only for a file you trust (without it such a file is refused)",
+    )
+    sw.add_argument(
+        "--max-grid",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="refuse grids of more than N configurations (default: fedsa_jax.sweep.MAX_GRID)",
+    )
+    sw.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars (default: on a terminal only)",
+    )
     sw.add_argument("--no-plot", action="store_true", help="skip the PNG figure")
     _jax_options(sw)
 
 
 def _jax_options(group) -> None:
-    group.add_argument("--cpu-devices", type=positive_int, default=None, metavar="N",
-                       help="JAX CPU devices the seeds are sharded over, 1 to the cores this process may use "
-                       "(default: one per core, faster than JAX's single multi-threaded device; 1 restores that "
-                       f"device). An explicit XLA_FLAGS=--{XLA_FLAG}=N or JAX_NUM_CPU_DEVICES wins. No effect on GPUs")
-    group.add_argument("--no-compile-cache", action="store_true",
-                       help="do not keep compiled kernels on disk (default: kept in "
-                       "$XDG_CACHE_HOME/fedsa_jax/jax_compile_cache, ~/.cache without XDG_CACHE_HOME, so a "
-                       "repeated run does not compile again; FEDSA_JAX_COMPILE_CACHE=off disables it too, "
-                       "FEDSA_JAX_COMPILE_CACHE=FOLDER moves it)")
+    group.add_argument(
+        "--cpu-devices",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="JAX CPU devices the seeds are sharded over, 1 to the cores this process may use "
+        "(default: one per core, faster than JAX's single multi-threaded device; 1 restores that "
+        f"device). An explicit XLA_FLAGS=--{XLA_FLAG}=N or JAX_NUM_CPU_DEVICES wins. No effect on GPUs",
+    )
+    group.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="do not keep compiled kernels on disk (default: kept in "
+        "$XDG_CACHE_HOME/fedsa_jax/jax_compile_cache, ~/.cache without XDG_CACHE_HOME, so a "
+        "repeated run does not compile again; FEDSA_JAX_COMPILE_CACHE=off disables it too, "
+        "FEDSA_JAX_COMPILE_CACHE=FOLDER moves it)",
+    )

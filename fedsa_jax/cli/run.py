@@ -54,8 +54,11 @@ class _CompileTimer:
     """Wall time JAX spends tracing, lowering and compiling (the union of those events' spans),
     so that throughput can be reported warm, without compilation."""
 
-    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-              "/jax/core/compile/backend_compile_duration")
+    EVENTS = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
 
     def __enter__(self):
         import jax.monitoring as monitoring
@@ -129,13 +132,17 @@ def _algorithms(args, problem) -> tuple[list, list[str]]:
 
     args.params = dict(args.param or [])
     if args.params and not any(":" in name for name in args.algorithms):
-        raise ValueError("--param is invalid: it applies to 'module:factory' algorithms only, and --algorithms "
-                         f"has none ({','.join(args.algorithms)})")
+        raise ValueError(
+            "--param is invalid: it applies to 'module:factory' algorithms only, and --algorithms "
+            f"has none ({','.join(args.algorithms)})"
+        )
     algs = [_make_algorithm(name, args) for name in args.algorithms]
     names = [safe_name(alg.name) for alg in algs]
     if len(set(names)) < len(names):
-        raise ValueError(f"--algorithms={','.join(args.algorithms)!r} is invalid: two algorithms are named "
-                         f"{max(names, key=names.count)!r} (results are named after the algorithm)")
+        raise ValueError(
+            f"--algorithms={','.join(args.algorithms)!r} is invalid: two algorithms are named "
+            f"{max(names, key=names.count)!r} (results are named after the algorithm)"
+        )
     return algs, names
 
 
@@ -148,10 +155,16 @@ def _simulate_one(args, problem, alg, file_name: str, summary: dict):
     with _CompileTimer() as timer:
         t0 = time.perf_counter()
         res = fj.simulate(
-            jax.random.key(args.seed), problem, alg, args.rounds, args.seeds,
-            record_every=min(args.record_every, args.rounds), chunk_rounds=args.chunk_rounds,
+            jax.random.key(args.seed),
+            problem,
+            alg,
+            args.rounds,
+            args.seeds,
+            record_every=min(args.record_every, args.rounds),
+            chunk_rounds=args.chunk_rounds,
             checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / file_name,
-            progress=args.progress, quantiles=True if args.band == "quantiles" else None,
+            progress=args.progress,
+            quantiles=True if args.band == "quantiles" else None,
             metrics=["last_iterate_mse"] if args.average is not None else None,
         )
         seconds = time.perf_counter() - t0
@@ -169,8 +182,10 @@ def _simulate_one(args, problem, alg, file_name: str, summary: dict):
         **timing,
         "config": res.config["algorithm"],
     }
-    print(f"{alg.name:9s} final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g} (s.e.), "
-          f"{int(res.num_diverged[-1])} diverged, {_describe_timing(timing, args.rounds)} -> {path}")
+    print(
+        f"{alg.name:9s} final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g} (s.e.), "
+        f"{int(res.num_diverged[-1])} diverged, {_describe_timing(timing, args.rounds)} -> {path}"
+    )
     return res
 
 
@@ -218,13 +233,16 @@ def cmd_run(args) -> int:
 
     problem = _make_problem(args, jax.random.key(args.problem_seed))
     algs, names = _algorithms(args, problem)
-    builtin = [alg for spec, alg in zip(args.algorithms, algs) if spec in registry.algorithms()]
+    builtin = [alg for spec, alg in zip(args.algorithms, algs, strict=True) if spec in registry.algorithms()]
     if builtin and (args.quantizer != "none" or args.success_prob != 1.0):
         print(f"uplink channel: {json.dumps(builtin[0].config.channel.describe())}")
     out: Path = args.out
     print(f"problem: {json.dumps(problem.describe())}")
     summary = {"problem": problem.describe(), "runs": {}}
-    results = {alg.name: _simulate_one(args, problem, alg, name, summary) for alg, name in zip(algs, names)}
+    results = {
+        alg.name: _simulate_one(args, problem, alg, name, summary)
+        for alg, name in zip(algs, names, strict=True)
+    }
     lines = _bias_lines(args, problem, summary)
     exact = _exact_curves(args, problem, algs, summary)
     if not args.no_plot:
@@ -233,8 +251,8 @@ def cmd_run(args) -> int:
         matplotlib.use("Agg")  # files only, never a window
         from fedsa_jax.plotting import plot_mse
 
-        title = run_title(args, problem)
-        fig = plot_mse(results, reference_lines=lines, title=title, x=args.x_axis, band=args.band, theory=exact)
+        plot = dict(reference_lines=lines, title=run_title(args, problem), x=args.x_axis)
+        fig = plot_mse(results, **plot, band=args.band, theory=exact)
 
         atomic_write(out / "mse.png", lambda f: fig.savefig(f, format="png"))
         print(f"figure -> {out / 'mse.png'}")

@@ -18,10 +18,29 @@ from fedsa_jax.cli.parser import build_parser
 from fedsa_jax.cli.run import _num_local_steps, _prepare_jax, _prepare_outputs
 from fedsa_jax.registry import positive_int
 
-RUN_KEYS = {"seeds": 64, "seed": 1, "rounds": None, "total_local_steps": None, "record_every": None,
-            "records": None, "dtype": "float32", "out": "fedsa_sweep", "figure_x": None}
-PROBLEM_KEYS = ("problem", "agents", "heterogeneity", "states", "dim", "sampling", "noise_A", "noise_b",
-                "problem_seed", "dtype")
+RUN_KEYS = {
+    "seeds": 64,
+    "seed": 1,
+    "rounds": None,
+    "total_local_steps": None,
+    "record_every": None,
+    "records": None,
+    "dtype": "float32",
+    "out": "fedsa_sweep",
+    "figure_x": None,
+}
+PROBLEM_KEYS = (
+    "problem",
+    "agents",
+    "heterogeneity",
+    "states",
+    "dim",
+    "sampling",
+    "noise_A",
+    "noise_b",
+    "problem_seed",
+    "dtype",
+)
 
 
 def _default_algorithm() -> str:
@@ -39,7 +58,9 @@ def _check_value(where: str, value, convert, choices=None):
     except (argparse.ArgumentTypeError, ValueError) as err:
         raise ValueError(f"{where}={value!r} is invalid: {err}") from None
     if choices is not None and converted not in choices:
-        raise ValueError(f"{where}={value!r} is invalid: expected one of {', '.join(repr(c) for c in choices)}")
+        raise ValueError(
+            f"{where}={value!r} is invalid: expected one of {', '.join(repr(c) for c in choices)}"
+        )
     return converted
 
 
@@ -61,8 +82,10 @@ def _read_toml(path: Path) -> dict:
         raise ValueError(f"config={str(path)!r} is invalid: {one_line(err)}") from None
     unknown = set(spec) - {"run", "grid", "params"}
     if unknown or "grid" not in spec:
-        raise ValueError(f"config={str(path)!r} is invalid: expected tables [run], [grid] and optionally "
-                         f"[params], got {sorted(spec)}")
+        raise ValueError(
+            f"config={str(path)!r} is invalid: expected tables [run], [grid] and optionally "
+            f"[params], got {sorted(spec)}"
+        )
     return spec
 
 
@@ -111,15 +134,19 @@ def _params_table(given_params: dict, grid: dict) -> None:
     algorithms = grid.get("algorithm", _default_algorithm())
     custom = [a for a in (algorithms if isinstance(algorithms, list) else [algorithms]) if ":" in a]
     if given_params and not custom:
-        raise ValueError("params is invalid: [params] applies to 'module:factory' algorithms only, and "
-                         "grid.algorithm has none")
+        raise ValueError(
+            "params is invalid: [params] applies to 'module:factory' algorithms only, and "
+            "grid.algorithm has none"
+        )
     for key, values in given_params.items():
         items = values if isinstance(values, list) else [values]
         if not PARAM_RE.match(key):
             raise ValueError(f"params.{key} is invalid: expected a Python identifier")
         if not items or not all(isinstance(v, (bool, int, float, str)) for v in items):
-            raise ValueError(f"params.{key}={values!r} is invalid: expected a number, string or boolean, "
-                             "or a non-empty list of them")
+            raise ValueError(
+                f"params.{key}={values!r} is invalid: expected a number, string or boolean, "
+                "or a non-empty list of them"
+            )
         grid[f"params.{key}"] = values
 
 
@@ -131,8 +158,10 @@ def _sweep_spec(path: Path):
     grid = _grid_table(given_grid)
     _params_table(given_params, grid)
     if run["figure_x"] is not None and run["figure_x"] not in grid:
-        raise ValueError(f"run.figure_x={run['figure_x']!r} is invalid: expected one of the grid's keys "
-                         f"({', '.join(grid)})")
+        raise ValueError(
+            f"run.figure_x={run['figure_x']!r} is invalid: expected one of the grid's keys "
+            f"({', '.join(grid)})"
+        )
     defaults = vars(build_parser().parse_args(["run"]))
     return run, grid, defaults
 
@@ -142,8 +171,10 @@ def _check_plugins(grid: dict, allowed: bool) -> None:
     algorithms = grid.get("algorithm", _default_algorithm())
     for name in algorithms if isinstance(algorithms, list) else [algorithms]:
         if ":" in name and not allowed:
-            raise ValueError(f"grid.algorithm={name!r} is invalid: a 'module:factory' algorithm is code "
-                             "that the sweep imports and calls; pass --allow-plugins if you trust this file")
+            raise ValueError(
+                f"grid.algorithm={name!r} is invalid: a 'module:factory' algorithm is code "
+                "that the sweep imports and calls; pass --allow-plugins if you trust this file"
+            )
 
 
 def _sweep_configs(grid: dict, limit: int | None) -> list[dict]:
@@ -170,7 +201,11 @@ class _Grid:
         self.run, self.defaults, self.problems = run, defaults, {}
 
     def options(self, config):
-        merged = {**self.defaults, "dtype": self.run["dtype"], **{k: v for k, v in config.items() if "." not in k}}
+        merged = {
+            **self.defaults,
+            "dtype": self.run["dtype"],
+            **{k: v for k, v in config.items() if "." not in k},
+        }
         merged["algorithm"] = config.get("algorithm", _default_algorithm())
         merged["params"] = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("params.")}
         return SimpleNamespace(**merged)
@@ -195,9 +230,11 @@ class _Grid:
             return int(self.run["rounds"])
         total, H = int(self.run["total_local_steps"]), _num_local_steps(self.build(config)[1])
         if total < H:  # a round is H local steps: fewer cannot be run
-            raise ValueError(f"run.total_local_steps={total} is invalid: configuration {config_name(config)} "
-                             f"has H = {H} local steps per round; expected total_local_steps >= H (rounds = "
-                             "total_local_steps // H)")
+            raise ValueError(
+                f"run.total_local_steps={total} is invalid: configuration {config_name(config)} "
+                f"has H = {H} local steps per round; expected total_local_steps >= H (rounds = "
+                "total_local_steps // H)"
+            )
         return total // H
 
     def record_every(self, config):
@@ -214,9 +251,12 @@ def _report(entries) -> None:
             print(f"{config_name(e.config)}: missing")
             continue
         state = {"loaded": "loaded", "recomputed": f"damaged file recomputed, {e.seconds:.1f} s"}.get(
-            e.status, f"{e.seconds:.1f} s")
-        print(f"{config_name(e.config)}: final MSE {e.result.mse_mean[-1]:.4g} "
-              f"+- {e.result.mse_sem[-1]:.2g} ({state})")
+            e.status, f"{e.seconds:.1f} s"
+        )
+        print(
+            f"{config_name(e.config)}: final MSE {e.result.mse_mean[-1]:.4g} "
+            f"+- {e.result.mse_sem[-1]:.2g} ({state})"
+        )
 
 
 def cmd_sweep(args) -> int:
@@ -232,15 +272,26 @@ def cmd_sweep(args) -> int:
     configs = _sweep_configs(grid_axes, args.max_grid)
     grid = _Grid(run, defaults)
     t0 = time.perf_counter()
-    entries = fj.sweep(jax.random.key(int(run["seed"])), configs, grid.build, grid.rounds, int(run["seeds"]),
-                       out_dir=out, record_every=grid.record_every, progress=args.progress,
-                       shard=args.shard, compute=not args.collect)
+    entries = fj.sweep(
+        jax.random.key(int(run["seed"])),
+        configs,
+        grid.build,
+        grid.rounds,
+        int(run["seeds"]),
+        out_dir=out,
+        record_every=grid.record_every,
+        progress=args.progress,
+        shard=args.shard,
+        compute=not args.collect,
+    )
     _report(entries)
     seconds = time.perf_counter() - t0
     if args.shard is not None:
         k, n = args.shard
-        print(f"shard {k}/{n}: {len(entries)} of {len(configs)} configurations in {seconds:.1f} s -> {out}; "
-              f"run without --shard (or with --collect) when all shards are done for sweep.json and sweep.png")
+        print(
+            f"shard {k}/{n}: {len(entries)} of {len(configs)} configurations in {seconds:.1f} s -> {out}; "
+            f"run without --shard (or with --collect) when all shards are done for sweep.json and sweep.png"
+        )
         return 0
     finished = [e for e in entries if e.result is not None]
     if not args.no_plot and finished:

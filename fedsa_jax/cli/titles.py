@@ -14,7 +14,9 @@ def reads_local_steps(args) -> bool:
 def run_title(args, problem) -> str:
     title = f"{args.problem}, N={problem.num_agents}, d={problem.dim}, " + rf"$\eta$={args.step_size:g}"
     if args.schedule != "constant":
-        title = title.replace(rf"$\eta$={args.step_size:g}", rf"$\eta_k$={args.step_size:g}/(1+k/{args.decay_steps:g})")
+        title = title.replace(
+            rf"$\eta$={args.step_size:g}", rf"$\eta_k$={args.step_size:g}/(1+k/{args.decay_steps:g})"
+        )
     if reads_local_steps(args):
         title += f", H={args.local_steps}"
     if args.server_optimizer != "none":
