@@ -29,18 +29,11 @@ RUN_KEYS = {
     "out": "fedsa_sweep",
     "figure_x": None,
 }
-PROBLEM_KEYS = (
-    "problem",
-    "agents",
-    "heterogeneity",
-    "states",
-    "dim",
-    "sampling",
-    "noise_A",
-    "noise_b",
-    "problem_seed",
-    "dtype",
-)
+
+
+def problem_keys() -> tuple[str, ...]:
+    """The options a problem is built from (configurations equal in these share one problem)."""
+    return (*(dest for dest, o in run_options().items() if o.group == "problem"), "dtype")
 
 
 def _default_algorithm() -> str:
@@ -215,7 +208,7 @@ class _Grid:
 
         o = self.options(config)
         try:
-            items = tuple((k, getattr(o, k)) for k in PROBLEM_KEYS)
+            items = tuple((k, getattr(o, k)) for k in problem_keys())
             if items not in self.problems:
                 self.problems[items] = _make_problem(o, jax.random.key(o.problem_seed))
             return self.problems[items], _make_algorithm(o.algorithm, o, "grid.algorithm", "params.")
