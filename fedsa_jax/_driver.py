@@ -34,12 +34,12 @@ from jax.sharding import PartitionSpec as P
 from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
 from fedsa_jax import _checkpoint, _kernel, _validate
-from fedsa_jax._kernel import Carry, KernelInputs, Reduction, SeedBatch, recorded_rounds
+from fedsa_jax._kernel import Carry, KernelInputs, Reduction, SeedBatch
 from fedsa_jax._options import Execution, Record, Recording, grouped
 from fedsa_jax._run import Run, run_code, validate_run
 from fedsa_jax._version import __version__
 from fedsa_jax.algorithms._base import Algorithm
-from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult
+from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult, recorded_rounds
 from fedsa_jax.stats import Moments, finalize, merge
 
 __all__ = ["execute", "simulate"]

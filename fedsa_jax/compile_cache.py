@@ -27,6 +27,8 @@ import os
 import warnings
 from pathlib import Path
 
+__all__ = ["enable"]
+
 ENV = "FEDSA_JAX_COMPILE_CACHE"  # a folder, or off / 0 / false / no to disable
 _OFF = ("", "0", "off", "false", "no", "none")
 

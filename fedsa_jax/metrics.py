@@ -32,6 +32,8 @@ import jax.numpy as jnp
 
 from fedsa_jax import _validate
 
+__all__ = ["client_drift", "control_variate_error", "last_iterate_mse", "resolve"]
+
 
 def client_drift(state, problem, info) -> jax.Array:
     del state, problem

@@ -63,6 +63,20 @@ from fedsa_jax import _validate
 from fedsa_jax._describe import describe_value
 from fedsa_jax._digest import _library, code_digest
 
+__all__ = [
+    "Schedule",
+    "ServerOptimizer",
+    "fingerprint",
+    "init_server",
+    "inverse_time",
+    "optimizer",
+    "schedule",
+    "server_optimizer_arg",
+    "server_step",
+    "step_size_arg",
+    "step_sizes",
+]
+
 MAX_COUNT = 2**31 - 1  # local-step indices are int32, as in optax
 
 

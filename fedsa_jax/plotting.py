@@ -28,6 +28,8 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.result import X_AXES, SimulationResult
 
+__all__ = ["plot_final_mse_vs_agents", "plot_mse", "plot_sweep"]
+
 BAND_Z = 2.0  # standard-error bands are mean +- 2 standard errors
 BANDS = ("sem", "quantiles", None)
 X_LABELS = {

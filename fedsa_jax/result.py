@@ -12,6 +12,8 @@ import numpy as np
 from fedsa_jax._io import DamagedFileError, atomic_savez, atomic_write, json_text, read_npz
 from fedsa_jax.stats import QUANTILE_LEVELS
 
+__all__ = ["X_AXES", "MetricStats", "SimulationResult", "load"]
+
 COUNT_NAMES = ("communications", "messages_delivered", "bits_sent", "bits_delivered", "samples")  # RoundInfo sums
 ARRAY_FIELDS = (
     "rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta", "theta_star",
@@ -147,6 +149,14 @@ class SimulationResult:
         atomic_write(path, write, mode="w")
 
 
+def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
+    """``0, r, 2r, ...`` and always the last round: a result's ``rounds``."""
+    rounds = list(range(0, num_rounds + 1, record_every))
+    if rounds[-1] != num_rounds:
+        rounds.append(num_rounds)
+    return np.asarray(rounds, dtype=np.int64)
+
+
 def load(path) -> SimulationResult:
     """Read a result written by :meth:`SimulationResult.save` (older files load too: NaN
     quantiles, counts from the built-in algorithms' formulas, no metrics).
@@ -249,8 +259,6 @@ def _check_shapes(data: dict[str, np.ndarray], config: dict, metrics: dict[str, 
     """Every array's dtype and shape (:data:`SHAPES`); ``rounds`` the recorded rounds of the configuration.
     A size is the configuration's (``d``, ``n``, ``K``) or that of the first array that has it (``R``:
     ``rounds``)."""
-    from fedsa_jax._kernel import recorded_rounds
-
     fields = [(k, data[k], SHAPES[k]) for k in SHAPES if k in data]
     fields += [(f"metric__{m}__{f}", a, METRIC_SHAPES[f]) for m, fs in metrics.items() for f, a in fs.items()]
     sizes: dict[str, int | None] = {"R": None, "d": len(config["theta0"]), "n": config["num_seeds"],

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["QUANTILE_LEVELS", "Moments", "finalize", "merge"]
+
 
 HIST_LOW, HIST_HIGH, HIST_PER_DECADE = -40, 20, 16
 HIST_BINS = (HIST_HIGH - HIST_LOW) * HIST_PER_DECADE

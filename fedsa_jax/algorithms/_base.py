@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from fedsa_jax import _validate, optim
 from fedsa_jax._describe import describe_value
 from fedsa_jax.channel import Channel, Delivery, aggregate, channel, transmit
+from fedsa_jax.problems.protocol import LOCAL_UNROLL
 
 
 @jax.tree_util.register_dataclass
@@ -153,11 +154,6 @@ class RoundInfo(NamedTuple):
 
 
 COUNT_FIELDS = RoundInfo._fields[1:]  # what the driver sums
-
-
-# Local steps unrolled per scan iteration. With the fused PRNG, unroll 2..10 measured the same on a
-# 2-core CPU; unroll 1 ran on one core only (see benchmarks/README.md).
-LOCAL_UNROLL = 8
 
 
 def local_steps_config(

@@ -38,6 +38,8 @@ import jax.numpy as jnp
 from fedsa_jax import _validate, moments
 from fedsa_jax.algorithms._base import Algorithm, RoundRandomness
 
+__all__ = ["AveragedState", "RichardsonState", "averaged", "richardson"]
+
 
 class _Wrapper:
     """The driver's optional fields, read from the wrapped algorithm."""

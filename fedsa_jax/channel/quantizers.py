@@ -34,6 +34,8 @@ import jax.numpy as jnp
 
 from fedsa_jax import _prng, _validate
 
+__all__ = ["Quantizer", "identity", "natural", "qsgd", "rand_k", "stochastic_uniform"]
+
 KINDS = ("identity", "stochastic_uniform", "qsgd", "rand_k", "natural")
 
 

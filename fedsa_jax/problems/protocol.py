@@ -56,6 +56,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 import numpy as np
 
+__all__ = ["FiniteSupport", "Problem", "direction_second_moment", "missing_members"]
+
 
 @runtime_checkable
 class Problem(Protocol):
@@ -163,6 +165,11 @@ class Problem(Protocol):
         """JSON-serialisable description (``"family"`` and the structure); stored in
         result files and the checkpoint fingerprint."""
 
+
+# Local steps unrolled per scan iteration, in the algorithms' local-step scan and in a problem's fused
+# ``error_local_steps``. With the fused PRNG, unroll 2..10 measured the same on a 2-core CPU; unroll 1
+# ran on one core only (see benchmarks/README.md).
+LOCAL_UNROLL = 8
 
 _ABSENT = object()
 REQUIRED_MEMBERS = (
