@@ -23,14 +23,14 @@ import dataclasses
 import functools
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
 from fedsa_jax import _checkpoint, _kernel, _validate
@@ -272,7 +272,7 @@ def _run_batch(setup: _Setup, session: _CheckpointSession | None, tally: _Tally,
                                                  record_every=run.record_every, max_blocks=plan.max_blocks,
                                                  rec=setup.reduction)
         new_rows = int(np.asarray(filled)[0])
-        recorded.append(jax.tree.map(lambda x: np.asarray(x)[:, :new_rows], buffer))
+        recorded.append(jax.tree.map(lambda x, rows=new_rows: np.asarray(x)[:, :rows], buffer))
         bar.update(end - t)
         t = end
         current = _concat(recorded)

@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedsa_jax.algorithms._base import COUNT_FIELDS
 from fedsa_jax.stats import Moments, add_counts, seed_moments

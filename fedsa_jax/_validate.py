@@ -14,7 +14,6 @@ from typing import Any
 import jax
 import numpy as np
 
-
 MAX_MESSAGE_CHARS = 500  # a message of fail(): the name and the text are cut first, the value gets the rest
 MAX_NAME_CHARS, MAX_ALLOWED_CHARS = 60, 300
 

@@ -53,7 +53,8 @@ import functools
 import hashlib
 import numbers
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -335,7 +336,7 @@ class Schedule(_Built):
     def __call__(self, count):
         return self.scale * self.build()(count)
 
-    def scaled(self, factor: float) -> "Schedule":
+    def scaled(self, factor: float) -> Schedule:
         return dataclasses.replace(self, scale=self.scale * factor)
 
     def describe(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ notebook); the command line switches to the headless Agg backend.
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 import numpy as np

@@ -110,8 +110,8 @@ class SimulationResult:
         Columns: ``round``, ``communications``, ``samples``, ``bits_sent``,
         ``bits_delivered``, ``mse_mean``, ``mse_sem``, ``mse_q05`` .. ``mse_q95``,
         ``num_diverged``, ``theta_mean_<i>``, ``theta_sem_<i>``, then for each metric
-        ``<name>_mean``, ``<name>_sem`` (and ``<name>_q05`` .. when recorded). ``pandas.DataFrame(result.table())``
-        turns it into a data frame; :meth:`to_csv` writes it.
+        ``<name>_mean``, ``<name>_sem`` (and ``<name>_q05`` .. when recorded).
+        ``pandas.DataFrame(result.table())`` turns it into a data frame; :meth:`to_csv` writes it.
         """
         cols: dict[str, np.ndarray] = {
             "round": self.rounds,

@@ -7,11 +7,13 @@ of Dal Fabbro et al. 2023) and its cost ``bits(d)`` in bits per message:
 | quantizer | unbiased | zeta(d) | bits(d) |
 |---|---|---|---|
 | ``stochastic_uniform(b)``, range ``[-|x|_inf, |x|_inf]`` | yes | ``d / (2^b - 1)^2`` | ``32 + d b`` |
-| ``stochastic_uniform(b, range=R)`` (clipped to ``[-R, R]``) | **no** if ``|x|_inf > R`` | ``inf`` (absolute error ``<= d R^2 / (2^b - 1)^2``) | ``d b`` |
+| ``stochastic_uniform(b, range=R)`` (*) | **no** if ``|x|_inf > R`` | ``inf`` (*) | ``d b`` |
 | ``qsgd(s)`` | yes | ``min(d / s^2, sqrt(d) / s)`` | ``32 + d (1 + ceil(log2(s + 1)))`` |
 | ``rand_k(k)`` (scaled by ``d/k``) | yes | ``d / k - 1`` | ``k (32 + ceil(log2 d))`` |
 | ``natural()`` | yes | ``1 / 8`` | ``9 d`` |
 | ``identity()`` | yes | ``0`` | ``32 d`` |
+
+(*) clipped to ``[-R, R]``; absolute error ``<= d R^2 / (2^b - 1)^2``.
 
 Stochastic rounding of ``y`` between grid points ``lo <= y < lo + delta`` goes up
 with probability ``(y - lo) / delta``: unbiased, with variance at most

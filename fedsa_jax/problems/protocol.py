@@ -228,7 +228,8 @@ class FiniteSupport(NamedTuple):
     explicitly (``A``) or as a rank-one product ``left[c, k] right[c, k]^T``
     (``A=None``), and ``b_c(z_k) = b[c, k]``. The theory uses
 
-        E[(A(Z) x - b(Z))(A(Z) x - b(Z))^T] = sum_k w_k (A_k X A_k^T - A_k m b_k^T - b_k m^T A_k^T + b_k b_k^T),
+        E[(A(Z) x - b(Z))(A(Z) x - b(Z))^T]
+            = sum_k w_k (A_k X A_k^T - A_k m b_k^T - b_k m^T A_k^T + b_k b_k^T),
 
     averaged over an iterate x with ``E[x] = m``, ``E[x x^T] = X`` (linear in
     ``(m, X)``); in rank-one form ``A_k X A_k^T = (r_k^T X r_k) l_k l_k^T`` and
