@@ -314,7 +314,7 @@ def _report(setup: _Setup, done: Moments | None, batch: int, rows: slice, curren
         if done is not None:
             mine = merge([_config_moments(done, i, rows), mine])
         stats = finalize(merge([mine]), seeds)
-        run.on_record(Record(
+        run.on_record(Record(  # pyright: ignore[reportOptionalCall]
             algorithm=algorithm.name, config_index=i, batch=batch, num_batches=plan.num_batches,
             num_seeds=seeds, rounds=setup.rounds[rows],
             mse_mean=stats["val_mean"][:, 0], mse_sem=stats["val_sem"][:, 0],
@@ -423,7 +423,7 @@ def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
 def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
     run, problem, dtype = setup.run, setup.problem, setup.problem.dtype
     metric_names = [name for name, _ in run.metrics]
-    stats = finalize(merge([_config_moments(tally.done, index)]), run.num_seeds)
+    stats = finalize(merge([_config_moments(tally.done, index)]), run.num_seeds)  # pyright: ignore[reportArgumentType]
     kept = stats["kept"]  # (R, K, V)
     q = stats["val_quantiles"]  # (R, V, 5)
     config = run_config(run, problem, setup.algorithms[index], plan=setup.plan, num_devices=setup.num_devices,
@@ -472,7 +472,7 @@ def run_config(run: Run, problem, algorithm: Algorithm, *, plan: _Plan, num_devi
         "prng": {
             "impl": str(jax.random.key_impl(run.key)),
             "key_data": np.asarray(jax.random.key_data(run.key)).tolist(),
-            "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+            "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),  # pyright: ignore[reportAttributeAccessIssue]
         },
         "versions": {"fedsa_jax": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__},
         "device_count": num_devices,

@@ -149,7 +149,7 @@ def _clean_now(folder: Path) -> None:
         remove_stale_temporaries(folder)
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[object], None], mode: str = "wb") -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], object], mode: str = "wb") -> Path:
     """Write through ``write(fileobj)`` into a temporary file beside ``path``, fsync,
     then ``os.replace`` it onto ``path``. The file gets the umask's permissions. A ``path``
     that is a symbolic link is replaced itself; the file it pointed to is not written."""

@@ -25,7 +25,7 @@ Built in, by name:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -68,7 +68,7 @@ RESERVED = ("mse", "theta", "round", "rounds")
 def _user(fn: Callable) -> Callable:
     """``fn(state, problem)`` as the driver's ``(state, problem, info)``; cached so that the same
     user function gives the same (hashable, equal) wrapper and the kernel is not recompiled."""
-    wrapped = _wrappers.get(fn)
+    wrapped = _wrappers.get(fn)  # pyright: ignore[reportAssignmentType]
     if wrapped is None:
 
         def wrapped(state, problem, info):
@@ -82,7 +82,7 @@ def _user(fn: Callable) -> Callable:
 _wrappers: dict[Callable, Callable] = {}
 
 
-def resolve(metrics: Mapping[str, Any] | None) -> tuple[tuple[str, Callable], ...]:
+def resolve(metrics: Mapping[str, Any] | Sequence[str] | None) -> tuple[tuple[str, Callable], ...]:
     """``{"name": fn or builtin name}`` (or a list of builtin names) -> ``((name, fn3), ...)``."""
     if metrics is None:
         return ()

@@ -327,8 +327,9 @@ class Aggregation(Affine):
         for l in y[self.iterates]:
             L[into, l] = self.w_server * np.eye(d)
         if self.control_variates:
+            denominator: Any = self.denominator  # given with control_variates
             _control_variate_rows(L, y[self.control_variates], y[self.iterates], ref, self.channel, y.N,
-                                  self.denominator)
+                                  denominator)
         return L
 
     def _channel_moments(self):

@@ -291,7 +291,7 @@ class _Built:
     ``fn(**hyperparams, **static)`` with the float hyperparameters traced leaves."""
 
     hyperparams: dict  # float hyperparameters: traced (sweeping them does not recompile)
-    fn: Callable = dataclasses.field(metadata=dict(static=True))
+    fn: Any = dataclasses.field(metadata=dict(static=True))  # a factory, or a built transformation
     static: tuple = dataclasses.field(metadata=dict(static=True))  # ((name, _Static), ...)
     factory: bool = dataclasses.field(metadata=dict(static=True))
 
@@ -340,7 +340,7 @@ class Schedule(_Built):
         return dataclasses.replace(self, scale=self.scale * factor)
 
     def describe(self) -> dict[str, Any]:
-        out = {"schedule": super().describe()}
+        out: dict[str, Any] = {"schedule": super().describe()}
         if self.scale != 1.0:
             out["scale"] = float(self.scale)
         return out
@@ -386,7 +386,7 @@ def schedule(fn: Callable, /, *, scale: float = 1.0, **hyperparams) -> Schedule:
     return _check_step_fn(Schedule(traced, fn, static, bool(hyperparams), scale), "step_size")
 
 
-def optimizer(fn: Callable, /, **hyperparams) -> ServerOptimizer:
+def optimizer(fn: Any, /, **hyperparams) -> ServerOptimizer:
     """A server optimizer built from ``fn(**hyperparams)`` inside the kernel (float hyperparameters
     traced), e.g. ``fj.optimizer(optax.sgd, learning_rate=1.0, momentum=0.9)``; or
     ``fj.optimizer(optax_transformation)``."""
@@ -504,7 +504,7 @@ def init_server(config, error):
     return () if server_optimizer is None else server_optimizer.build().init(error)
 
 
-def server_step(config, opt_state, error, aggregate, theta_star):
+def server_step(config, opt_state, error, aggregate, theta_star) -> tuple[Any, Any]:
     """``(error_{t+1}, opt_state)``: the aggregate itself without ``config.server_optimizer``, else
     ``error_t + updates`` with ``updates`` from the pseudo-gradient ``error_t - aggregate``."""
     server_optimizer = getattr(config, "server_optimizer", None)

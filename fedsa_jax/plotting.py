@@ -183,7 +183,7 @@ def plot_final_mse_vs_agents(
             n0, y0 = ns[0], final[0]
     if reference and series:
         grid = np.array([min(all_n), max(all_n)])
-        ax.plot(grid, y0 * n0 / grid, "k--", lw=1.0, label=r"$\propto 1/N$ (linear speed-up)")
+        ax.plot(grid, y0 * n0 / grid, "k--", lw=1.0, label=r"$\propto 1/N$ (linear speed-up)")  # pyright: ignore[reportOperatorIssue]
     if theory:
         ax.plot([], [], "s", mfc="none", color="0.3", ms=9, label="exact")
     ax.set_xscale("log")
@@ -264,7 +264,7 @@ def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None,
             ax.set_xscale("log")
     else:
         ax.set_xticks(range(len(categories)), [str(json.loads(c)) for c in categories], fontsize=8)
-    return _final_mse_axes(fig, ax, x, title, legend_size=7)
+    return _final_mse_axes(fig, ax, x, title, legend_size=7)  # pyright: ignore[reportArgumentType]
 
 
 def _json_key(value) -> str:

@@ -299,5 +299,7 @@ def _counts(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray
                              "file without 'communications' counts from it)")
     communications = arrays["rounds"] * int(agents)
     skip = int(skip) if prob.get("sampling") == "markov" else 1
-    return {"communications": communications, "samples": communications * int(local) * skip,
-            "messages_delivered": arrays["bits_delivered"] / max(int(bits), 1)}
+    # numbers, checked above
+    local_steps, bits_per_message = int(local), int(bits)  # pyright: ignore[reportArgumentType]
+    return {"communications": communications, "samples": communications * local_steps * skip,
+            "messages_delivered": arrays["bits_delivered"] / max(bits_per_message, 1)}

@@ -167,9 +167,10 @@ def _map_step_size(algorithm: Algorithm, fn) -> Algorithm:
     """``algorithm`` with its config's ``step_size`` replaced by ``fn(step_size)``, through wrappers."""
     config = algorithm.config
     if isinstance(config, _Wrapper):
-        fields = {f.name: _map_step_size(getattr(config, f.name), fn)
-                  for f in dataclasses.fields(config) if isinstance(getattr(config, f.name), Algorithm)}
-        return dataclasses.replace(algorithm, config=dataclasses.replace(config, **fields))
+        wrapper: Any = config  # every _Wrapper is a dataclass
+        fields = {f.name: _map_step_size(getattr(wrapper, f.name), fn)
+                  for f in dataclasses.fields(wrapper) if isinstance(getattr(wrapper, f.name), Algorithm)}
+        return dataclasses.replace(algorithm, config=dataclasses.replace(wrapper, **fields))
     eta = getattr(config, "step_size", None)
     if eta is None:
         _validate.fail("algorithm", algorithm.name, "Richardson extrapolation needs a config field step_size")

@@ -127,11 +127,11 @@ class Quantizer:
         if self.kind == "identity":
             return 0.0
         if self.kind == "stochastic_uniform":
-            return math.inf if self.range is not None else d / (2**self.bits_per_coordinate - 1) ** 2
+            return math.inf if self.range is not None else d / (2**self.bits_per_coordinate - 1) ** 2  # pyright: ignore[reportOperatorIssue]
         if self.kind == "qsgd":
-            return min(d / self.levels**2, math.sqrt(d) / self.levels)
+            return min(d / self.levels**2, math.sqrt(d) / self.levels)  # pyright: ignore[reportOperatorIssue, reportOptionalOperand]
         if self.kind == "rand_k":
-            return d / self.k - 1.0
+            return d / self.k - 1.0  # pyright: ignore[reportOperatorIssue]
         return 1.0 / 8.0  # natural
 
     def bits(self, d: int) -> int:
@@ -139,16 +139,16 @@ class Quantizer:
         if self.kind == "identity":
             return 32 * d
         if self.kind == "stochastic_uniform":
-            return d * self.bits_per_coordinate + (0 if self.range is not None else 32)
+            return d * self.bits_per_coordinate + (0 if self.range is not None else 32)  # pyright: ignore[reportOperatorIssue]
         if self.kind == "qsgd":
-            return 32 + d * (1 + math.ceil(math.log2(self.levels + 1)))
+            return 32 + d * (1 + math.ceil(math.log2(self.levels + 1)))  # pyright: ignore[reportOptionalOperand]
         if self.kind == "rand_k":
-            return self.k * (32 + math.ceil(math.log2(d))) if d > 1 else 32 * self.k
+            return self.k * (32 + math.ceil(math.log2(d))) if d > 1 else 32 * self.k  # pyright: ignore[reportOperatorIssue, reportOptionalOperand]
         return 9 * d  # natural: sign + 8-bit exponent
 
     def check_dim(self, d: int) -> None:
         """Raise if the quantizer cannot act on messages of dimension ``d``."""
-        if self.kind == "rand_k" and self.k > d:
+        if self.kind == "rand_k" and self.k > d:  # pyright: ignore[reportOptionalOperand]
             _validate.fail("k", self.k, f"expected k <= d = {d} (the message dimension)")
 
     def describe(self) -> dict[str, Any]:

@@ -124,25 +124,30 @@ class Problem(Protocol):
     @property
     def num_agents(self) -> int:
         """N, a Python int (from a leaf's shape)."""
+        ...
 
     @property
     def dim(self) -> int:
         """d, a Python int."""
+        ...
 
     @property
     def dtype(self) -> Any:
         """Floating dtype of the iterates (``float32``, or ``float64`` under x64)."""
+        ...
 
     def agent_params(self) -> Any:
         """Pytree of per-agent values, every leaf with leading axis N; the algorithms
         vmap over it and hand agent c's slice to ``init_sampler``, ``observe`` and
         ``direction`` as ``params``. Keep it small (an agent index, offsets): big
         shared tables stay on the problem and are gathered from unbatched."""
+        ...
 
     def init_sampler(self, key: jax.Array, params: Any) -> Any:
         """One agent's initial observation-stream state (a pytree, e.g. the current
         state of a Markov chain; ``jnp.zeros((), jnp.int32)`` for i.i.d. draws).
         Called once per agent and seed; carried across rounds by the algorithm."""
+        ...
 
     def randomness(self, key: jax.Array, num_agents: int, num_obs: int, skip: int = 1) -> Any:
         """All agents' random numbers for one round, drawn in **one block** from
@@ -151,19 +156,23 @@ class Problem(Protocol):
         kept per agent, each after ``skip`` draws of a Markov stream (i.i.d. problems
         may ignore ``skip``). ``num_agents``, ``num_obs``, ``skip`` are Python ints.
         The driver draws round t+1's block during round t."""
+        ...
 
     def observe(self, params: Any, sampler: Any, rand: Any, skip: int = 1) -> tuple[Any, Any]:
         """``(obs, new_sampler)`` for one agent and one round: ``rand`` is that agent's
         slice of the block; ``obs`` is a pytree whose leaves have leading axis
         ``num_obs`` (the local scan iterates over it)."""
+        ...
 
     def direction(self, params: Any, obs: Any, theta: jax.Array) -> jax.Array:
         """``A_c(Z) theta - b_c(Z)`` of shape ``(d,)`` for one agent and one
         observation (``obs`` without its leading axis)."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable description (``"family"`` and the structure); stored in
         result files and the checkpoint fingerprint."""
+        ...
 
 
 # Local steps unrolled per scan iteration, in the algorithms' local-step scan and in a problem's fused
