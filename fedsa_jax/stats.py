@@ -63,7 +63,7 @@ class Moments(NamedTuple):
     kept: _HostOrDevice  # (K, V) the values of the batch's first K seeds (``keep_seeds``)
 
 
-COUNTER_DIGITS = 8  # a 64-bit counter as 8 base-256 digits; a digit's sum over 2**24 seeds fits in uint32
+_COUNTER_DIGITS = 8  # a 64-bit counter as 8 base-256 digits; a digit's sum over 2**24 seeds fits in uint32
 
 
 def add_counts(counters: jax.Array, increments: jax.Array) -> jax.Array:
@@ -79,14 +79,14 @@ def _counter_digits(counters: jax.Array, valid: jax.Array) -> jax.Array:
     """``(C, 8)`` uint32 sums over valid seeds of the base-256 digits of ``counters (B, C, 2)``."""
     shifts = jnp.arange(4, dtype=jnp.uint32) * 8
     digits = (counters[..., None] >> shifts) & jnp.uint32(0xFF)  # (B, C, 2, 4)
-    digits = digits.reshape(counters.shape[:-1] + (COUNTER_DIGITS,))
+    digits = digits.reshape(counters.shape[:-1] + (_COUNTER_DIGITS,))
     return jnp.sum(jnp.where(valid[:, None, None], digits, jnp.uint32(0)), axis=0, dtype=jnp.uint32)
 
 
 def counter_totals(count_digits) -> np.ndarray:
     """Exact float64 totals ``(..., C)`` from :class:`Moments`' ``count_digits`` (summed over batches)."""
     d = np.asarray(count_digits, np.float64)
-    return np.sum(d * 256.0 ** np.arange(COUNTER_DIGITS), axis=-1)
+    return np.sum(d * 256.0 ** np.arange(_COUNTER_DIGITS), axis=-1)
 
 
 def seed_moments(theta, theta_star, threshold, valid, values, counters, quantiles: bool = True,
