@@ -42,12 +42,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from _bench import add_cpu_devices_option, use_cpu_devices  # noqa: E402
+from reproduce_scafflsa import cached  # noqa: E402
 
 import fedsa_jax as fj  # noqa: E402
-from _bench import add_cpu_devices_option, use_cpu_devices  # noqa: E402
 from fedsa_jax._io import atomic_write, write_json  # noqa: E402
 from fedsa_jax.plotting import MSE_LABEL  # noqa: E402
-from reproduce_scafflsa import cached  # noqa: E402
 
 ETA, H = 0.1, 10
 # Decreasing step eta_k = ETA0 / (1 + k / K0) ~ c / k with c = ETA0 K0 = 400 local steps. The O(1/k)
@@ -364,7 +364,7 @@ def main(argv=None):
         "final_mse_averaged": float(avg.mse_mean[-1]), "final_mse_averaged_sem": float(avg.mse_sem[-1])}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), dpi=110)
     curve(axes[0], avg.rounds, avg.mse_mean, avg.mse_sem, rf"averaged FedLSA, $\eta$={ETA}", "C0")
-    curve(axes[0], rr.rounds, rr.mse_mean, rr.mse_sem, rf"Richardson 2$\bar\theta(\eta)-\bar\theta(2\eta)$", "C1")
+    curve(axes[0], rr.rounds, rr.mse_mean, rr.mse_sem, r"Richardson 2$\bar\theta(\eta)-\bar\theta(2\eta)$", "C1")
     for ax in axes:
         ax.axhline(level, color="C3", ls="--", lw=1.2, label=r"FedLSA $\|$bias$\|^2$")
         ax.axhline(float(rr_limit @ rr_limit), color="C4", ls="--", lw=1.2, label=r"Richardson's limit $\|$bias$\|^2$")

@@ -6,8 +6,14 @@
 1000 seeds; best of 3 warm calls each (compile excluded). JAX runs on one CPU device per core
 (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device), for both versions alike.
 """
-import argparse, time, jax, fedsa_jax as fj
+import argparse
+import time
+
+import jax
 from _bench import add_cpu_devices_option, use_cpu_devices
+
+import fedsa_jax as fj
+
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--seeds", type=int, default=1000)
 ap.add_argument("--scale", type=float, default=1.0, help="multiplies the number of rounds (a smoke run: 0.01)")

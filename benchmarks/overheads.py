@@ -16,9 +16,9 @@ import argparse
 
 import jax
 import numpy as np
+from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
 
 import fedsa_jax as fj
-from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
 from fedsa_jax import theory
 
 
@@ -26,7 +26,6 @@ def dense_exact_mse(problem, algorithm, T):
     """Baseline: the exact recursion with dense D x D conjugations at every step."""
     L_b, L_s, L_a, H, eta, th, loc = theory._round_maps(problem, algorithm)
     noise = theory._noise_model(problem)
-    N, d = problem.num_agents, problem.dim
     theta_star = np.asarray(problem.theta_star, np.float64)
     S = np.zeros(L_b.shape)
     S[0, 0] = 1.0
@@ -66,7 +65,8 @@ def main(argv=None):
             fj.simulate(0, problem, alg, 10, 1000, record_every=1, quantiles=q)  # compile
             row[q] = best_of(lambda: fj.simulate(1, problem, alg, T, 1000, record_every=1, quantiles=q))
         report["quantiles"][label] = {"off_s": row[False], "on_s": row[True], "ratio": row[True] / row[False]}
-        print(f"  {label:46s} off {row[False]:.3f} s   on {row[True]:.3f} s   on/off {row[True] / row[False]:.2f}x")
+        print(f"  {label:46s} off {row[False]:.3f} s   on {row[True]:.3f} s   "
+              f"on/off {row[True] / row[False]:.2f}x")
 
     print("(b) exact_mse: generative Garnet TD, eta=0.1 H=10, 50 rounds (500 local steps), float64")
     jax.config.update("jax_enable_x64", True)
@@ -84,7 +84,8 @@ def main(argv=None):
         D = 1 + problem.dim * (1 + N * (2 if name == "scafflsa" else 1))
         report["exact_mse"][f"{name} N={N}"] = {"state_dim": D, "exact_s": t_fast, "dense_s": t_dense,
                                   "dense_over_exact": t_dense / t_fast, "max_rel_diff": err, "mc_1000_seeds_s": t_mc}
-        print(f"  {name:8s} N={N:3d} (D={D:4d})  exact_mse {t_fast:.3f} s   dense {t_dense:.3f} s ({t_dense / t_fast:5.1f}x)   "
+        print(f"  {name:8s} N={N:3d} (D={D:4d})  exact_mse {t_fast:.3f} s   "
+              f"dense {t_dense:.3f} s ({t_dense / t_fast:5.1f}x)   "
               f"max rel diff {err:.1e}   Monte Carlo, 1000 seeds {t_mc:.3f} s")
     return write_json(args.json, report)
 

@@ -24,9 +24,9 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
+from _bench import add_cpu_devices_option, use_cpu_devices  # noqa: E402
 
 import fedsa_jax as fj  # noqa: E402
-from _bench import add_cpu_devices_option, use_cpu_devices  # noqa: E402
 
 ETAS = [10.0**-k for k in range(1, 9)]
 

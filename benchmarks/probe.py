@@ -12,8 +12,8 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from _bench import best_of
+
 from fedsa_jax import _prng
 
 
@@ -34,7 +34,8 @@ def main():
     table = jnp.arange(400 * 20, dtype=jnp.float32).reshape(400, 20)  # the pair-table size of the TD benchmark
     idx = jnp.asarray(np.random.default_rng(0).integers(0, 400, 2**22), jnp.int32)
     t = rate(lambda tb, i: jnp.sum(tb[i]), table, idx)
-    print(f"gather of 20-float rows, 32 kB table  {idx.size / t / 1e6:8.1f} M rows/s ({idx.size * 80 / t / 1e9:.1f} GB/s)")
+    print(f"gather of 20-float rows, 32 kB table  {idx.size / t / 1e6:8.1f} M rows/s "
+          f"({idx.size * 80 / t / 1e9:.1f} GB/s)")
     key = jax.random.key(0)
     t = rate(lambda k: jnp.sum(_prng.bits(k, (2**24,))), key)
     print(f"threefry-2x32 hash (fused)       {2**24 / t / 1e6:8.1f} M words/s")

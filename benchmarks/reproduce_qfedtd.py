@@ -26,9 +26,9 @@ from pathlib import Path
 import jax
 import matplotlib.pyplot as plt
 import numpy as np
+from _bench import add_cpu_devices_option, use_cpu_devices
 
 import fedsa_jax as fj
-from _bench import add_cpu_devices_option, use_cpu_devices
 from fedsa_jax._io import atomic_write
 from fedsa_jax.plotting import plot_mse
 

@@ -32,11 +32,11 @@ from pathlib import Path
 import jax
 import matplotlib.pyplot as plt
 import numpy as np
+from _bench import add_cpu_devices_option, use_cpu_devices
 
 import fedsa_jax as fj
-from _bench import add_cpu_devices_option, use_cpu_devices
-from fedsa_jax._io import atomic_savez, atomic_write
 from fedsa_jax import plotting
+from fedsa_jax._io import atomic_savez, atomic_write
 
 ETA = 0.1
 FIG1_STEPS = 100_000
@@ -108,7 +108,7 @@ def main(argv=None):
             theta_star = np.asarray(problem.theta_star, np.float64)
             exact = {}
             if N <= EXACT_MAX_AGENTS and not args.no_exact:
-                for name, res in panel.items():
+                for name in panel:
                     tag = f"exact_{name}_{het}_N{N}_H{H}_eta{ETA}_T{rounds({'local_steps': H})}.npz"
                     exact[name] = cached(args.out / tag, lambda: {"mse": fj.theory.exact_mse(
                         problem, build({"problem_seed": 0, "agents": N, "heterogeneity": het, "algorithm": name,

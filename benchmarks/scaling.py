@@ -3,7 +3,8 @@
 Federated TD(0) FedLSA on Garnet MRPs (generative sampling), H=10 local steps,
 float32, from the base point N=10, S=20, d=10, 1000 seeds; one factor varies at
 a time (on the dim axis S = max(20, 2 d), since features need full column
-rank; the states axis shows that S itself does not matter). Reported: agent-local-steps per second of ``fj.simulate`` (best of
+rank; the states axis shows that S itself does not matter). Reported: agent-local-steps per
+second of ``fj.simulate`` (best of
 ``--repeats`` after a warm-up call that compiles), and the cost per step
 relative to the base point. With alias sampling the cost of a step must not
 grow with the number of states S. JAX runs on one CPU device per core
@@ -19,9 +20,9 @@ import math
 import time
 
 import jax
+from _bench import add_cpu_devices_option, use_cpu_devices, write_json
 
 import fedsa_jax as fj
-from _bench import add_cpu_devices_option, use_cpu_devices, write_json
 
 BASE = dict(seeds=1000, agents=10, dim=10, states=20)
 AXES = {

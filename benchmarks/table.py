@@ -13,7 +13,7 @@ which includes tracing and compiling (in its own column, never mixed into the ra
 
 JAX runs on one CPU device per core (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device).
 
-    python benchmarks/table.py [--seeds 1000] [--json out.json] [--cpu-devices N]   # about 4 min on 2 CPU cores
+    python benchmarks/table.py [--seeds 1000] [--json out.json] [--cpu-devices N]  # ~4 min, 2 CPU cores
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import time
 
 import jax
 import numpy as np
+from _bench import add_cpu_devices_option, use_cpu_devices, write_json
 
 import fedsa_jax as fj
-from _bench import add_cpu_devices_option, use_cpu_devices, write_json
 
 
 def problems(N: int, d: int, S: int):

@@ -18,9 +18,9 @@ import sys
 import jax
 import numpy as np
 import optax
+from _bench import best_of
 
 import fedsa_jax as fj
-from _bench import best_of
 
 T = 60  # rounds of every exact curve
 

@@ -35,9 +35,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
 
 import fedsa_jax as fj
-from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
 from fedsa_jax._kernel import seed_keys
 
 
@@ -212,7 +212,8 @@ def main(argv=None):
     print(f"federated TD(0) FedLSA: N={N} S={args.states} d={args.dim} H={H} T={T} seeds={n} "
           f"({steps:.3g} agent-steps, {out['config']['dtype']}, {jax.default_backend()}, "
           f"{os.cpu_count()} cores, {devices})")
-    print(f"  jax                          {t_jax:8.3f} s   {steps / t_jax:10.3g} steps/s   (first call incl. compile {first:.2f} s)")
+    print(f"  jax                          {t_jax:8.3f} s   {steps / t_jax:10.3g} steps/s   "
+          f"(first call incl. compile {first:.2f} s)")
     print(f"  numpy, plain (inverse CDF)   {t_plain:8.3f} s   {steps / t_plain:10.3g} steps/s   "
           f"numpy/jax = {t_plain / t_jax:.2f}x")
     print(f"  numpy, alias (tuned)         {t_np:8.3f} s   {steps / t_np:10.3g} steps/s   "

@@ -10,15 +10,24 @@ them (1.05x for Gaussian LSA to 1.6x for TD on 2 cores, against JAX's single mul
 device). Importing the package never changes JAX's configuration.
 """
 
-from fedsa_jax._version import __version__
 from fedsa_jax import algorithms, channel, metrics, optim, problems, theory
+from fedsa_jax._driver import simulate
+from fedsa_jax._options import Execution, Record, Recording
+from fedsa_jax._sweep import SweepEntry, grid, sweep
+from fedsa_jax._version import __version__ as __version__
+from fedsa_jax.algorithms import (
+    Algorithm,
+    RoundInfo,
+    averaged,
+    fedlsa,
+    qfedtd,
+    richardson,
+    scafflsa,
+    scaffnew,
+)
 from fedsa_jax.cpu import use_cpu_cores
-from fedsa_jax.algorithms import Algorithm, RoundInfo, averaged, fedlsa, qfedtd, richardson, scafflsa, scaffnew
 from fedsa_jax.optim import optimizer, schedule
 from fedsa_jax.result import MetricStats, SimulationResult, load
-from fedsa_jax._options import Execution, Record, Recording
-from fedsa_jax._driver import simulate
-from fedsa_jax._sweep import SweepEntry, grid, sweep
 
 __all__ = [
     "Algorithm",

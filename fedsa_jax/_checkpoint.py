@@ -107,7 +107,8 @@ def lock(directory, finger: str):
             yield
     except _io.LockHeld as held:
         raise ValueError(
-            f"checkpoint_dir={str(directory)!r} is invalid: another run of the same configuration ({held.holder}) "
+            f"checkpoint_dir={str(directory)!r} is invalid: another run of the same configuration "
+            f"({held.holder}) "
             "is using its checkpoint there; wait for it to finish (then rerun to load its result), or use "
             "another checkpoint_dir"
         ) from None
@@ -139,7 +140,8 @@ def load(directory: Path, finger: str | None = None) -> dict[str, np.ndarray] | 
         saved = read(path)
         if str(saved["fingerprint"]) != finger:
             raise _io.DamagedFileError(
-                f"{str(path)!r} is damaged or not a fedsa_jax checkpoint file (its fingerprint does not match "
+                f"{str(path)!r} is damaged or not a fedsa_jax checkpoint file "
+                "(its fingerprint does not match "
                 f"its name); {_DAMAGED}"
             )
         return saved
@@ -167,7 +169,8 @@ def notice_other_code(directory, finger: str, configuration: str) -> None:
             continue  # damaged or foreign: not this run's to judge
         if theirs == configuration:
             warnings.warn(
-                f"checkpoint_dir={str(directory)!r} holds a checkpoint ({path.name}) of this configuration made "
+                f"checkpoint_dir={str(directory)!r} holds a checkpoint ({path.name}) "
+                "of this configuration made "
                 f"by other code (the algorithm's, problem's or metrics' functions changed): this run starts "
                 f"from round 0, checkpointed in {own}",
                 RuntimeWarning, stacklevel=4,

@@ -134,7 +134,7 @@ class _Walker:
             return [getattr(obj, a, None) for a in ("__func__", "fget", "fset", "fdel", "func")]
         own = getattr(type(obj), "_digest_parts", None)  # an object that says what it is made of
         if callable(own):
-            return [type(obj), *own(obj)]
+            return [type(obj), *own(obj)]  # pyright: ignore[reportGeneralTypeIssues]
         wrapped = getattr(obj, "__wrapped__", None)  # jax.jit, functools.lru_cache, ...
         if wrapped is not None and callable(obj):
             return [wrapped]

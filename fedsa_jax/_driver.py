@@ -23,23 +23,23 @@ import dataclasses
 import functools
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
 from fedsa_jax import _checkpoint, _kernel, _validate
-from fedsa_jax._kernel import Carry, KernelInputs, Reduction, SeedBatch, recorded_rounds
+from fedsa_jax._kernel import Carry, KernelInputs, Reduction, SeedBatch
 from fedsa_jax._options import Execution, Record, Recording, grouped
 from fedsa_jax._run import Run, run_code, validate_run
 from fedsa_jax._version import __version__
 from fedsa_jax.algorithms._base import Algorithm
-from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult
+from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult, recorded_rounds
 from fedsa_jax.stats import Moments, finalize, merge
 
 __all__ = ["execute", "simulate"]
@@ -272,7 +272,7 @@ def _run_batch(setup: _Setup, session: _CheckpointSession | None, tally: _Tally,
                                                  record_every=run.record_every, max_blocks=plan.max_blocks,
                                                  rec=setup.reduction)
         new_rows = int(np.asarray(filled)[0])
-        recorded.append(jax.tree.map(lambda x: np.asarray(x)[:, :new_rows], buffer))
+        recorded.append(jax.tree.map(lambda x, rows=new_rows: np.asarray(x)[:, :rows], buffer))
         bar.update(end - t)
         t = end
         current = _concat(recorded)
@@ -314,7 +314,7 @@ def _report(setup: _Setup, done: Moments | None, batch: int, rows: slice, curren
         if done is not None:
             mine = merge([_config_moments(done, i, rows), mine])
         stats = finalize(merge([mine]), seeds)
-        run.on_record(Record(
+        run.on_record(Record(  # pyright: ignore[reportOptionalCall]
             algorithm=algorithm.name, config_index=i, batch=batch, num_batches=plan.num_batches,
             num_seeds=seeds, rounds=setup.rounds[rows],
             mse_mean=stats["val_mean"][:, 0], mse_sem=stats["val_sem"][:, 0],
@@ -423,7 +423,7 @@ def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
 def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
     run, problem, dtype = setup.run, setup.problem, setup.problem.dtype
     metric_names = [name for name, _ in run.metrics]
-    stats = finalize(merge([_config_moments(tally.done, index)]), run.num_seeds)
+    stats = finalize(merge([_config_moments(tally.done, index)]), run.num_seeds)  # pyright: ignore[reportArgumentType]
     kept = stats["kept"]  # (R, K, V)
     q = stats["val_quantiles"]  # (R, V, 5)
     config = run_config(run, problem, setup.algorithms[index], plan=setup.plan, num_devices=setup.num_devices,
@@ -472,7 +472,7 @@ def run_config(run: Run, problem, algorithm: Algorithm, *, plan: _Plan, num_devi
         "prng": {
             "impl": str(jax.random.key_impl(run.key)),
             "key_data": np.asarray(jax.random.key_data(run.key)).tolist(),
-            "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+            "jax_threefry_partitionable": bool(jax.config.jax_threefry_partitionable),  # pyright: ignore[reportAttributeAccessIssue]
         },
         "versions": {"fedsa_jax": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__},
         "device_count": num_devices,

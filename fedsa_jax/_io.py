@@ -35,8 +35,9 @@ import socket
 import stat
 import time
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -148,7 +149,7 @@ def _clean_now(folder: Path) -> None:
         remove_stale_temporaries(folder)
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[object], None], mode: str = "wb") -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], object], mode: str = "wb") -> Path:
     """Write through ``write(fileobj)`` into a temporary file beside ``path``, fsync,
     then ``os.replace`` it onto ``path``. The file gets the umask's permissions. A ``path``
     that is a symbolic link is replaced itself; the file it pointed to is not written."""

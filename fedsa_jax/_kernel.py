@@ -29,12 +29,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedsa_jax.algorithms._base import COUNT_FIELDS
 from fedsa_jax.stats import Moments, add_counts, seed_moments
 
-__all__ = ["Carry", "KernelInputs", "Reduction", "SeedBatch", "per_seed_keys", "recorded_rounds", "seed_keys"]
+__all__ = ["Carry", "KernelInputs", "Reduction", "SeedBatch", "per_seed_keys", "seed_keys"]
 
 _num_traces = 0  # incremented each time a kernel is traced (tests check no retrace)
 
@@ -70,14 +69,6 @@ class Reduction(NamedTuple):
     metrics: tuple = ()  # ((name, fn(state, problem, info) -> scalar), ...) for one seed
     quantiles: bool = True
     keep: int = 0  # per-seed values of the first `keep` seeds
-
-
-def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
-    """``0, r, 2r, ...`` and always the last round."""
-    rounds = list(range(0, num_rounds + 1, record_every))
-    if rounds[-1] != num_rounds:
-        rounds.append(num_rounds)
-    return np.asarray(rounds, dtype=np.int64)
 
 
 def per_seed_keys(key: jax.Array, seed_ids: jax.Array) -> tuple[jax.Array, jax.Array]:

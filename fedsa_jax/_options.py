@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,8 +48,8 @@ class Recording:
         experiment tracker.
     """
 
-    record_every: Union[int, Callable[[Mapping[str, Any]], int]] = 1
-    metrics: Union[Mapping[str, Any], Sequence[str], None] = None
+    record_every: int | Callable[[Mapping[str, Any]], int] = 1
+    metrics: Mapping[str, Any] | Sequence[str] | None = None
     quantiles: bool | None = None
     keep_seeds: int = 0
     on_record: Callable[[Record], Any] | None = None
@@ -81,7 +82,7 @@ class Execution:
 
     seed_batch_size: int | None = None
     chunk_rounds: int | None = None
-    checkpoint_dir: Union[str, os.PathLike, None] = None
+    checkpoint_dir: str | os.PathLike | None = None
     progress: bool | None = None
     memory_budget: int = MEMORY_BUDGET
 

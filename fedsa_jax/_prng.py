@@ -49,7 +49,7 @@ def threefry2x32(k1, k2, x1, x2):
 
 def _threefry(key: jax.Array) -> bool:
     """Whether ``key`` draws with jax's partitionable threefry (the counters reproduced here)."""
-    return jax.config.jax_threefry_partitionable and "threefry2x32" in str(jax.random.key_impl(key))
+    return jax.config.jax_threefry_partitionable and "threefry2x32" in str(jax.random.key_impl(key))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _fusable(key: jax.Array, dtype, size: int) -> bool:
@@ -84,7 +84,7 @@ def normal(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
     lo = np.nextafter(np.array(-1.0, dtype), np.array(0.0, dtype), dtype=dtype)
     hi = np.array(1.0, dtype)
     v = lax.max(lo, uniform(key, shape, dtype) * (hi - lo) + lo)
-    return np.array(np.sqrt(2), dtype) * lax.erf_inv(v)
+    return np.array(np.sqrt(2), dtype) * lax.erf_inv(v)  # pyright: ignore[reportReturnType]
 
 
 def split(key: jax.Array, num: int = 2) -> jax.Array:

@@ -8,14 +8,13 @@ before the first compile.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import _io, _paths, _validate, optim
-from fedsa_jax import metrics as metrics_mod
+from fedsa_jax import _io, _paths, _validate, metrics as metrics_mod, optim
 from fedsa_jax._digest import code_digest
 from fedsa_jax._options import Execution, Recording
 from fedsa_jax.algorithms._base import Algorithm, RoundInfo

@@ -31,15 +31,16 @@ import math
 import re
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from fedsa_jax import _checkpoint, _io, _paths, _validate
-from fedsa_jax._io import DamagedFileError
 from fedsa_jax._driver import execute
+from fedsa_jax._io import DamagedFileError
 from fedsa_jax._options import Execution, Recording, grouped
 from fedsa_jax._run import Run, validate_run
 from fedsa_jax.result import SimulationResult, load

@@ -9,11 +9,10 @@ parameter, the value it got and what is allowed, in one line of at most 500 char
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import numpy as np
-
 
 MAX_MESSAGE_CHARS = 500  # a message of fail(): the name and the text are cut first, the value gets the rest
 MAX_NAME_CHARS, MAX_ALLOWED_CHARS = 60, 300
@@ -42,7 +41,7 @@ def _show(value: Any, limit: int = MAX_MESSAGE_CHARS) -> str:
     return _clip(text, limit)
 
 
-def fail(name: str, value: Any, allowed: str) -> None:
+def fail(name: str, value: Any, allowed: str) -> NoReturn:
     """Raise the one-line ``ValueError`` ``"name=value is invalid: allowed"``, at most
     ``MAX_MESSAGE_CHARS`` long: a long name, text or value has its middle elided."""
     name, allowed = _clip(str(name), MAX_NAME_CHARS), _clip(str(allowed), MAX_ALLOWED_CHARS)
@@ -60,7 +59,7 @@ def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None)
         f"expected an integer in [{minimum}, {maximum}]"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
         fail(name, value, allowed)
-    if value < minimum or (maximum is not None and value > maximum):
+    if value < minimum or (maximum is not None and value > maximum):  # pyright: ignore[reportOperatorIssue]
         fail(name, value, allowed)
     return int(value)
 
@@ -172,7 +171,7 @@ def float_dtype(name: str, value: Any, default_from: Any = None, source: str | N
         fail(name, value, "expected 'float32' or 'float64'")
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         fail(name, value, "expected 'float32' or 'float64'")
-    if dt == np.float64 and not jax.config.jax_enable_x64:
+    if dt == np.float64 and not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue]
         fail(name, value, "float64 needs jax.config.update('jax_enable_x64', True) first")
     return dt
 

@@ -27,11 +27,13 @@ import os
 import warnings
 from pathlib import Path
 
+__all__ = ["enable"]
+
 ENV = "FEDSA_JAX_COMPILE_CACHE"  # a folder, or off / 0 / false / no to disable
 _OFF = ("", "0", "off", "false", "no", "none")
 
 
-def default_dir() -> Path:
+def _default_dir() -> Path:
     """``$XDG_CACHE_HOME/fedsa_jax/jax_compile_cache`` (``~/.cache`` without ``XDG_CACHE_HOME``)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "fedsa_jax" / "jax_compile_cache"
@@ -40,26 +42,26 @@ def default_dir() -> Path:
 def configured_dir(opt_out: bool = False) -> Path | None:
     """The folder the command line uses: None if ``opt_out`` (``--no-compile-cache``) or
     ``FEDSA_JAX_COMPILE_CACHE`` is off, the variable's folder if it names one, else
-    :func:`default_dir`."""
+    :func:`_default_dir`."""
     if opt_out:
         return None
     value = os.environ.get(ENV)
     if value is None:
-        return default_dir()
+        return _default_dir()
     if value.strip().lower() in _OFF:
         return None
     return Path(value).expanduser()
 
 
 def enable(path: str | os.PathLike | None = None) -> Path | None:
-    """Keep every compiled kernel in ``path`` (default :func:`default_dir`), created if needed.
+    """Keep every compiled kernel in ``path`` (default :func:`_default_dir`), created if needed.
 
     Call it before the first compilation of the process. Returns the folder, or None (with a
     warning; the run goes on without a cache) if it cannot be created.
     """
     import jax
 
-    folder = Path(path).expanduser() if path is not None else default_dir()
+    folder = Path(path).expanduser() if path is not None else _default_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:

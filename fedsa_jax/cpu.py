@@ -42,6 +42,8 @@ import warnings
 
 from fedsa_jax import _validate
 
+__all__ = ["XLA_FLAG", "use_cpu_cores"]
+
 XLA_FLAG = "xla_force_host_platform_device_count"
 _XLA_FLAG_RE = re.compile(rf"(?:^|\s)--?{XLA_FLAG}=(\S*)")
 _ours: int | None = None  # the jax_num_cpu_devices value use_cpu_cores set (not the user's own)

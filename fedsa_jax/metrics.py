@@ -25,12 +25,15 @@ Built in, by name:
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from fedsa_jax import _validate
+
+__all__ = ["client_drift", "control_variate_error", "last_iterate_mse", "resolve"]
 
 
 def client_drift(state, problem, info) -> jax.Array:
@@ -53,19 +56,19 @@ def last_iterate_mse(state, problem, info) -> jax.Array:
     return jnp.sum(error**2)
 
 
-BUILTIN: dict[str, Callable] = {
+_BUILTIN: dict[str, Callable] = {
     "client_drift": client_drift,
     "control_variate_error": control_variate_error,
     "last_iterate_mse": last_iterate_mse,
 }
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}\Z")  # any of these round-trips through result files
-RESERVED = ("mse", "theta", "round", "rounds")
+_RESERVED = ("mse", "theta", "round", "rounds")
 
 
 def _user(fn: Callable) -> Callable:
     """``fn(state, problem)`` as the driver's ``(state, problem, info)``; cached so that the same
     user function gives the same (hashable, equal) wrapper and the kernel is not recompiled."""
-    wrapped = _wrappers.get(fn)
+    wrapped = _wrappers.get(fn)  # pyright: ignore[reportAssignmentType]
     if wrapped is None:
 
         def wrapped(state, problem, info):
@@ -79,7 +82,7 @@ def _user(fn: Callable) -> Callable:
 _wrappers: dict[Callable, Callable] = {}
 
 
-def resolve(metrics: Mapping[str, Any] | None) -> tuple[tuple[str, Callable], ...]:
+def resolve(metrics: Mapping[str, Any] | Sequence[str] | None) -> tuple[tuple[str, Callable], ...]:
     """``{"name": fn or builtin name}`` (or a list of builtin names) -> ``((name, fn3), ...)``."""
     if metrics is None:
         return ()
@@ -87,22 +90,22 @@ def resolve(metrics: Mapping[str, Any] | None) -> tuple[tuple[str, Callable], ..
         metrics = {m: m for m in metrics}
     if not isinstance(metrics, Mapping):
         _validate.fail("metrics", metrics, "expected a dict {name: fn(state, problem) -> scalar} or a list of "
-                       f"built-in names ({', '.join(BUILTIN)})")
+                       f"built-in names ({', '.join(_BUILTIN)})")
     out = []
     for name, fn in metrics.items():
-        if not isinstance(name, str) or not NAME.match(name) or name in RESERVED:
+        if not isinstance(name, str) or not NAME.match(name) or name in _RESERVED:
             _validate.fail("metrics", name, "metric names are up to 100 letters, digits and '_' starting with "
-                           f"a letter (not {', '.join(RESERVED)})")
+                           f"a letter (not {', '.join(_RESERVED)})")
         if isinstance(fn, str):
-            if fn not in BUILTIN:
+            if fn not in _BUILTIN:
                 _validate.fail(f"metrics[{name!r}]", fn, f"expected a function or a built-in metric: "
-                               f"{', '.join(BUILTIN)}")
-            out.append((name, BUILTIN[fn]))
+                               f"{', '.join(_BUILTIN)}")
+            out.append((name, _BUILTIN[fn]))
         elif callable(fn):
             out.append((name, _user(fn)))
         else:
             _validate.fail(f"metrics[{name!r}]", fn, "expected a function fn(state, problem) -> scalar "
-                           f"or a built-in name ({', '.join(BUILTIN)})")
+                           f"or a built-in name ({', '.join(_BUILTIN)})")
     return tuple(out)
 
 

@@ -55,8 +55,9 @@ Example (server momentum on the agents' mean, ``v <- beta v + (mean - theta)``, 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from math import lgamma
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -326,8 +327,9 @@ class Aggregation(Affine):
         for l in y[self.iterates]:
             L[into, l] = self.w_server * np.eye(d)
         if self.control_variates:
+            denominator: Any = self.denominator  # given with control_variates
             _control_variate_rows(L, y[self.control_variates], y[self.iterates], ref, self.channel, y.N,
-                                  self.denominator)
+                                  denominator)
         return L
 
     def _channel_moments(self):
@@ -688,7 +690,8 @@ def _affine_optimizer(server_optimizer, d: int, error0: np.ndarray):
             if not np.allclose(out, pred, rtol=1e-8, atol=1e-12 * (np.abs(M) @ np.abs(z) + np.abs(c)).max()):
                 _validate.fail("server_optimizer", what, "exact_mean and exact_mse need an affine server optimizer "
                                "(updates and state linear in the pseudo-gradient, the state and the iterate, e.g. "
-                               "optax.sgd(lr, momentum=beta)); this one is not (Adam- and RMSProp-type updates divide by a "
+                               "optax.sgd(lr, momentum=beta)); this one is not "
+                               "(Adam- and RMSProp-type updates divide by a "
                                "running second moment): estimate it by simulation")
         s0 = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in leaves]) if n_s else np.zeros(0)
     return M, c, s0, n_s

@@ -53,7 +53,8 @@ import functools
 import hashlib
 import numbers
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +64,21 @@ from fedsa_jax import _validate
 from fedsa_jax._describe import describe_value
 from fedsa_jax._digest import _library, code_digest
 
-MAX_COUNT = 2**31 - 1  # local-step indices are int32, as in optax
+__all__ = [
+    "Schedule",
+    "ServerOptimizer",
+    "fingerprint",
+    "init_server",
+    "inverse_time",
+    "optimizer",
+    "schedule",
+    "server_optimizer_arg",
+    "server_step",
+    "step_size_arg",
+    "step_sizes",
+]
+
+_MAX_COUNT = 2**31 - 1  # local-step indices are int32, as in optax
 
 
 class _Static:
@@ -101,10 +116,10 @@ def _split(hyperparams: dict) -> tuple[dict, tuple]:
 # _Built._digest_parts), so it is read from public things only: a factory's public name and the
 # hyperparameters it was given, or, for an object passed built, what it computes on fixed probes.
 
-PROBE_COUNTS = np.unique(np.concatenate([np.arange(17), np.geomspace(17, MAX_COUNT, 48).astype(np.int64)]))
-PROBE_STEPS = 8  # updates of a transformation from its initial state
-PROBE_SIZES = (3, *range(1, 3), *range(4, 17))  # the first length a transformation runs on is probed
-PROBE_DIGITS = 10  # significant digits hashed: below the differences of a library's rounding
+_PROBE_COUNTS = np.unique(np.concatenate([np.arange(17), np.geomspace(17, _MAX_COUNT, 48).astype(np.int64)]))
+_PROBE_STEPS = 8  # updates of a transformation from its initial state
+_PROBE_SIZES = (3, *range(1, 3), *range(4, 17))  # the first length a transformation runs on is probed
+_PROBE_DIGITS = 10  # significant digits hashed: below the differences of a library's rounding
 
 
 def _probe_vector(i: int, d: int) -> np.ndarray:
@@ -115,12 +130,12 @@ def _probe_vector(i: int, d: int) -> np.ndarray:
 
 
 def _digits(values) -> str:
-    """``values`` to ``PROBE_DIGITS`` significant digits; entries below ``1e-12`` of the largest
+    """``values`` to ``_PROBE_DIGITS`` significant digits; entries below ``1e-12`` of the largest
     (a residue of rounding, ``-0.0``) as 0."""
     v = np.asarray(values, np.float64).ravel()
     big = np.max(np.abs(v[np.isfinite(v)]), initial=0.0)
     v = np.where(np.abs(v) <= 1e-12 * big, 0.0, v)
-    return ",".join(f"{x:.{PROBE_DIGITS - 1}e}" for x in v)
+    return ",".join(f"{x:.{_PROBE_DIGITS - 1}e}" for x in v)
 
 
 @contextlib.contextmanager
@@ -135,11 +150,11 @@ def _host_float64():
 
 
 def _transformation_probe(tx, d: int) -> str:
-    """The updates of ``PROBE_STEPS`` steps from ``tx.init(params)``, each on a probe gradient with
+    """The updates of ``_PROBE_STEPS`` steps from ``tx.init(params)``, each on a probe gradient with
     the parameters moved by the previous updates."""
     params = jnp.asarray(_probe_vector(-1, d))
     state, updates = tx.init(params), []
-    for i in range(PROBE_STEPS):
+    for i in range(_PROBE_STEPS):
         u, state = tx.update(jnp.asarray(_probe_vector(i, d)), state, params)
         if jnp.shape(u) != (d,):
             raise ValueError(f"updates of shape {jnp.shape(u)} for parameters of shape {(d,)}")
@@ -152,7 +167,7 @@ def _probe(obj) -> str:
     """:func:`fingerprint` of ``obj`` (uncached)."""
     with _host_float64():
         if _is_transformation(obj):
-            for d in PROBE_SIZES:
+            for d in _PROBE_SIZES:
                 try:
                     text = _transformation_probe(obj, d)
                     break
@@ -162,7 +177,7 @@ def _probe(obj) -> str:
                 return f"unprobed:{code_digest(obj)}"
         else:
             try:
-                text = "schedule:" + _digits(jax.vmap(obj)(jnp.asarray(PROBE_COUNTS, jnp.int32)))
+                text = "schedule:" + _digits(jax.vmap(obj)(jnp.asarray(_PROBE_COUNTS, jnp.int32)))
             except Exception:  # noqa: BLE001 (not a schedule: known by its code)
                 return f"unprobed:{code_digest(obj)}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -178,11 +193,11 @@ def fingerprint(obj) -> str:
     how the object is written (optax's private closures, wrappers such as ``optax.chain(t)`` or
     ``optax.with_extra_args_support``).
 
-    Computed in float64 on the host: for a schedule, its values at the counts ``PROBE_COUNTS``
+    Computed in float64 on the host: for a schedule, its values at the counts ``_PROBE_COUNTS``
     (0..16, then 48 log-spaced counts up to ``2**31 - 1``); for an ``optax.GradientTransformation``,
-    the updates of ``PROBE_STEPS`` steps from ``init(params)``, on fixed pseudo-gradients, the
+    the updates of ``_PROBE_STEPS`` steps from ``init(params)``, on fixed pseudo-gradients, the
     parameters moving by the updates (on vectors of length 3, or of the first length in
-    ``PROBE_SIZES`` it runs on); each value to ``PROBE_DIGITS`` significant digits. **Two objects
+    ``_PROBE_SIZES`` it runs on); each value to ``_PROBE_DIGITS`` significant digits. **Two objects
     with the same fingerprint give the same outputs, to 10 significant digits, on these probes**:
     they are taken for the same schedule or optimizer. Objects that differ only elsewhere (a
     schedule between the probed counts, an optimizer after its eighth step or on other values) are
@@ -243,7 +258,7 @@ def _name(fn, kind: str) -> str:
     return f"{module}.{getattr(inner, '__qualname__', type(inner).__name__)}"
 
 
-def describe_built(obj) -> dict[str, Any]:
+def _describe_built(obj) -> dict[str, Any]:
     """``{"name", "fingerprint", "code"}`` of a schedule or transformation passed built: a name
     (``optax.GradientTransformation``; a schedule's :func:`_name`), its :func:`fingerprint`, and,
     where it is code of your own (not a library's), ``code``, the digest of that code."""
@@ -260,12 +275,12 @@ def describe_built(obj) -> dict[str, Any]:
 
 def _describe_hyperparameter(value) -> Any:
     """A hyperparameter's description: a schedule or transformation (e.g. ``learning_rate=`` an optax
-    schedule) by :func:`describe_built`, anything else by :func:`describe_value`."""
+    schedule) by :func:`_describe_built`, anything else by :func:`describe_value`."""
     if isinstance(value, (tuple, list)) and not _is_transformation(value):
         return [_describe_hyperparameter(v) for v in value]
     if _is_transformation(value) or (callable(value) and not isinstance(value, type)
                                      and not hasattr(value, "describe")):
-        return describe_built(value)
+        return _describe_built(value)
     return describe_value(value)
 
 
@@ -276,7 +291,7 @@ class _Built:
     ``fn(**hyperparams, **static)`` with the float hyperparameters traced leaves."""
 
     hyperparams: dict  # float hyperparameters: traced (sweeping them does not recompile)
-    fn: Callable = dataclasses.field(metadata=dict(static=True))
+    fn: Any = dataclasses.field(metadata=dict(static=True))  # a factory, or a built transformation
     static: tuple = dataclasses.field(metadata=dict(static=True))  # ((name, _Static), ...)
     factory: bool = dataclasses.field(metadata=dict(static=True))
 
@@ -289,9 +304,9 @@ class _Built:
         """What it is, from public things only. Built by a factory: ``name``, the factory's public
         name (``optax.sgd``, ``fedsa_jax.optim.inverse_time``; ``module.qualname`` for a factory of
         your own, with ``code``, the digest of its code), and the hyperparameters. Passed built:
-        :func:`describe_built` (a name and the behavioural :func:`fingerprint`)."""
+        :func:`_describe_built` (a name and the behavioural :func:`fingerprint`)."""
         if not self.factory:
-            return describe_built(self.fn)
+            return _describe_built(self.fn)
         out: dict[str, Any] = {"name": _name(self.fn, "factory")}
         for k, v in sorted([*self.hyperparams.items(), *((k, v.value) for k, v in self.static)]):
             out[k] = _describe_hyperparameter(v)
@@ -321,11 +336,11 @@ class Schedule(_Built):
     def __call__(self, count):
         return self.scale * self.build()(count)
 
-    def scaled(self, factor: float) -> "Schedule":
+    def scaled(self, factor: float) -> Schedule:
         return dataclasses.replace(self, scale=self.scale * factor)
 
     def describe(self) -> dict[str, Any]:
-        out = {"schedule": super().describe()}
+        out: dict[str, Any] = {"schedule": super().describe()}
         if self.scale != 1.0:
             out["scale"] = float(self.scale)
         return out
@@ -371,7 +386,7 @@ def schedule(fn: Callable, /, *, scale: float = 1.0, **hyperparams) -> Schedule:
     return _check_step_fn(Schedule(traced, fn, static, bool(hyperparams), scale), "step_size")
 
 
-def optimizer(fn: Callable, /, **hyperparams) -> ServerOptimizer:
+def optimizer(fn: Any, /, **hyperparams) -> ServerOptimizer:
     """A server optimizer built from ``fn(**hyperparams)`` inside the kernel (float hyperparameters
     traced), e.g. ``fj.optimizer(optax.sgd, learning_rate=1.0, momentum=0.9)``; or
     ``fj.optimizer(optax_transformation)``."""
@@ -489,7 +504,7 @@ def init_server(config, error):
     return () if server_optimizer is None else server_optimizer.build().init(error)
 
 
-def server_step(config, opt_state, error, aggregate, theta_star):
+def server_step(config, opt_state, error, aggregate, theta_star) -> tuple[Any, Any]:
     """``(error_{t+1}, opt_state)``: the aggregate itself without ``config.server_optimizer``, else
     ``error_t + updates`` with ``updates`` from the pseudo-gradient ``error_t - aggregate``."""
     server_optimizer = getattr(config, "server_optimizer", None)
@@ -501,7 +516,7 @@ def server_step(config, opt_state, error, aggregate, theta_star):
     return optax.apply_updates(error, updates), opt_state
 
 
-def schedules_in(tree) -> list[tuple[str, Schedule]]:
+def _schedules_in(tree) -> list[tuple[str, Schedule]]:
     """Every :class:`Schedule` in a configuration pytree, with its path."""
     found = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Schedule))[0]:
@@ -510,7 +525,7 @@ def schedules_in(tree) -> list[tuple[str, Schedule]]:
     return found
 
 
-MAX_CHECKED = 2**22
+_MAX_CHECKED = 2**22
 
 
 def schedule_values(sched: Schedule, num_steps: int, dtype=None) -> np.ndarray:
@@ -522,20 +537,20 @@ def schedule_values(sched: Schedule, num_steps: int, dtype=None) -> np.ndarray:
 
 def check_run(algorithm, num_rounds: int, dtype) -> None:
     """Check the schedules of ``algorithm`` over a run of ``num_rounds`` rounds: every step size used is
-    finite and ``> 0`` in ``dtype`` (all of them up to ``MAX_CHECKED`` local steps, else the first
-    ``MAX_CHECKED / 2`` and a log-spaced sample of the rest), and the step count fits int32."""
-    scheds = schedules_in(algorithm.config)
+    finite and ``> 0`` in ``dtype`` (all of them up to ``_MAX_CHECKED`` local steps, else the first
+    ``_MAX_CHECKED / 2`` and a log-spaced sample of the rest), and the step count fits int32."""
+    scheds = _schedules_in(algorithm.config)
     if not scheds:
         return
     steps = num_rounds * algorithm.num_local_steps
-    if steps > MAX_COUNT:
+    if steps > _MAX_COUNT:
         _validate.fail("num_rounds", num_rounds, f"num_rounds x num_local_steps = {steps} local steps is more than "
-                       f"a schedule's int32 count allows ({MAX_COUNT}); split the run")
-    if steps <= MAX_CHECKED:
+                       f"a schedule's int32 count allows ({_MAX_COUNT}); split the run")
+    if steps <= _MAX_CHECKED:
         k = np.arange(steps)
     else:
-        k = np.unique(np.concatenate([np.arange(MAX_CHECKED // 2),
-                                      np.geomspace(MAX_CHECKED // 2, steps - 1, MAX_CHECKED // 2).astype(np.int64)]))
+        k = np.unique(np.concatenate([np.arange(_MAX_CHECKED // 2),
+                                      np.geomspace(_MAX_CHECKED // 2, steps - 1, _MAX_CHECKED // 2).astype(np.int64)]))
     for path, sched in scheds:
         name = "step_size" if path.endswith(".step_size") or path == "" else path.lstrip(".")
         values = np.asarray(jax.jit(jax.vmap(sched))(jnp.asarray(k, jnp.int32)).astype(dtype))

@@ -20,7 +20,7 @@ notebook); the command line switches to the headless Agg backend.
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -28,9 +28,11 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.result import X_AXES, SimulationResult
 
-BAND_Z = 2.0  # standard-error bands are mean +- 2 standard errors
-BANDS = ("sem", "quantiles", None)
-X_LABELS = {
+__all__ = ["plot_final_mse_vs_agents", "plot_mse", "plot_sweep"]
+
+_BAND_Z = 2.0  # standard-error bands are mean +- 2 standard errors
+_BANDS = ("sem", "quantiles", None)
+_X_LABELS = {
     "rounds": "communication round $t$",
     "communications": "uplink messages (all agents)",
     "samples": "observations drawn (all agents)",
@@ -91,7 +93,7 @@ def plot_mse(
       The matplotlib figure.
     """
     _validate.choice("x", x, X_AXES)
-    if band not in BANDS:
+    if band not in _BANDS:
         _validate.fail("band", band, "expected 'sem', 'quantiles' or None")
     fig, ax = _axes(ax)
     colors = {}
@@ -113,8 +115,8 @@ def plot_mse(
         for k in range(min(seeds.shape[1], max_seed_curves)):
             ax.plot(xs, seeds[:, k], color=color, lw=0.5, alpha=0.2, zorder=1)
         if band == "sem":
-            lower = mean - BAND_Z * sem
-            ax.fill_between(xs, _tiny(lower) if logy else lower, mean + BAND_Z * sem, color=color, alpha=0.25, lw=0)
+            lower = mean - _BAND_Z * sem
+            ax.fill_between(xs, _tiny(lower) if logy else lower, mean + _BAND_Z * sem, color=color, alpha=0.25, lw=0)
         elif band == "quantiles":
             if np.all(np.isnan(q)):
                 _validate.fail("band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))")
@@ -133,14 +135,14 @@ def plot_mse(
         ax.set_yscale("log")
     if logx if logx is not None else x.startswith("bits"):
         ax.set_xscale("log")
-    ax.set_xlabel(X_LABELS[x], fontsize=9)
+    ax.set_xlabel(_X_LABELS[x], fontsize=9)
     ax.set_ylabel(MSE_LABEL if metric is None else metric, fontsize=9)
     ax.tick_params(labelsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     if legend:
-        note = {"sem": rf"mean $\pm$ {BAND_Z:g} s.e.", "quantiles": "mean; 5-95%, 25-75% of seeds",
+        note = {"sem": rf"mean $\pm$ {_BAND_Z:g} s.e.", "quantiles": "mean; 5-95%, 25-75% of seeds",
                 None: "mean"}[band]
         ax.legend(fontsize=8, title=note, title_fontsize=8)
     fig.tight_layout()
@@ -172,7 +174,7 @@ def plot_final_mse_vs_agents(
         all_n.extend(ns)
         final = np.array([by_n[n].mse_mean[-1] for n in sorted(by_n)])
         sem = np.array([by_n[n].mse_sem[-1] for n in sorted(by_n)])
-        ax.errorbar(ns, final, yerr=BAND_Z * sem, fmt="o-", color=f"C{i}", ms=4, lw=1.4, capsize=3, label=label)
+        ax.errorbar(ns, final, yerr=_BAND_Z * sem, fmt="o-", color=f"C{i}", ms=4, lw=1.4, capsize=3, label=label)
         exact = (theory or {}).get(label, {})
         if exact:
             ks = sorted(exact)
@@ -181,7 +183,7 @@ def plot_final_mse_vs_agents(
             n0, y0 = ns[0], final[0]
     if reference and series:
         grid = np.array([min(all_n), max(all_n)])
-        ax.plot(grid, y0 * n0 / grid, "k--", lw=1.0, label=r"$\propto 1/N$ (linear speed-up)")
+        ax.plot(grid, y0 * n0 / grid, "k--", lw=1.0, label=r"$\propto 1/N$ (linear speed-up)")  # pyright: ignore[reportOperatorIssue]
     if theory:
         ax.plot([], [], "s", mfc="none", color="0.3", ms=9, label="exact")
     ax.set_xscale("log")
@@ -197,7 +199,7 @@ def _final_mse_axes(fig, ax, xlabel: str, title: str | None, legend_size: int):
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=legend_size, title=rf"mean $\pm$ {BAND_Z:g} s.e.", title_fontsize=8)
+    ax.legend(fontsize=legend_size, title=rf"mean $\pm$ {_BAND_Z:g} s.e.", title_fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -252,7 +254,7 @@ def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None,
             xs = np.array([categories.index(_json_key(e.config.get(x))) for e in members], dtype=float)
         final = np.array([e.result.mse_mean[-1] for e in members])
         sem = np.array([e.result.mse_sem[-1] for e in members])
-        ax.errorbar(xs, final, yerr=BAND_Z * sem, fmt="o-", color=f"C{i % 10}", ms=4, lw=1.4, capsize=3,
+        ax.errorbar(xs, final, yerr=_BAND_Z * sem, fmt="o-", color=f"C{i % 10}", ms=4, lw=1.4, capsize=3,
                     label=label)
     if len(lines) > max_lines:
         ax.plot([], [], " ", label=f"({len(lines) - max_lines} more not drawn)")
@@ -262,7 +264,7 @@ def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None,
             ax.set_xscale("log")
     else:
         ax.set_xticks(range(len(categories)), [str(json.loads(c)) for c in categories], fontsize=8)
-    return _final_mse_axes(fig, ax, x, title, legend_size=7)
+    return _final_mse_axes(fig, ax, x, title, legend_size=7)  # pyright: ignore[reportArgumentType]
 
 
 def _json_key(value) -> str:

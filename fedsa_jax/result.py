@@ -12,12 +12,14 @@ import numpy as np
 from fedsa_jax._io import DamagedFileError, atomic_savez, atomic_write, json_text, read_npz
 from fedsa_jax.stats import QUANTILE_LEVELS
 
+__all__ = ["X_AXES", "MetricStats", "SimulationResult", "load"]
+
 COUNT_NAMES = ("communications", "messages_delivered", "bits_sent", "bits_delivered", "samples")  # RoundInfo sums
 ARRAY_FIELDS = (
     "rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta", "theta_star",
     "mse_quantiles", "seed_mse", *COUNT_NAMES,
 )
-METRIC_FIELDS = ("mean", "sem", "quantiles", "seeds")
+_METRIC_FIELDS = ("mean", "sem", "quantiles", "seeds")
 _DAMAGED = "recompute it (a sweep recomputes its damaged results by itself) or restore it from a copy"
 X_AXES = ("rounds", "communications", "samples", "bits_sent", "bits_delivered")
 
@@ -99,7 +101,7 @@ class SimulationResult:
 
         arrays = {k: np.asarray(getattr(self, k)) for k in ARRAY_FIELDS}
         for name, stats in self.metrics.items():
-            arrays.update({f"metric__{name}__{f}": np.asarray(getattr(stats, f)) for f in METRIC_FIELDS})
+            arrays.update({f"metric__{name}__{f}": np.asarray(getattr(stats, f)) for f in _METRIC_FIELDS})
         atomic_savez(path, config_json=np.array(json_text(self.config, indent=None, sort_keys=True)), **arrays)
 
     def table(self) -> dict[str, np.ndarray]:
@@ -108,8 +110,8 @@ class SimulationResult:
         Columns: ``round``, ``communications``, ``samples``, ``bits_sent``,
         ``bits_delivered``, ``mse_mean``, ``mse_sem``, ``mse_q05`` .. ``mse_q95``,
         ``num_diverged``, ``theta_mean_<i>``, ``theta_sem_<i>``, then for each metric
-        ``<name>_mean``, ``<name>_sem`` (and ``<name>_q05`` .. when recorded). ``pandas.DataFrame(result.table())``
-        turns it into a data frame; :meth:`to_csv` writes it.
+        ``<name>_mean``, ``<name>_sem`` (and ``<name>_q05`` .. when recorded).
+        ``pandas.DataFrame(result.table())`` turns it into a data frame; :meth:`to_csv` writes it.
         """
         cols: dict[str, np.ndarray] = {
             "round": self.rounds,
@@ -147,6 +149,14 @@ class SimulationResult:
         atomic_write(path, write, mode="w")
 
 
+def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
+    """``0, r, 2r, ...`` and always the last round: a result's ``rounds``."""
+    rounds = list(range(0, num_rounds + 1, record_every))
+    if rounds[-1] != num_rounds:
+        rounds.append(num_rounds)
+    return np.asarray(rounds, dtype=np.int64)
+
+
 def load(path) -> SimulationResult:
     """Read a result written by :meth:`SimulationResult.save` (older files load too: NaN
     quantiles, counts from the built-in algorithms' formulas, no metrics).
@@ -180,18 +190,18 @@ def load(path) -> SimulationResult:
 
 
 # keys every version of the file wrote, and their JSON types (an int is not a bool)
-CONFIG_KEYS = {"problem": dict, "algorithm": dict, "num_rounds": int, "num_seeds": int, "record_every": int,
+_CONFIG_KEYS = {"problem": dict, "algorithm": dict, "num_rounds": int, "num_seeds": int, "record_every": int,
                "theta0": list, "dtype": str, "prng": dict}
 # array -> (kind: "f" float32/64, "i" integer, "r" either; shape in R recorded rounds, d dimension,
 # n seeds, K kept seeds)
 _Q = len(QUANTILE_LEVELS)
-SHAPES = {
+_SHAPES = {
     "rounds": ("i", ("R",)), "mse_mean": ("f", ("R",)), "mse_sem": ("f", ("R",)),
     "theta_mean": ("f", ("R", "d")), "theta_sem": ("f", ("R", "d")), "num_diverged": ("i", ("R",)),
     "final_theta": ("f", ("n", "d")), "theta_star": ("f", ("d",)), "mse_quantiles": ("f", ("R", _Q)),
     "seed_mse": ("f", ("R", "K")), **{name: ("r", ("R",)) for name in COUNT_NAMES},
 }
-METRIC_SHAPES = {"mean": ("f", ("R",)), "sem": ("f", ("R",)), "quantiles": ("f", ("R", _Q)),
+_METRIC_SHAPES = {"mean": ("f", ("R",)), "sem": ("f", ("R",)), "quantiles": ("f", ("R", _Q)),
                  "seeds": ("f", ("R", "K"))}
 _KINDS = {"f": "float32 or float64", "i": "integers", "r": "numbers"}
 
@@ -203,7 +213,7 @@ def _config(text: np.ndarray) -> dict[str, Any]:
     config = json.loads(str(text))
     if not isinstance(config, dict):
         raise ValueError("config_json is not a JSON object")
-    for key, kind in CONFIG_KEYS.items():
+    for key, kind in _CONFIG_KEYS.items():
         value = config.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise ValueError(f"config_json has no {kind.__name__} {key!r}" if key not in config else
@@ -229,7 +239,7 @@ def _metric_arrays(data: dict[str, np.ndarray], config: dict) -> dict[str, dict[
     for key in data:
         if key.startswith("metric__"):
             name, _, field = key[len("metric__"):].rpartition("__")
-            if not name or field not in METRIC_FIELDS:
+            if not name or field not in _METRIC_FIELDS:
                 raise ValueError(f"unexpected array {key!r}")
             found.setdefault(name, {})[field] = data[key]
     listed = config.get("metrics", sorted(found))  # files written before metrics were listed: as found
@@ -238,21 +248,19 @@ def _metric_arrays(data: dict[str, np.ndarray], config: dict) -> dict[str, dict[
             raise ValueError(f"array 'metric__{name}__{next(iter(found[name]))}' is of no metric that "
                              f"config_json lists ({reprlib.repr(listed)})")
     for name in listed:
-        for field in METRIC_FIELDS:
+        for field in _METRIC_FIELDS:
             if field not in found.get(name, {}):
                 raise ValueError(f"no 'metric__{name}__{field}' array, for the metric {name!r} that "
                                  "config_json lists")
-    return {name: {f: found[name][f] for f in METRIC_FIELDS} for name in listed}
+    return {name: {f: found[name][f] for f in _METRIC_FIELDS} for name in listed}
 
 
 def _check_shapes(data: dict[str, np.ndarray], config: dict, metrics: dict[str, dict]) -> None:
-    """Every array's dtype and shape (:data:`SHAPES`); ``rounds`` the recorded rounds of the configuration.
+    """Every array's dtype and shape (:data:`_SHAPES`); ``rounds`` the recorded rounds of the configuration.
     A size is the configuration's (``d``, ``n``, ``K``) or that of the first array that has it (``R``:
     ``rounds``)."""
-    from fedsa_jax._kernel import recorded_rounds
-
-    fields = [(k, data[k], SHAPES[k]) for k in SHAPES if k in data]
-    fields += [(f"metric__{m}__{f}", a, METRIC_SHAPES[f]) for m, fs in metrics.items() for f, a in fs.items()]
+    fields = [(k, data[k], _SHAPES[k]) for k in _SHAPES if k in data]
+    fields += [(f"metric__{m}__{f}", a, _METRIC_SHAPES[f]) for m, fs in metrics.items() for f, a in fs.items()]
     sizes: dict[str, int | None] = {"R": None, "d": len(config["theta0"]), "n": config["num_seeds"],
                                     "K": config.get("keep_seeds")}
     for key, a, (kind, shape) in fields:
@@ -291,5 +299,7 @@ def _counts(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray
                              "file without 'communications' counts from it)")
     communications = arrays["rounds"] * int(agents)
     skip = int(skip) if prob.get("sampling") == "markov" else 1
-    return {"communications": communications, "samples": communications * int(local) * skip,
-            "messages_delivered": arrays["bits_delivered"] / max(int(bits), 1)}
+    # numbers, checked above
+    local_steps, bits_per_message = int(local), int(bits)  # pyright: ignore[reportArgumentType]
+    return {"communications": communications, "samples": communications * local_steps * skip,
+            "messages_delivered": arrays["bits_delivered"] / max(bits_per_message, 1)}

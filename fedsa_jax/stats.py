@@ -28,11 +28,13 @@ pairwise algorithm for computing sample variances", 1979.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+__all__ = ["QUANTILE_LEVELS", "Moments", "finalize", "merge"]
 
 
 HIST_LOW, HIST_HIGH, HIST_PER_DECADE = -40, 20, 16
@@ -40,24 +42,28 @@ HIST_BINS = (HIST_HIGH - HIST_LOW) * HIST_PER_DECADE
 QUANTILE_LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
+# A field of Moments is a jax.Array inside the kernel and a numpy array once merged on the host.
+_HostOrDevice = Any
+
+
 class Moments(NamedTuple):
     """One recorded round's statistics of a batch of seeds. The per-seed *values* are the
     squared error ``|theta - theta_star|^2`` (column 0) and the recorded metrics."""
 
-    n_ok: jax.Array  # () int32, non-diverged valid seeds
-    val_mean: jax.Array  # (V,) mean of each value over non-diverged seeds
-    val_m2: jax.Array  # (V,) sum of squared deviations
-    theta_mean: jax.Array  # (d,)
-    theta_m2: jax.Array  # (d,)
-    num_diverged: jax.Array  # () int32
-    count_digits: jax.Array  # (C, 8) uint32: base-256 digits of the valid seeds' summed 64-bit counters
-    val_hist: jax.Array  # (V, HIST_BINS) or (V, 0) int32 counts of non-diverged values per log bin
-    val_min: jax.Array  # (V,) smallest non-diverged value (+inf if none)
-    val_max: jax.Array  # (V,) largest (-inf if none)
-    kept: jax.Array  # (K, V) the values of the batch's first K seeds (``keep_seeds``)
+    n_ok: _HostOrDevice  # () int32, non-diverged valid seeds
+    val_mean: _HostOrDevice  # (V,) mean of each value over non-diverged seeds
+    val_m2: _HostOrDevice  # (V,) sum of squared deviations
+    theta_mean: _HostOrDevice  # (d,)
+    theta_m2: _HostOrDevice  # (d,)
+    num_diverged: _HostOrDevice  # () int32
+    count_digits: _HostOrDevice  # (C, 8) uint32: base-256 digits of the valid seeds' summed 64-bit counters
+    val_hist: _HostOrDevice  # (V, HIST_BINS) or (V, 0) int32 counts of non-diverged values per log bin
+    val_min: _HostOrDevice  # (V,) smallest non-diverged value (+inf if none)
+    val_max: _HostOrDevice  # (V,) largest (-inf if none)
+    kept: _HostOrDevice  # (K, V) the values of the batch's first K seeds (``keep_seeds``)
 
 
-COUNTER_DIGITS = 8  # a 64-bit counter as 8 base-256 digits; a digit's sum over 2**24 seeds fits in uint32
+_COUNTER_DIGITS = 8  # a 64-bit counter as 8 base-256 digits; a digit's sum over 2**24 seeds fits in uint32
 
 
 def add_counts(counters: jax.Array, increments: jax.Array) -> jax.Array:
@@ -73,14 +79,14 @@ def _counter_digits(counters: jax.Array, valid: jax.Array) -> jax.Array:
     """``(C, 8)`` uint32 sums over valid seeds of the base-256 digits of ``counters (B, C, 2)``."""
     shifts = jnp.arange(4, dtype=jnp.uint32) * 8
     digits = (counters[..., None] >> shifts) & jnp.uint32(0xFF)  # (B, C, 2, 4)
-    digits = digits.reshape(counters.shape[:-1] + (COUNTER_DIGITS,))
+    digits = digits.reshape(counters.shape[:-1] + (_COUNTER_DIGITS,))
     return jnp.sum(jnp.where(valid[:, None, None], digits, jnp.uint32(0)), axis=0, dtype=jnp.uint32)
 
 
 def counter_totals(count_digits) -> np.ndarray:
     """Exact float64 totals ``(..., C)`` from :class:`Moments`' ``count_digits`` (summed over batches)."""
     d = np.asarray(count_digits, np.float64)
-    return np.sum(d * 256.0 ** np.arange(COUNTER_DIGITS), axis=-1)
+    return np.sum(d * 256.0 ** np.arange(_COUNTER_DIGITS), axis=-1)
 
 
 def seed_moments(theta, theta_star, threshold, valid, values, counters, quantiles: bool = True,

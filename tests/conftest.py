@@ -22,6 +22,7 @@ import pytest  # noqa: E402
 
 import fedsa_jax as fj  # noqa: E402
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_jax_caches():
     """Drop each test module's compiled kernels when it ends: one process compiles a few hundred

@@ -159,7 +159,8 @@ def het_td():
 
 @pytest.mark.parametrize("aggregation", ["divide_by_n", "divide_by_received"])
 def test_qfedtd_mean_matches_exact_recursion(het_td, aggregation):
-    """E[theta_{k+1}] = (I - alpha p mean A) E[theta_k] + alpha p mean b (p -> 1-(1-p)^N when dividing by |R|)."""
+    """E[theta_{k+1}] = (I - alpha p mean A) E[theta_k] + alpha p mean b
+    (p -> 1-(1-p)^N when dividing by |R|)."""
     alpha, p, T, n = 0.6, 0.6, 40, 4000
     alg = fj.qfedtd(alpha, fj.channel.stochastic_uniform(bits=2), success_prob=p, aggregation=aggregation)
     theta0 = np.array([2.0, -1.0, 1.0])
@@ -201,7 +202,7 @@ def test_scafflsa_control_variates_sum_to_zero_under_erasures(het_td):
         alg = fj.scafflsa(0.5, 3, quantizer=fj.channel.stochastic_uniform(3), success_prob=0.4,
                           aggregation=aggregation)
         state = alg.init(jax.random.key(0), het_td, jnp.zeros(3))
-        step = jax.jit(lambda k, s: alg.step(k, s, het_td))
+        step = jax.jit(lambda k, s: alg.step(k, s, het_td))  # noqa: B023 (used in this iteration only)
         frozen = 0
         for t in range(60):
             new, info = step(jax.random.key(t), state)

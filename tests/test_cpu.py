@@ -152,7 +152,8 @@ def test_more_devices_than_usable_cores_are_refused_before_jax_starts(tmp_path):
             try:
                 fj.use_cpu_cores(bad)
             except ValueError as err:
-                assert str(err).startswith(f"num_devices={{bad}} is invalid: expected an integer from 1 to {cores}, "
+                assert str(err).startswith(f"num_devices={{bad}} is invalid: "
+                                           f"expected an integer from 1 to {cores}, "
                                            "the cores this process may use"), err
                 assert len(str(err).splitlines()) == 1, err
             else:

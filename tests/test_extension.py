@@ -26,7 +26,6 @@ from fedsa_jax.algorithms import (
     server_update,
 )
 
-
 # --- a custom FedLSA written with the public blocks only (config without a channel field) ---
 
 
@@ -172,7 +171,7 @@ def test_random_communication_is_counted_as_reported(garnet):
 
 
 def test_counters_do_not_overflow():
-    from fedsa_jax.stats import add_counts, counter_totals, _counter_digits
+    from fedsa_jax.stats import _counter_digits, add_counts, counter_totals
 
     c = jnp.zeros((3, 2, 2), jnp.uint32)
     inc = jnp.array([[2**31 - 1, 7]] * 3, jnp.int32)

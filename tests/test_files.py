@@ -1,4 +1,5 @@
-"""Files never lose work: permissions, stale temporaries, damaged files, locks, output folders, strict JSON."""
+"""Files never lose work: permissions, stale temporaries, damaged files, locks, output folders,
+strict JSON."""
 
 import json
 import math

@@ -9,8 +9,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import fedsa_jax as fj
 from fedsa_jax import cli

@@ -12,8 +12,7 @@ import tracemalloc
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import fedsa_jax as fj
 from fedsa_jax import _checkpoint, _io, _validate, cli

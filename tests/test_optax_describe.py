@@ -13,8 +13,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import optax
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import fedsa_jax as fj
 from fedsa_jax._run import run_code

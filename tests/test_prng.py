@@ -45,8 +45,8 @@ def test_normal_matches_jax_bit_for_bit(dtype):
 def test_split_matches_jax_bit_for_bit():
     keys = jax.random.split(jax.random.key(3), 5)
     for num in (1, 2, 40):
-        a = jax.vmap(lambda k: jax.random.split(k, num))(keys)
-        b = jax.jit(jax.vmap(lambda k: _prng.split(k, num)))(keys)
+        a = jax.vmap(lambda k: jax.random.split(k, num))(keys)  # noqa: B023 (called at once)
+        b = jax.jit(jax.vmap(lambda k: _prng.split(k, num)))(keys)  # noqa: B023 (called at once)
         np.testing.assert_array_equal(np.asarray(jax.random.key_data(a)), np.asarray(jax.random.key_data(b)))
 
 

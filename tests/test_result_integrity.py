@@ -21,8 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import fedsa_jax as fj
 from fedsa_jax import cli
@@ -322,7 +321,8 @@ def test_a_sweep_file_naming_a_plugin_needs_allow_plugins(plugin_folder, capsys)
 
 @pytest.mark.parametrize("argv,says", [
     (["run", "--algorithms", "plugins_ri:exits"],
-     "--algorithms='plugins_ri:exits' is invalid: plugins_ri:exits(step_size=0.05, num_local_steps=1000) "
+     "--algorithms='plugins_ri:exits' is invalid: "
+     "plugins_ri:exits(step_size=0.05, num_local_steps=1000) "
      "raised SystemExit: 0"),
     (["run", "--algorithms", "exits_on_import_ri:f"], "importing 'exits_on_import_ri' raised SystemExit: 0"),
     (["sweep", "grid.toml", "--allow-plugins"], "grid.algorithm='plugins_ri:exits' is invalid: "),

@@ -126,8 +126,9 @@ def test_results_of_earlier_versions_names_still_load(problem, tmp_path):
 
 
 def test_plot_sweep_draws_final_mse_against_the_richest_numeric_axis():
-    import matplotlib.pyplot as plt
     from types import SimpleNamespace
+
+    import matplotlib.pyplot as plt
 
     from fedsa_jax.plotting import plot_sweep
 

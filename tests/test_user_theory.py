@@ -18,8 +18,7 @@ from conftest import Z_TOL
 from test_extension import MyConfig, my_init, my_step  # FedAvgM as the README writes it
 
 import fedsa_jax as fj
-from fedsa_jax.algorithms.fedlsa import init as fedlsa_init
-from fedsa_jax.algorithms.fedlsa import step as fedlsa_step
+from fedsa_jax.algorithms.fedlsa import init as fedlsa_init, step as fedlsa_step
 
 # ------------------------------------------------------- FedAvgM (README, "Write your own algorithm")
 

@@ -19,7 +19,8 @@ over seeds and scans rounds.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 from fedsa_jax import _validate, optim
 from fedsa_jax._describe import describe_value
 from fedsa_jax.channel import Channel, Delivery, aggregate, channel, transmit
+from fedsa_jax.problems.protocol import LOCAL_UNROLL
 
 
 @jax.tree_util.register_dataclass
@@ -153,11 +155,6 @@ class RoundInfo(NamedTuple):
 
 
 COUNT_FIELDS = RoundInfo._fields[1:]  # what the driver sums
-
-
-# Local steps unrolled per scan iteration. With the fused PRNG, unroll 2..10 measured the same on a
-# 2-core CPU; unroll 1 ran on one core only (see benchmarks/README.md).
-LOCAL_UNROLL = 8
 
 
 def local_steps_config(

@@ -38,6 +38,8 @@ import jax.numpy as jnp
 from fedsa_jax import _validate, moments
 from fedsa_jax.algorithms._base import Algorithm, RoundRandomness
 
+__all__ = ["AveragedState", "RichardsonState", "averaged", "richardson"]
+
 
 class _Wrapper:
     """The driver's optional fields, read from the wrapped algorithm."""
@@ -165,9 +167,10 @@ def _map_step_size(algorithm: Algorithm, fn) -> Algorithm:
     """``algorithm`` with its config's ``step_size`` replaced by ``fn(step_size)``, through wrappers."""
     config = algorithm.config
     if isinstance(config, _Wrapper):
-        fields = {f.name: _map_step_size(getattr(config, f.name), fn)
-                  for f in dataclasses.fields(config) if isinstance(getattr(config, f.name), Algorithm)}
-        return dataclasses.replace(algorithm, config=dataclasses.replace(config, **fields))
+        wrapper: Any = config  # every _Wrapper is a dataclass
+        fields = {f.name: _map_step_size(getattr(wrapper, f.name), fn)
+                  for f in dataclasses.fields(wrapper) if isinstance(getattr(wrapper, f.name), Algorithm)}
+        return dataclasses.replace(algorithm, config=dataclasses.replace(wrapper, **fields))
     eta = getattr(config, "step_size", None)
     if eta is None:
         _validate.fail("algorithm", algorithm.name, "Richardson extrapolation needs a config field step_size")

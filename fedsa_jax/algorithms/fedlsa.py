@@ -51,6 +51,8 @@ from fedsa_jax.algorithms._base import (
     server_update,
 )
 
+__all__ = ["FedLSAState", "fedlsa"]
+
 
 class FedLSAState(NamedTuple):
     theta: jax.Array  # (d,) server iterate theta_t = theta_star + error

@@ -40,6 +40,8 @@ from fedsa_jax.algorithms._base import (
 from fedsa_jax.algorithms.fedlsa import theory
 from fedsa_jax.channel import Delivery, aggregate, transmit
 
+__all__ = ["QFedTDState", "qfedtd"]
+
 
 class QFedTDState(NamedTuple):
     theta: jax.Array  # (d,) server iterate theta_k = theta_star + error

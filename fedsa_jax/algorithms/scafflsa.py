@@ -52,6 +52,8 @@ from fedsa_jax.algorithms._base import (
     server_update,
 )
 
+__all__ = ["SCAFFLSAState", "scafflsa"]
+
 
 class SCAFFLSAState(NamedTuple):
     theta: jax.Array  # (d,) server iterate theta_star + error

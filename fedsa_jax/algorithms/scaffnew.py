@@ -82,6 +82,8 @@ from fedsa_jax.algorithms._base import (
 )
 from fedsa_jax.channel import Channel
 
+__all__ = ["ScaffnewConfig", "ScaffnewState", "scaffnew"]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from fedsa_jax import _prng, _validate
 from fedsa_jax.channel.quantizers import Quantizer, identity
 
+__all__ = ["AGGREGATIONS", "Channel", "Delivery", "aggregate", "channel", "transmit"]
+
 AGGREGATIONS = ("divide_by_n", "divide_by_received")
 
 

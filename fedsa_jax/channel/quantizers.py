@@ -7,11 +7,13 @@ of Dal Fabbro et al. 2023) and its cost ``bits(d)`` in bits per message:
 | quantizer | unbiased | zeta(d) | bits(d) |
 |---|---|---|---|
 | ``stochastic_uniform(b)``, range ``[-|x|_inf, |x|_inf]`` | yes | ``d / (2^b - 1)^2`` | ``32 + d b`` |
-| ``stochastic_uniform(b, range=R)`` (clipped to ``[-R, R]``) | **no** if ``|x|_inf > R`` | ``inf`` (absolute error ``<= d R^2 / (2^b - 1)^2``) | ``d b`` |
+| ``stochastic_uniform(b, range=R)`` (*) | **no** if ``|x|_inf > R`` | ``inf`` (*) | ``d b`` |
 | ``qsgd(s)`` | yes | ``min(d / s^2, sqrt(d) / s)`` | ``32 + d (1 + ceil(log2(s + 1)))`` |
 | ``rand_k(k)`` (scaled by ``d/k``) | yes | ``d / k - 1`` | ``k (32 + ceil(log2 d))`` |
 | ``natural()`` | yes | ``1 / 8`` | ``9 d`` |
 | ``identity()`` | yes | ``0`` | ``32 d`` |
+
+(*) clipped to ``[-R, R]``; absolute error ``<= d R^2 / (2^b - 1)^2``.
 
 Stochastic rounding of ``y`` between grid points ``lo <= y < lo + delta`` goes up
 with probability ``(y - lo) / delta``: unbiased, with variance at most
@@ -33,6 +35,8 @@ import jax
 import jax.numpy as jnp
 
 from fedsa_jax import _prng, _validate, registry
+
+__all__ = ["Quantizer", "identity", "natural", "qsgd", "rand_k", "stochastic_uniform"]
 
 KINDS = ("identity", "stochastic_uniform", "qsgd", "rand_k", "natural")
 
@@ -123,11 +127,11 @@ class Quantizer:
         if self.kind == "identity":
             return 0.0
         if self.kind == "stochastic_uniform":
-            return math.inf if self.range is not None else d / (2**self.bits_per_coordinate - 1) ** 2
+            return math.inf if self.range is not None else d / (2**self.bits_per_coordinate - 1) ** 2  # pyright: ignore[reportOperatorIssue]
         if self.kind == "qsgd":
-            return min(d / self.levels**2, math.sqrt(d) / self.levels)
+            return min(d / self.levels**2, math.sqrt(d) / self.levels)  # pyright: ignore[reportOperatorIssue, reportOptionalOperand]
         if self.kind == "rand_k":
-            return d / self.k - 1.0
+            return d / self.k - 1.0  # pyright: ignore[reportOperatorIssue]
         return 1.0 / 8.0  # natural
 
     def bits(self, d: int) -> int:
@@ -135,16 +139,16 @@ class Quantizer:
         if self.kind == "identity":
             return 32 * d
         if self.kind == "stochastic_uniform":
-            return d * self.bits_per_coordinate + (0 if self.range is not None else 32)
+            return d * self.bits_per_coordinate + (0 if self.range is not None else 32)  # pyright: ignore[reportOperatorIssue]
         if self.kind == "qsgd":
-            return 32 + d * (1 + math.ceil(math.log2(self.levels + 1)))
+            return 32 + d * (1 + math.ceil(math.log2(self.levels + 1)))  # pyright: ignore[reportOptionalOperand]
         if self.kind == "rand_k":
-            return self.k * (32 + math.ceil(math.log2(d))) if d > 1 else 32 * self.k
+            return self.k * (32 + math.ceil(math.log2(d))) if d > 1 else 32 * self.k  # pyright: ignore[reportOperatorIssue, reportOptionalOperand]
         return 9 * d  # natural: sign + 8-bit exponent
 
     def check_dim(self, d: int) -> None:
         """Raise if the quantizer cannot act on messages of dimension ``d``."""
-        if self.kind == "rand_k" and self.k > d:
+        if self.kind == "rand_k" and self.k > d:  # pyright: ignore[reportOptionalOperand]
             _validate.fail("k", self.k, f"expected k <= d = {d} (the message dimension)")
 
     def describe(self) -> dict[str, Any]:

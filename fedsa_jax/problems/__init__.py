@@ -6,8 +6,8 @@ from fedsa_jax.problems._base import alias_draw, alias_tables, fixed_points
 from fedsa_jax.problems.gaussian import GaussianLSA, gaussian_lsa, random_gaussian_lsa
 from fedsa_jax.problems.generators import garnet, qfedtd_mdp
 from fedsa_jax.problems.mean_path import ExpectedProblem, expected
-from fedsa_jax.problems.regression import LeastSquares, least_squares
 from fedsa_jax.problems.protocol import FiniteSupport, Problem, direction_second_moment, missing_members
+from fedsa_jax.problems.regression import LeastSquares, least_squares
 from fedsa_jax.problems.td import FederatedTD, federated_td
 
 __all__ = [

@@ -43,6 +43,9 @@ import numpy as np
 
 from fedsa_jax import _prng, _validate, registry
 from fedsa_jax.problems._base import fixed_points
+from fedsa_jax.problems.protocol import LOCAL_UNROLL
+
+__all__ = ["GaussianLSA", "gaussian_lsa", "random_gaussian_lsa"]
 
 class GaussianParams(NamedTuple):
     A_bar: jax.Array  # (d, d)
@@ -203,8 +206,6 @@ def _steps_laid_out(front: int, back: int, args):
         var = sA**2 * jnp.sum(theta * theta, axis=1, keepdims=True) + sb**2
         g = jnp.einsum("fij,fjb->fib", A, x) + res + jnp.sqrt(var) * z_h
         return x - eta_h * (g - ctrl), None
-
-    from fedsa_jax.algorithms._base import LOCAL_UNROLL  # imported here: problems never import algorithms at load
 
     unroll = min(LOCAL_UNROLL, z.shape[0])
     out, _ = jax.lax.scan(step, jnp.broadcast_to(e, (F,) + e.shape[1:-1] + (B,)), (z, eta), unroll=unroll)

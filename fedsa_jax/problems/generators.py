@@ -18,6 +18,8 @@ import numpy as np
 from fedsa_jax import _validate, registry
 from fedsa_jax.problems.td import SAMPLING_MODES, FederatedTD, federated_td
 
+__all__ = ["garnet", "qfedtd_mdp"]
+
 HETEROGENEITY_MODES = {"homogeneous": 0.0, "heterogeneous": 1.0}
 GARNET_BRANCHING = 2  # garnet's default branching
 

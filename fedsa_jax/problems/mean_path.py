@@ -26,6 +26,8 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.problems.protocol import FiniteSupport, missing_members
 
+__all__ = ["ExpectedProblem", "expected"]
+
 
 class MeanSystem(NamedTuple):
     A_bar: jax.Array  # (d, d) one agent's

@@ -56,6 +56,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 import numpy as np
 
+__all__ = ["FiniteSupport", "Problem", "direction_second_moment", "missing_members"]
+
 
 @runtime_checkable
 class Problem(Protocol):
@@ -122,25 +124,30 @@ class Problem(Protocol):
     @property
     def num_agents(self) -> int:
         """N, a Python int (from a leaf's shape)."""
+        ...
 
     @property
     def dim(self) -> int:
         """d, a Python int."""
+        ...
 
     @property
     def dtype(self) -> Any:
         """Floating dtype of the iterates (``float32``, or ``float64`` under x64)."""
+        ...
 
     def agent_params(self) -> Any:
         """Pytree of per-agent values, every leaf with leading axis N; the algorithms
         vmap over it and hand agent c's slice to ``init_sampler``, ``observe`` and
         ``direction`` as ``params``. Keep it small (an agent index, offsets): big
         shared tables stay on the problem and are gathered from unbatched."""
+        ...
 
     def init_sampler(self, key: jax.Array, params: Any) -> Any:
         """One agent's initial observation-stream state (a pytree, e.g. the current
         state of a Markov chain; ``jnp.zeros((), jnp.int32)`` for i.i.d. draws).
         Called once per agent and seed; carried across rounds by the algorithm."""
+        ...
 
     def randomness(self, key: jax.Array, num_agents: int, num_obs: int, skip: int = 1) -> Any:
         """All agents' random numbers for one round, drawn in **one block** from
@@ -149,20 +156,29 @@ class Problem(Protocol):
         kept per agent, each after ``skip`` draws of a Markov stream (i.i.d. problems
         may ignore ``skip``). ``num_agents``, ``num_obs``, ``skip`` are Python ints.
         The driver draws round t+1's block during round t."""
+        ...
 
     def observe(self, params: Any, sampler: Any, rand: Any, skip: int = 1) -> tuple[Any, Any]:
         """``(obs, new_sampler)`` for one agent and one round: ``rand`` is that agent's
         slice of the block; ``obs`` is a pytree whose leaves have leading axis
         ``num_obs`` (the local scan iterates over it)."""
+        ...
 
     def direction(self, params: Any, obs: Any, theta: jax.Array) -> jax.Array:
         """``A_c(Z) theta - b_c(Z)`` of shape ``(d,)`` for one agent and one
         observation (``obs`` without its leading axis)."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable description (``"family"`` and the structure); stored in
         result files and the checkpoint fingerprint."""
+        ...
 
+
+# Local steps unrolled per scan iteration, in the algorithms' local-step scan and in a problem's fused
+# ``error_local_steps``. With the fused PRNG, unroll 2..10 measured the same on a 2-core CPU; unroll 1
+# ran on one core only (see benchmarks/README.md).
+LOCAL_UNROLL = 8
 
 _ABSENT = object()
 REQUIRED_MEMBERS = (
@@ -221,7 +237,8 @@ class FiniteSupport(NamedTuple):
     explicitly (``A``) or as a rank-one product ``left[c, k] right[c, k]^T``
     (``A=None``), and ``b_c(z_k) = b[c, k]``. The theory uses
 
-        E[(A(Z) x - b(Z))(A(Z) x - b(Z))^T] = sum_k w_k (A_k X A_k^T - A_k m b_k^T - b_k m^T A_k^T + b_k b_k^T),
+        E[(A(Z) x - b(Z))(A(Z) x - b(Z))^T]
+            = sum_k w_k (A_k X A_k^T - A_k m b_k^T - b_k m^T A_k^T + b_k b_k^T),
 
     averaged over an iterate x with ``E[x] = m``, ``E[x x^T] = X`` (linear in
     ``(m, X)``); in rank-one form ``A_k X A_k^T = (r_k^T X r_k) l_k l_k^T`` and

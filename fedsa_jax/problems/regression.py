@@ -46,6 +46,8 @@ from fedsa_jax import _validate
 from fedsa_jax.problems._base import fixed_points
 from fedsa_jax.problems.protocol import FiniteSupport
 
+__all__ = ["LeastSquares", "least_squares"]
+
 
 class RowTable(NamedTuple):
     """One agent's slice of the shared row table (the problem's ``agent_params``)."""

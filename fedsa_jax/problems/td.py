@@ -51,6 +51,8 @@ from fedsa_jax.problems._base import (
 )
 from fedsa_jax.problems.protocol import direction_second_moment
 
+__all__ = ["FederatedTD", "federated_td"]
+
 SAMPLING_MODES = ("generative", "markov")
 # Pair tables (one row per (s, s'): phi(s) and phi(s) - gamma phi(s')) when they hold at most this
 # many values (8 MB in float32) and S^2 <= 2^16: S <= 256 at d = 10. Larger S reads two rows of

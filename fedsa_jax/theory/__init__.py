@@ -119,7 +119,6 @@ from fedsa_jax.theory.references import (
 )
 
 __all__ = [
-    *_moments.__all__,
     "exact_mean",
     "exact_mse",
     "fedlsa_bias",
@@ -129,3 +128,4 @@ __all__ = [
     "mixing_time",
     "tv_to_stationary",
 ]
+__all__ += _moments.__all__

@@ -78,7 +78,7 @@ def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
         out = 0.0
         for coef, term in description.terms:
             out = out + coef * exact_mean(problem, term, T, theta0)
-        return out
+        return out  # pyright: ignore[reportReturnType]
     rec, etas = _recursion(description, algorithm, T)
     y = rec.state
     m = y.initial(theta0)

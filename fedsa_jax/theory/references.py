@@ -144,5 +144,5 @@ def mixing_time(problem, eps: float = 0.25, max_steps: int = 100_000) -> np.ndar
         out[(out < 0) & (tv <= eps)] = t
         if np.all(out >= 0):
             return out
-    _validate.fail("problem", f"agents {np.nonzero(out < 0)[0].tolist()}",
+    _validate.fail("problem", f"agents {np.nonzero(out < 0)[0].tolist()}",  # pyright: ignore[reportOptionalOperand]
                    f"did not mix to TV <= {eps} within max_steps={max_steps} steps (periodic or slowly mixing chain)")
