@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "Entry",
@@ -89,11 +90,11 @@ def name_or_number(text: str, names: tuple[str, ...], accept, expected: str):
 
 
 def real(text: str) -> float:
-    return name_or_number(text, (), lambda v: True, "a finite real number")
+    return name_or_number(text, (), lambda v: True, "a finite real number")  # pyright: ignore[reportReturnType]
 
 
 def positive_real(text: str) -> float:
-    return name_or_number(text, (), lambda v: v > 0.0, "a finite real number > 0")
+    return name_or_number(text, (), lambda v: v > 0.0, "a finite real number > 0")  # pyright: ignore[reportReturnType]
 
 
 # --- options and entries -----------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from pathlib import Path
 import fedsa_jax
 
 PACKAGE = Path(fedsa_jax.__file__).parent
-# The command line is being reorganised; it joins these checks once it is a package of its own.
+# The command line imports the package inside its functions on purpose: the CPU device count and the
+# compile cache must be set before JAX starts; and `python -m fedsa_jax.cli` runs when imported.
 NOT_YET = ("fedsa_jax.cli",)
 
 

@@ -52,8 +52,8 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
             server_optimizer=_make_server_optimizer(args),
         )
     if args.average is not None:
-        alg = fj.averaged(alg, burn_in=args.average)
-    return fj.richardson(alg) if args.richardson else alg
+        alg = fj.averaged(alg, burn_in=args.average)  # pyright: ignore[reportArgumentType]
+    return fj.richardson(alg) if args.richardson else alg  # pyright: ignore[reportArgumentType]
 
 
 def _make_server_optimizer(args):
@@ -152,7 +152,7 @@ def _custom_algorithm(spec: str, params: dict, args, option: str, param_option: 
             if key in names and key not in params:
                 kwargs[key] = value
     try:
-        alg = factory(**kwargs)
+        alg = factory(**kwargs)  # pyright: ignore[reportOptionalCall]
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # SystemExit too: a factory never ends the command with its status

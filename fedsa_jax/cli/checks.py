@@ -29,7 +29,7 @@ def _as_option(text: str, args, option_of) -> str:
     option = None if dest is None else option_of(dest)
     if option is None:
         return text
-    value = getattr(args, dest, None)
+    value = getattr(args, dest, None)  # pyright: ignore[reportCallIssue, reportArgumentType]
     where = (
         f"{option}={value!r}"
         if value is not None
@@ -114,7 +114,7 @@ def _check_applicable(args) -> None:
     table.update(_readers(args, "problem"))
     table.update(_readers(args, "algorithm"))
     for dest in ("quantizer", "success_prob", "aggregation"):
-        table[dest] = (options[dest].read_by, builtin, algorithms)
+        table[dest] = (options[dest].read_by, builtin, algorithms)  # pyright: ignore[reportArgumentType]
     for dest, (read_by, read, has) in table.items():
         value = getattr(args, dest)
         if not read and value != options[dest].default:

@@ -67,9 +67,9 @@ class _CompileTimer:
         self._monitoring = monitoring
         self._spans = hasattr(monitoring, "register_event_time_span_listener")
         if self._spans:
-            monitoring.register_event_time_span_listener(self._record)
+            monitoring.register_event_time_span_listener(self._record)  # pyright: ignore[reportArgumentType]
         else:  # older JAX: durations only (nested events may count twice)
-            monitoring.register_event_duration_secs_listener(self._record_duration)
+            monitoring.register_event_duration_secs_listener(self._record_duration)  # pyright: ignore[reportArgumentType]
         return self
 
     def _record(self, event, start, end, **kwargs):
@@ -83,9 +83,9 @@ class _CompileTimer:
 
     def __exit__(self, *exc):
         if self._spans:
-            self._monitoring.unregister_event_time_span_listener(self._record)
+            self._monitoring.unregister_event_time_span_listener(self._record)  # pyright: ignore[reportArgumentType]
         else:
-            self._monitoring.unregister_event_duration_listener(self._record_duration)
+            self._monitoring.unregister_event_duration_listener(self._record_duration)  # pyright: ignore[reportArgumentType]
 
     @property
     def seconds(self) -> float:
@@ -137,7 +137,7 @@ def _algorithms(args, problem) -> tuple[list, list[str]]:
             f"has none ({','.join(args.algorithms)})"
         )
     algs = [_make_algorithm(name, args) for name in args.algorithms]
-    names = [safe_name(alg.name) for alg in algs]
+    names = [safe_name(alg.name) for alg in algs]  # pyright: ignore[reportAttributeAccessIssue]
     if len(set(names)) < len(names):
         raise ValueError(
             f"--algorithms={','.join(args.algorithms)!r} is invalid: two algorithms are named "
@@ -252,7 +252,7 @@ def cmd_run(args) -> int:
         from fedsa_jax.plotting import plot_mse
 
         plot = dict(reference_lines=lines, title=run_title(args, problem), x=args.x_axis)
-        fig = plot_mse(results, **plot, band=args.band, theory=exact)
+        fig = plot_mse(results, **plot, band=args.band, theory=exact)  # pyright: ignore[reportArgumentType]
 
         atomic_write(out / "mse.png", lambda f: fig.savefig(f, format="png"))
         print(f"figure -> {out / 'mse.png'}")

@@ -68,7 +68,7 @@ def _read_toml(path: Path) -> dict:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python < 3.11
-        import tomli as tomllib
+        import tomli as tomllib  # pyright: ignore[reportMissingImports]
     try:
         spec = tomllib.loads(path.read_text())
     except (OSError, ValueError) as err:

@@ -311,7 +311,7 @@ NOISE_B = registry.Option(("--noise-b",), "noise_b", "gaussian: std of b(Z) entr
 def _from_options(key, args):
     level = {"homogeneous": 0.0, "heterogeneous": 1.0}.get(args.heterogeneity, args.heterogeneity)
     return random_gaussian_lsa(
-        key, num_agents=args.agents, dim=args.dim or 5, heterogeneity=level,
+        key, num_agents=args.agents, dim=args.dim or 5, heterogeneity=level,  # pyright: ignore[reportArgumentType]
         noise_A=args.noise_A, noise_b=args.noise_b, dtype=args.dtype,
     )
 
