@@ -272,7 +272,7 @@ MUTATIONS = [
         "one erasure draw for all agents: each message still arrives with probability p, never independently",
     ),
     Mutation(
-        "theory-received-server-weight", "fedsa_jax/theory.py",
+        "theory-received-server-weight", "fedsa_jax/moments.py",
         'return p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N',
         "return p / N",
         ("tests/test_channel.py::test_qfedtd_mean_matches_exact_recursion[divide_by_received]",),
@@ -358,34 +358,35 @@ MUTATIONS = [
     ),
     # --- theory coefficients ------------------------------------------------------------------
     Mutation(
-        "rand-k-offdiagonal", "fedsa_jax/theory.py",
+        "rand-k-offdiagonal", "fedsa_jax/moments.py",
         "off = (d * (k - 1) / (k * (d - 1)) - 1.0) if d > 1 else 0.0",
         "off = ((k - 1) / (d - 1) - 1.0) if d > 1 else 0.0",
         (f"{GAPS}::test_rand_k_exact_mse_with_d3_k2_matches_enumeration[fedlsa]",),
         "rand-k's off-diagonal error covariance without its k-dependence (same value for k = 1)",
     ),
     Mutation(
-        "gaussian-trace-over-d", "fedsa_jax/theory.py",
+        "gaussian-trace-over-d", "fedsa_jax/problems/gaussian.py",
         "scale = sA**2 * np.trace(X, axis1=1, axis2=2) + sb**2",
         "scale = sA**2 * np.trace(X, axis1=1, axis2=2) / X.shape[-1] + sb**2",
         (f"{GAPS}::test_gaussian_exact_mse_matches_enumeration[fedlsa]",),
         "multiplicative Gaussian noise variance tr(X)/d instead of tr(X) (same for d = 1)",
     ),
     Mutation(
-        "received-pair-weight", "fedsa_jax/theory.py",
+        "received-pair-weight", "fedsa_jax/moments.py",
         "other = p * p * _binomial_inverse_mean(N - 2, p, 2) if N > 1 else 0.0",
         "other = p * p * _binomial_inverse_mean(N - 2, p, 1) if N > 1 else 0.0",
         (f"{GAPS}::test_channel_weight_moments_match_enumeration[divide_by_received]",),
         "E[1{c,j in R}/|R|] with |R| = 1 + X instead of 2 + X",
     ),
     Mutation(
-        "quantizer-term-ignores-weight-variance", "fedsa_jax/theory.py",
-        "w_sq = c_same + _server_weight(channel, N) ** 2", "w_sq = _server_weight(channel, N) ** 2",
+        "quantizer-term-ignores-weight-variance", "fedsa_jax/moments.py",
+        "return c_same, c_other, c_same + _server_weight(ch, y.N) ** 2, quant",
+        "return c_same, c_other, _server_weight(ch, y.N) ** 2, quant",
         ("tests/test_theory.py::test_exact_mse_matches_enumeration[qfedtd_randk_erasures]",),
         "quantizer error weighted by E[w]^2 instead of E[w^2]",
     ),
     Mutation(
-        "fedlsa-bias-limit", "fedsa_jax/theory.py",
+        "fedlsa-bias-limit", "fedsa_jax/theory/references.py",
         "return np.linalg.solve(np.eye(d) - gamma_bar, rho)",
         "return rho / (1.0 - np.trace(gamma_bar) / d)",
         (f"{ALG}::test_fedlsa_bias_closed_form",),
@@ -466,8 +467,8 @@ MUTATIONS = [
     ),
     Mutation(
         "richardson-schedule-not-doubled", "fedsa_jax/algorithms/averaged.py",
-        'scaled = eta.scaled(factor) if hasattr(eta, "scaled") else eta * factor',
-        'scaled = eta if hasattr(eta, "scaled") else eta * factor',
+        'lambda eta: eta.scaled(factor) if hasattr(eta, "scaled") else eta * factor)',
+        'lambda eta: eta if hasattr(eta, "scaled") else eta * factor)',
         (f"{NEW}::test_richardson_runs_the_doubled_schedule_at_every_step",),
         "Richardson's second run keeps a schedule as it is (extrapolates nothing)",
     ),
@@ -493,22 +494,22 @@ MUTATIONS = [
         "the server optimizer gets the pseudo-gradient as params",
     ),
     Mutation(
-        "theory-optimizer-params-zero", "fedsa_jax/theory.py",
-        "            out[:, ref] = Mg + Mp\n"
-        "            out[:, agg] = -Mg\n"
-        "            out[:, s] = Ms\n"
-        "            out[:, 0] = c + Mp @ self.theta_star\n",
-        "            out[:, ref] = Mg\n"
-        "            out[:, agg] = -Mg\n"
-        "            out[:, s] = Ms\n"
-        "            out[:, 0] = c\n",
+        "theory-optimizer-params-zero", "fedsa_jax/moments.py",
+        "        out[:, ref] = Mg + Mp\n"
+        "        out[:, agg] = -Mg\n"
+        "        out[:, s] = Ms\n"
+        "        out[:, 0] = c + Mp @ y.theta_star\n",
+        "        out[:, ref] = Mg\n"
+        "        out[:, agg] = -Mg\n"
+        "        out[:, s] = Ms\n"
+        "        out[:, 0] = c\n",
         (f"{NEW}::test_server_optimizer_sees_theta_in_the_kernel_and_the_mean",
          f"{NEW}::test_exact_mse_with_weight_decay_matches_its_second_moment_recursion"),
         "exact recursions give the server optimizer zeros as params",
     ),
     Mutation(
-        "theory-optimizer-params-error", "fedsa_jax/theory.py",
-        "out[:, 0] = c + Mp @ self.theta_star", "out[:, 0] = c",
+        "theory-optimizer-params-error", "fedsa_jax/moments.py",
+        "out[:, 0] = c + Mp @ y.theta_star", "out[:, 0] = c",
         (f"{NEW}::test_exact_mse_with_weight_decay_matches_its_second_moment_recursion",),
         "exact recursions give the server optimizer theta - theta_star as params",
     ),
