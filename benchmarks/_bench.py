@@ -26,9 +26,14 @@ def write_json(path, report):
 
 def add_cpu_devices_option(parser) -> None:
     """``--cpu-devices N``: JAX CPU devices the seeds are sharded over (default: one per core)."""
-    parser.add_argument("--cpu-devices", type=int, default=None, metavar="N",
-                        help="JAX CPU devices (default: one per core, fj.use_cpu_cores(); 1: JAX's single "
-                        "multi-threaded device; an explicit XLA_FLAGS device count wins)")
+    parser.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="JAX CPU devices (default: one per core, fj.use_cpu_cores(); 1: JAX's single "
+        "multi-threaded device; an explicit XLA_FLAGS device count wins)",
+    )
 
 
 def use_cpu_devices(num_devices: int | None) -> str:

@@ -59,7 +59,14 @@ ETA0, K0 = 0.5, 800.0
 BURN_IN = 0.1  # burn-in of the averages, a fraction of the rounds
 FEDAVGM = dict(learning_rate=1.0, momentum=0.9)
 ADAM_LRS = (1e-3, 3e-3, 1e-2, 3e-2)
-COLORS = {"constant": "C0", "decreasing": "C1", "averaged": "C2", "FedLSA": "C0", "FedAvgM": "C1", "FedAdam": "C3"}
+COLORS = {
+    "constant": "C0",
+    "decreasing": "C1",
+    "averaged": "C2",
+    "FedLSA": "C0",
+    "FedAvgM": "C1",
+    "FedAdam": "C3",
+}
 ALGS = {"FedLSA": fj.fedlsa, "SCAFFLSA": fj.scafflsa}
 
 
@@ -132,18 +139,28 @@ def save(fig, folder, name):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 200 rounds, 32 seeds, N=10 only, output to benchmarks/out/averaging-quick")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 200 rounds, 32 seeds, N=10 only, output to benchmarks/out/averaging-quick",
+    )
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--seeds", type=int, default=400, help="seeds for N=10")
     ap.add_argument("--seeds-large", type=int, default=200, help="seeds for N=100")
     ap.add_argument("--records", type=int, default=600, help="recorded rounds per curve (about)")
-    ap.add_argument("--no-exact-averaged", action="store_true",
-                    help="skip the exact MSE curves of the averaged iterates (the costliest exact curves)")
+    ap.add_argument(
+        "--no-exact-averaged",
+        action="store_true",
+        help="skip the exact MSE curves of the averaged iterates (the costliest exact curves)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="default benchmarks/results/averaging.json")
     ap.add_argument("--figures", type=Path, default=None, help="default benchmarks/figures")
-    ap.add_argument("--cache", type=Path, default=Path("benchmarks/out/averaging"),
-                    help="exact curves are cached here (file names carry their parameters)")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("benchmarks/out/averaging"),
+        help="exact curves are cached here (file names carry their parameters)",
+    )
     add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
     use_cpu_devices(args.cpu_devices)
@@ -168,11 +185,22 @@ def main(argv=None):
 
     def run(problem, alg, num_seeds, theta0=None, metrics=None, record_every=None):
         t0 = time.perf_counter()
-        res = fj.simulate(key, problem, alg, T, num_seeds, theta0=theta0,
-                          record_every=record_every or every, metrics=metrics, progress=False)
+        res = fj.simulate(
+            key,
+            problem,
+            alg,
+            T,
+            num_seeds,
+            theta0=theta0,
+            record_every=record_every or every,
+            metrics=metrics,
+            progress=False,
+        )
         seconds = time.perf_counter() - t0
         timings["simulate"] = timings.get("simulate", 0.0) + seconds
-        timings.setdefault("runs", []).append(f"{alg.name} N={problem.A_bar.shape[0]} seeds={num_seeds}: {seconds:.1f} s")
+        timings.setdefault("runs", []).append(
+            f"{alg.name} N={problem.A_bar.shape[0]} seeds={num_seeds}: {seconds:.1f} s"
+        )
         print(timings["runs"][-1], flush=True)
         return res
 
@@ -188,13 +216,23 @@ def main(argv=None):
     stars = {N: np.asarray(problems[N].theta_star, np.float64) for N in agents}
     lam_min = float(np.min(np.linalg.eigvals(np.asarray(problems[10].A_bar, np.float64).mean(0)).real))
     report = {
-        "config": {"problem": "garnet heterogeneous, S=30, 2 actions, branching 2, d=8, gamma=0.95, generative, "
-                              "problem key 0", "eta": ETA, "H": H, "rounds": T, "burn_in": b,
-                   "seeds": {str(k): v for k, v in seeds.items()}, "record_every": every, "dtype": "float32",
-                   "decreasing_step": {"eta0": ETA0, "k0_local_steps": K0, "c_lambda_min": ETA0 * K0 * lam_min},
-                   "lambda_min_mean_A_bar": lam_min, "rounds_time_constant": 1.0 / (ETA * H * lam_min),
-                   "fedavgm": FEDAVGM, "theta0": "theta_star (parts 1, 3 and the bias runs of 2); 0 (MSE runs of 2)",
-                   "quick": args.quick},
+        "config": {
+            "problem": "garnet heterogeneous, S=30, 2 actions, branching 2, d=8, gamma=0.95, generative, "
+            "problem key 0",
+            "eta": ETA,
+            "H": H,
+            "rounds": T,
+            "burn_in": b,
+            "seeds": {str(k): v for k, v in seeds.items()},
+            "record_every": every,
+            "dtype": "float32",
+            "decreasing_step": {"eta0": ETA0, "k0_local_steps": K0, "c_lambda_min": ETA0 * K0 * lam_min},
+            "lambda_min_mean_A_bar": lam_min,
+            "rounds_time_constant": 1.0 / (ETA * H * lam_min),
+            "fedavgm": FEDAVGM,
+            "theta0": "theta_star (parts 1, 3 and the bias runs of 2); 0 (MSE runs of 2)",
+            "quick": args.quick,
+        },
         "fedlsa_squared_bias": {str(N): float(bias[N] @ bias[N]) for N in agents},
     }
 
@@ -210,26 +248,39 @@ def main(argv=None):
             res_dec = run(P, dec_alg, seeds[N], star)
             runs1[name, N] = res_avg
             last = res_avg.metrics["last_iterate_mse"]
-            series = {"constant": (last.mean, last.sem), "decreasing": (res_dec.mse_mean, res_dec.mse_sem),
-                      "averaged": (res_avg.mse_mean, res_avg.mse_sem)}
+            series = {
+                "constant": (last.mean, last.sem),
+                "decreasing": (res_dec.mse_mean, res_dec.mse_sem),
+                "averaged": (res_avg.mse_mean, res_avg.mse_sem),
+            }
             ex = {}
             if N == 10:
-                ex["constant"] = exact(f"mse_{name}_const", lambda: fj.theory.exact_mse(P, make(ETA, H), T, star))
-                ex["decreasing"] = exact(f"mse_{name}_dec_eta0{ETA0}_k0{K0}",
-                                         lambda: fj.theory.exact_mse(P, dec_alg, T, star))
+                ex["constant"] = exact(
+                    f"mse_{name}_const", lambda: fj.theory.exact_mse(P, make(ETA, H), T, star)
+                )
+                ex["decreasing"] = exact(
+                    f"mse_{name}_dec_eta0{ETA0}_k0{K0}", lambda: fj.theory.exact_mse(P, dec_alg, T, star)
+                )
                 if not args.no_exact_averaged:
-                    ex["averaged"] = exact(f"mse_{name}_avg", lambda: fj.theory.exact_mse(P, avg_alg, T, star))
+                    ex["averaged"] = exact(
+                        f"mse_{name}_avg", lambda: fj.theory.exact_mse(P, avg_alg, T, star)
+                    )
             ax = axes[i, j]
-            labels = {"constant": rf"constant $\eta$={ETA}",
-                      "decreasing": rf"$\eta_k$={ETA0}/(1+k/{K0:g})",
-                      "averaged": rf"constant $\eta$={ETA}, averaged after t={b}"}
+            labels = {
+                "constant": rf"constant $\eta$={ETA}",
+                "decreasing": rf"$\eta_k$={ETA0}/(1+k/{K0:g})",
+                "averaged": rf"constant $\eta$={ETA}, averaged after t={b}",
+            }
             rows = {}
             for kind, (mean, sem) in series.items():
                 curve(ax, res_avg.rounds, mean, sem, labels[kind], COLORS[kind])
                 shift = {"averaged": -b, "decreasing": K0 / H}.get(kind, 0.0)
                 lo = T / 10 if kind != "averaged" else b + (T - b) / 10
-                row = {"final_mse": float(mean[-1]), "final_mse_sem": float(sem[-1]),
-                       "slope_last_decade": fit_slope(res_avg.rounds, mean, T / 10, T)}
+                row = {
+                    "final_mse": float(mean[-1]),
+                    "final_mse_sem": float(sem[-1]),
+                    "slope_last_decade": fit_slope(res_avg.rounds, mean, T / 10, T),
+                }
                 if shift:
                     row["slope_shifted"] = fit_slope(res_avg.rounds, mean, lo, T, shift)
                     row["shift"] = shift
@@ -255,25 +306,38 @@ def main(argv=None):
     if 100 in agents:
         s10, s100 = runs1["SCAFFLSA", 10], runs1["SCAFFLSA", 100]
         ratio = s100.mse_mean[-1] / s10.mse_mean[-1]
-        ratio_sem = ratio * math.hypot(s100.mse_sem[-1] / s100.mse_mean[-1], s10.mse_sem[-1] / s10.mse_mean[-1])
+        ratio_sem = ratio * math.hypot(
+            s100.mse_sem[-1] / s100.mse_mean[-1], s10.mse_sem[-1] / s10.mse_mean[-1]
+        )
         report["speedup_averaged_scafflsa"] = {
-            "final_mse_ratio_N100_over_N10": float(ratio), "ratio_sem": float(ratio_sem),
-            "trace_cov_ratio_N100_over_N10": trace_cov(s100) / trace_cov(s10), "linear_speedup_predicts": 0.1}
+            "final_mse_ratio_N100_over_N10": float(ratio),
+            "ratio_sem": float(ratio_sem),
+            "trace_cov_ratio_N100_over_N10": trace_cov(s100) / trace_cov(s10),
+            "linear_speedup_predicts": 0.1,
+        }
     stall = {}
     for N in agents:
         res = runs1["FedLSA", N]
         dist, dist_sem = norm_with_sem(res.theta_mean[-1] - stars[N], res.theta_sem[-1])
-        row = {"final_mse": float(res.mse_mean[-1]), "final_mse_sem": float(res.mse_sem[-1]),
-               "squared_bias": float(bias[N] @ bias[N]),
-               "final_mse_over_squared_bias": float(res.mse_mean[-1] / (bias[N] @ bias[N])),
-               "trace_cov": trace_cov(res),
-               "mean_distance_to_theta_star": dist, "mean_distance_sem": dist_sem,
-               "bias_norm": float(np.linalg.norm(bias[N])),
-               "mean_vs_theta_star_plus_bias": mean_vs(res, stars[N] + bias[N]),
-               "mean_vs_theta_star": mean_vs(res, stars[N])}
+        row = {
+            "final_mse": float(res.mse_mean[-1]),
+            "final_mse_sem": float(res.mse_sem[-1]),
+            "squared_bias": float(bias[N] @ bias[N]),
+            "final_mse_over_squared_bias": float(res.mse_mean[-1] / (bias[N] @ bias[N])),
+            "trace_cov": trace_cov(res),
+            "mean_distance_to_theta_star": dist,
+            "mean_distance_sem": dist_sem,
+            "bias_norm": float(np.linalg.norm(bias[N])),
+            "mean_vs_theta_star_plus_bias": mean_vs(res, stars[N] + bias[N]),
+            "mean_vs_theta_star": mean_vs(res, stars[N]),
+        }
         if N == 10:
-            m = exact("mean_FedLSA_avg", lambda: fj.theory.exact_mean(
-                problems[10], fj.averaged(fj.fedlsa(ETA, H), burn_in=b), T, stars[10]))
+            m = exact(
+                "mean_FedLSA_avg",
+                lambda: fj.theory.exact_mean(
+                    problems[10], fj.averaged(fj.fedlsa(ETA, H), burn_in=b), T, stars[10]
+                ),
+            )
             row["exact_mean_distance_to_limit"] = float(np.linalg.norm(m[-1] - stars[10] - bias[10]))
             row["mean_vs_exact_mean"] = mean_vs(res, m[-1])
         stall[str(N)] = row
@@ -282,9 +346,10 @@ def main(argv=None):
     m0 = exact("mean_FedLSA_from0", lambda: fj.theory.exact_mean(problems[10], fj.fedlsa(ETA, H), T))
     report["transient_from_zero"] = {
         "what": "exact E[theta_bar_T] of averaged FedLSA (burn-in b) from theta_0 = 0, N=10",
-        "distance_to_theta_star_plus_bias": float(np.linalg.norm(m0[b + 1:].mean(0) - stars[10] - bias[10])),
+        "distance_to_theta_star_plus_bias": float(np.linalg.norm(m0[b + 1 :].mean(0) - stars[10] - bias[10])),
         "last_iterate_distance_to_theta_star_plus_bias": float(np.linalg.norm(m0[-1] - stars[10] - bias[10])),
-        "bias_norm": float(np.linalg.norm(bias[10]))}
+        "bias_norm": float(np.linalg.norm(bias[10])),
+    }
 
     # ---------------- 2. server optimizers (N = 10) ----------------
     P, star = problems[10], problems[10].theta_star
@@ -295,32 +360,56 @@ def main(argv=None):
     adam = lambda lr: fj.optimizer(optax.adam, learning_rate=lr)  # noqa: E731
     pilot = {}
     for lr in ADAM_LRS:  # FedAdam's lr: the smallest final MSE of the last iterate from theta_0 = 0
-        res = run(P, fj.averaged(fj.fedlsa(ETA, H, server_optimizer=adam(lr)), burn_in=b), min(64, args.seeds),
-                  zero, metrics=["last_iterate_mse"])
+        res = run(
+            P,
+            fj.averaged(fj.fedlsa(ETA, H, server_optimizer=adam(lr)), burn_in=b),
+            min(64, args.seeds),
+            zero,
+            metrics=["last_iterate_mse"],
+        )
         pilot[lr] = float(res.metrics["last_iterate_mse"].mean[-1])
     lr_adam = min(pilot, key=pilot.get)
     opts = {"FedLSA": None, "FedAvgM": fj.optimizer(optax.sgd, **FEDAVGM), "FedAdam": adam(lr_adam)}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), dpi=110)
-    part2 = {"adam_pilot_final_mse": {str(k): v for k, v in pilot.items()}, "adam_lr": lr_adam, "optimizers": {}}
+    part2 = {
+        "adam_pilot_final_mse": {str(k): v for k, v in pilot.items()},
+        "adam_lr": lr_adam,
+        "optimizers": {},
+    }
     level = float(bias[10] @ bias[10])
     for name, opt in opts.items():
         alg = fj.fedlsa(ETA, H, server_optimizer=opt)
         avg_alg = fj.averaged(alg, burn_in=b)
         res0 = run(P, avg_alg, seeds[10], zero, metrics=["last_iterate_mse"])
         last0 = res0.metrics["last_iterate_mse"]
-        res_avg = runs1["FedLSA", 10] if opt is None else run(P, avg_alg, seeds[10], star, metrics=["last_iterate_mse"])
-        label = name if opt is None else f"{name} ({'sgd(1.0, momentum=0.9)' if name == 'FedAvgM' else f'adam({lr_adam:g})'})"
+        res_avg = (
+            runs1["FedLSA", 10]
+            if opt is None
+            else run(P, avg_alg, seeds[10], star, metrics=["last_iterate_mse"])
+        )
+        label = (
+            name
+            if opt is None
+            else f"{name} ({'sgd(1.0, momentum=0.9)' if name == 'FedAvgM' else f'adam({lr_adam:g})'})"
+        )
         curve(axes[0], res0.rounds, last0.mean, last0.sem, label, COLORS[name])
         curve(axes[1], res_avg.rounds, res_avg.mse_mean, res_avg.mse_sem, label, COLORS[name])
         dist, dist_sem = norm_with_sem(res_avg.theta_mean[-1] - stars[10], res_avg.theta_sem[-1])
-        row = {"final_mse_from_zero": float(last0.mean[-1]), "final_mse_from_zero_sem": float(last0.sem[-1]),
-               "rounds_to_reach_2x_final_mse_from_zero": int(res0.rounds[np.argmax(last0.mean <= 2 * last0.mean[-1])]),
-               "last_iterate_final_mse_from_star": float(res_avg.metrics["last_iterate_mse"].mean[-1]),
-               "averaged_final_mse_from_star": float(res_avg.mse_mean[-1]),
-               "limit_distance_to_theta_star": dist, "limit_distance_sem": dist_sem,
-               "bias_norm": float(np.linalg.norm(bias[10])),
-               "mean_vs_theta_star_plus_bias": mean_vs(res_avg, stars[10] + bias[10]),
-               "mean_vs_theta_star": mean_vs(res_avg, stars[10]), "trace_cov_averaged": trace_cov(res_avg)}
+        row = {
+            "final_mse_from_zero": float(last0.mean[-1]),
+            "final_mse_from_zero_sem": float(last0.sem[-1]),
+            "rounds_to_reach_2x_final_mse_from_zero": int(
+                res0.rounds[np.argmax(last0.mean <= 2 * last0.mean[-1])]
+            ),
+            "last_iterate_final_mse_from_star": float(res_avg.metrics["last_iterate_mse"].mean[-1]),
+            "averaged_final_mse_from_star": float(res_avg.mse_mean[-1]),
+            "limit_distance_to_theta_star": dist,
+            "limit_distance_sem": dist_sem,
+            "bias_norm": float(np.linalg.norm(bias[10])),
+            "mean_vs_theta_star_plus_bias": mean_vs(res_avg, stars[10] + bias[10]),
+            "mean_vs_theta_star": mean_vs(res_avg, stars[10]),
+            "trace_cov_averaged": trace_cov(res_avg),
+        }
         if name != "FedAdam":  # affine: exact theory
             e0 = exact(f"mse_{name}_from0", lambda: fj.theory.exact_mse(P, alg, T))
             exact_line(axes[0], e0, "exact" if name == "FedLSA" else None)
@@ -352,45 +441,83 @@ def main(argv=None):
     report["part3_richardson"] = {
         "bias_norm": float(np.linalg.norm(bias[10])),
         "rr_limit_bias_norm_exact": float(np.linalg.norm(rr_limit)),
-        "fraction_of_bias_removed_in_the_limit": float(1 - np.linalg.norm(rr_limit) / np.linalg.norm(bias[10])),
-        "rr_distance_measured": dist, "rr_distance_sem": dist_sem,
+        "fraction_of_bias_removed_in_the_limit": float(
+            1 - np.linalg.norm(rr_limit) / np.linalg.norm(bias[10])
+        ),
+        "rr_distance_measured": dist,
+        "rr_distance_sem": dist_sem,
         "rr_distance_exact_at_T": float(np.linalg.norm(rr_exact[-1] - stars[10])),
-        "rr_mean_vs_exact_mean": mean_vs(rr, rr_exact[-1]), "rr_mean_vs_theta_star": mean_vs(rr, stars[10]),
-        "averaged_distance_measured": adist, "averaged_distance_sem": adist_sem,
+        "rr_mean_vs_exact_mean": mean_vs(rr, rr_exact[-1]),
+        "rr_mean_vs_theta_star": mean_vs(rr, stars[10]),
+        "averaged_distance_measured": adist,
+        "averaged_distance_sem": adist_sem,
         "averaged_distance_exact_at_T": float(np.linalg.norm(avg_exact[-1] - stars[10])),
-        "trace_cov_rr": trace_cov(rr), "trace_cov_averaged": trace_cov(avg),
+        "trace_cov_rr": trace_cov(rr),
+        "trace_cov_averaged": trace_cov(avg),
         "variance_cost_ratio": trace_cov(rr) / trace_cov(avg),
-        "final_mse_rr": float(rr.mse_mean[-1]), "final_mse_rr_sem": float(rr.mse_sem[-1]),
-        "final_mse_averaged": float(avg.mse_mean[-1]), "final_mse_averaged_sem": float(avg.mse_sem[-1])}
+        "final_mse_rr": float(rr.mse_mean[-1]),
+        "final_mse_rr_sem": float(rr.mse_sem[-1]),
+        "final_mse_averaged": float(avg.mse_mean[-1]),
+        "final_mse_averaged_sem": float(avg.mse_sem[-1]),
+    }
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), dpi=110)
     curve(axes[0], avg.rounds, avg.mse_mean, avg.mse_sem, rf"averaged FedLSA, $\eta$={ETA}", "C0")
-    curve(axes[0], rr.rounds, rr.mse_mean, rr.mse_sem, r"Richardson 2$\bar\theta(\eta)-\bar\theta(2\eta)$", "C1")
+    curve(
+        axes[0], rr.rounds, rr.mse_mean, rr.mse_sem, r"Richardson 2$\bar\theta(\eta)-\bar\theta(2\eta)$", "C1"
+    )
     for ax in axes:
         ax.axhline(level, color="C3", ls="--", lw=1.2, label=r"FedLSA $\|$bias$\|^2$")
-        ax.axhline(float(rr_limit @ rr_limit), color="C4", ls="--", lw=1.2, label=r"Richardson's limit $\|$bias$\|^2$")
+        ax.axhline(
+            float(rr_limit @ rr_limit),
+            color="C4",
+            ls="--",
+            lw=1.2,
+            label=r"Richardson's limit $\|$bias$\|^2$",
+        )
     finish(axes[0], f"MSE, N=10, H={H}, averaged after t={b}, {seeds[10]} seeds")
     t = np.arange(T + 1)
-    for res, e, color, label in ((avg, avg_exact, "C0", "averaged FedLSA"), (rr, rr_exact, "C1", "Richardson")):
+    for res, e, color, label in (
+        (avg, avg_exact, "C0", "averaged FedLSA"),
+        (rr, rr_exact, "C1", "Richardson"),
+    ):
         sq = np.sum((res.theta_mean - stars[10]) ** 2, axis=1)
         floor = np.sum(res.theta_sem**2, axis=1)  # E|mean - E theta|^2 = tr Cov / S: the estimate's noise
         keep = res.rounds >= 1
         axes[1].plot(res.rounds[keep], sq[keep], color=color, lw=1.5, label=f"{label}: measured")
-        axes[1].plot(res.rounds[keep], floor[keep], color=color, lw=0.9, ls="-.", label=f"{label}: noise level tr Cov / S")
-        axes[1].plot(t[1:], np.sum((e[1:] - stars[10]) ** 2, axis=1), color=color, ls=":", lw=1.5,
-                     label=f"{label}: exact (exact_mean)")
+        axes[1].plot(
+            res.rounds[keep],
+            floor[keep],
+            color=color,
+            lw=0.9,
+            ls="-.",
+            label=f"{label}: noise level tr Cov / S",
+        )
+        axes[1].plot(
+            t[1:],
+            np.sum((e[1:] - stars[10]) ** 2, axis=1),
+            color=color,
+            ls=":",
+            lw=1.5,
+            label=f"{label}: exact (exact_mean)",
+        )
     finish(axes[1], r"squared bias $\|\mathbb{E}\,\bar\theta_t - \theta_\star\|^2$, N=10", legend=False)
     axes[1].set_ylabel(r"$\|$mean over seeds $- \theta_\star\|^2$", fontsize=9)
     axes[1].legend(fontsize=7.5)
-    fig.suptitle(r"Richardson-Romberg extrapolation of averaged FedLSA from $\theta_0=\theta_\star$ "
-                 "(common random numbers)", fontsize=11)
+    fig.suptitle(
+        r"Richardson-Romberg extrapolation of averaged FedLSA from $\theta_0=\theta_\star$ "
+        "(common random numbers)",
+        fontsize=11,
+    )
     save(fig, args.figures, "averaging_richardson.png")
 
     timings["total"] = time.perf_counter() - t_start
     report["wall_seconds"] = timings
     report["versions"] = avg.config.get("versions")
     write_json(args.json, report)
-    print(f"wrote {args.json} and figures in {args.figures}; wall time {timings['total']:.0f} s "
-          f"(simulate {timings['simulate']:.0f} s, exact {timings.get('exact', 0.0):.0f} s)")
+    print(
+        f"wrote {args.json} and figures in {args.figures}; wall time {timings['total']:.0f} s "
+        f"(simulate {timings['simulate']:.0f} s, exact {timings.get('exact', 0.0):.0f} s)"
+    )
     return report
 
 

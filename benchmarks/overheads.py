@@ -53,10 +53,16 @@ def main(argv=None):
 
     print("(a) quantile histogram, recording every round, 1000 seeds")
     cases = {
-        "worst: QFedTD N=1 H=1, 5000 rounds": (fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=1),
-                                               fj.qfedtd(0.6), 5000),
-        "typical: Garnet FedLSA N=10 H=10, 300 rounds": (fj.problems.garnet(jax.random.key(0), num_agents=10),
-                                                         fj.fedlsa(0.1, 10), 300),
+        "worst: QFedTD N=1 H=1, 5000 rounds": (
+            fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=1),
+            fj.qfedtd(0.6),
+            5000,
+        ),
+        "typical: Garnet FedLSA N=10 H=10, 300 rounds": (
+            fj.problems.garnet(jax.random.key(0), num_agents=10),
+            fj.fedlsa(0.1, 10),
+            300,
+        ),
     }
     report["quantiles"] = {}
     for label, (problem, alg, T) in cases.items():
@@ -65,8 +71,10 @@ def main(argv=None):
             fj.simulate(0, problem, alg, 10, 1000, record_every=1, quantiles=q)  # compile
             row[q] = best_of(lambda: fj.simulate(1, problem, alg, T, 1000, record_every=1, quantiles=q))
         report["quantiles"][label] = {"off_s": row[False], "on_s": row[True], "ratio": row[True] / row[False]}
-        print(f"  {label:46s} off {row[False]:.3f} s   on {row[True]:.3f} s   "
-              f"on/off {row[True] / row[False]:.2f}x")
+        print(
+            f"  {label:46s} off {row[False]:.3f} s   on {row[True]:.3f} s   "
+            f"on/off {row[True] / row[False]:.2f}x"
+        )
 
     print("(b) exact_mse: generative Garnet TD, eta=0.1 H=10, 50 rounds (500 local steps), float64")
     jax.config.update("jax_enable_x64", True)
@@ -82,11 +90,19 @@ def main(argv=None):
         fj.simulate(0, problem, alg, T, 1000)
         t_mc = best_of(lambda: fj.simulate(1, problem, alg, T, 1000), 2)
         D = 1 + problem.dim * (1 + N * (2 if name == "scafflsa" else 1))
-        report["exact_mse"][f"{name} N={N}"] = {"state_dim": D, "exact_s": t_fast, "dense_s": t_dense,
-                                  "dense_over_exact": t_dense / t_fast, "max_rel_diff": err, "mc_1000_seeds_s": t_mc}
-        print(f"  {name:8s} N={N:3d} (D={D:4d})  exact_mse {t_fast:.3f} s   "
-              f"dense {t_dense:.3f} s ({t_dense / t_fast:5.1f}x)   "
-              f"max rel diff {err:.1e}   Monte Carlo, 1000 seeds {t_mc:.3f} s")
+        report["exact_mse"][f"{name} N={N}"] = {
+            "state_dim": D,
+            "exact_s": t_fast,
+            "dense_s": t_dense,
+            "dense_over_exact": t_dense / t_fast,
+            "max_rel_diff": err,
+            "mc_1000_seeds_s": t_mc,
+        }
+        print(
+            f"  {name:8s} N={N:3d} (D={D:4d})  exact_mse {t_fast:.3f} s   "
+            f"dense {t_dense:.3f} s ({t_dense / t_fast:5.1f}x)   "
+            f"max rel diff {err:.1e}   Monte Carlo, 1000 seeds {t_mc:.3f} s"
+        )
     return write_json(args.json, report)
 
 

@@ -39,9 +39,11 @@ def problems(dtype):
     b = np.einsum("cij,j->ci", A, ts) + 0.3 * rng.normal(size=(N, d))
     gauss = fj.problems.gaussian_lsa(A, b, 0.2, 0.5, dtype=dtype)
     td = fj.problems.garnet(jax.random.key(0), num_agents=4, num_states=10, dim=4, dtype=dtype)
-    return {"fedlsa": (gauss, lambda eta: fj.fedlsa(eta, 1)),
-            "scafflsa": (gauss, lambda eta: fj.scafflsa(eta, 2)),
-            "qfedtd": (td, lambda eta: fj.qfedtd(eta, success_prob=0.6))}
+    return {
+        "fedlsa": (gauss, lambda eta: fj.fedlsa(eta, 1)),
+        "scafflsa": (gauss, lambda eta: fj.scafflsa(eta, 2)),
+        "qfedtd": (td, lambda eta: fj.qfedtd(eta, success_prob=0.6)),
+    }
 
 
 def main():
@@ -63,21 +65,47 @@ def main():
                 key = f"{name}/{eta:g}"
                 if key not in stored and key not in exact_all:
                     ref = problems("float64")[name][0]
-                    exact_all[key] = float(fj.theory.exact_mse(ref, make(eta), args.rounds,
-                                                               theta0=np.asarray(ref.theta_star))[-1])
+                    exact_all[key] = float(
+                        fj.theory.exact_mse(ref, make(eta), args.rounds, theta0=np.asarray(ref.theta_star))[
+                            -1
+                        ]
+                    )
                 exact = stored.get(key, exact_all.get(key))
-                res = fj.simulate(jax.random.key(1), problem, make(eta), args.rounds, args.seeds, theta0=theta0,
-                                  record_every=args.rounds, quantiles=False)
+                res = fj.simulate(
+                    jax.random.key(1),
+                    problem,
+                    make(eta),
+                    args.rounds,
+                    args.seeds,
+                    theta0=theta0,
+                    record_every=args.rounds,
+                    quantiles=False,
+                )
                 z = (res.mse_mean[-1] - exact) / res.mse_sem[-1]
-                rows.append({"algorithm": name, "dtype": dtype, "eta": eta, "mc": float(res.mse_mean[-1]),
-                             "sem": float(res.mse_sem[-1]), "exact": exact, "z": float(z),
-                             "ratio": float(res.mse_mean[-1] / exact)})
-                print(f"{name:9s} {dtype} eta={eta:7.0e}  MC/exact = {rows[-1]['ratio']:9.4f}  z = {z:8.2f}",
-                      flush=True)
+                rows.append(
+                    {
+                        "algorithm": name,
+                        "dtype": dtype,
+                        "eta": eta,
+                        "mc": float(res.mse_mean[-1]),
+                        "sem": float(res.mse_sem[-1]),
+                        "exact": exact,
+                        "z": float(z),
+                        "ratio": float(res.mse_mean[-1] / exact),
+                    }
+                )
+                print(
+                    f"{name:9s} {dtype} eta={eta:7.0e}  MC/exact = {rows[-1]['ratio']:9.4f}  z = {z:8.2f}",
+                    flush=True,
+                )
     print(f"{time.perf_counter() - t0:.0f} s, fedsa_jax from {fj.__file__}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rounds": args.rounds, "seeds": args.seeds, "rows": rows,
-                                    "exact": {**stored, **exact_all}}, indent=1))
+    args.out.write_text(
+        json.dumps(
+            {"rounds": args.rounds, "seeds": args.seeds, "rows": rows, "exact": {**stored, **exact_all}},
+            indent=1,
+        )
+    )
     print("| algorithm | dtype | " + " | ".join(f"{e:.0e}" for e in ETAS) + " |")
     print("|---|---|" + "---|" * len(ETAS))
     for name in ("fedlsa", "scafflsa", "qfedtd"):

@@ -31,11 +31,15 @@ def main():
     small = jnp.ones((256, 2**14), jnp.float32)  # 16 MB in all, summed row by row: 64 kB rows, cache-resident
     t = rate(lambda x: jax.lax.fori_loop(0, 50, lambda i, a: a + jnp.sum(x[i % 256]), 0.0), small)
     print(f"stream read, 64 kB rows (cache)  {50 * 2**14 * 4 / t / 1e9:8.1f} GB/s")
-    table = jnp.arange(400 * 20, dtype=jnp.float32).reshape(400, 20)  # the pair-table size of the TD benchmark
+    table = jnp.arange(400 * 20, dtype=jnp.float32).reshape(
+        400, 20
+    )  # the pair-table size of the TD benchmark
     idx = jnp.asarray(np.random.default_rng(0).integers(0, 400, 2**22), jnp.int32)
     t = rate(lambda tb, i: jnp.sum(tb[i]), table, idx)
-    print(f"gather of 20-float rows, 32 kB table  {idx.size / t / 1e6:8.1f} M rows/s "
-          f"({idx.size * 80 / t / 1e9:.1f} GB/s)")
+    print(
+        f"gather of 20-float rows, 32 kB table  {idx.size / t / 1e6:8.1f} M rows/s "
+        f"({idx.size * 80 / t / 1e9:.1f} GB/s)"
+    )
     key = jax.random.key(0)
     t = rate(lambda k: jnp.sum(_prng.bits(k, (2**24,))), key)
     print(f"threefry-2x32 hash (fused)       {2**24 / t / 1e6:8.1f} M words/s")

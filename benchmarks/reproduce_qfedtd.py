@@ -60,8 +60,12 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1000)
     ap.add_argument("--record-every", type=int, default=5)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/out/qfedtd"))
-    ap.add_argument("--figures", type=Path, default=Path("benchmarks/figures"),
-                    help="where the PNGs are copied for the README")
+    ap.add_argument(
+        "--figures",
+        type=Path,
+        default=Path("benchmarks/figures"),
+        help="where the PNGs are copied for the README",
+    )
     add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
     use_cpu_devices(args.cpu_devices)
@@ -74,16 +78,26 @@ def main(argv=None):
     def run(label, N, bits=None, p=1.0):
         q = None if bits is None else fj.channel.stochastic_uniform(bits)
         t0 = time.perf_counter()
-        res = fj.simulate(key, problems[N], fj.qfedtd(ALPHA, q, p), args.rounds, args.seeds,
-                          record_every=args.record_every)
+        res = fj.simulate(
+            key, problems[N], fj.qfedtd(ALPHA, q, p), args.rounds, args.seeds, record_every=args.record_every
+        )
         res.save(args.out / f"{label}.npz")
         results[label] = res
         f, se = floor(res)
         print(f"  {label:28s} floor {f:.4g} (+- {se:.1g}), {time.perf_counter() - t0:5.1f} s")
         return res
 
-    summary = {"config": {"alpha": ALPHA, "seeds": args.seeds, "rounds": args.rounds, "gamma": 0.5,
-                          "num_states": 20, "dim": 10, "sampling": "markov"}}
+    summary = {
+        "config": {
+            "alpha": ALPHA,
+            "seeds": args.seeds,
+            "rounds": args.rounds,
+            "gamma": 0.5,
+            "num_states": 20,
+            "dim": 10,
+            "sampling": "markov",
+        }
+    }
 
     print("(i) linear speed-up: N=1 vs N=40, FedTD vs QFedTD (4 bits, p=0.6)")
     exp1 = {}
@@ -100,19 +114,25 @@ def main(argv=None):
     print("(ii) erasures: N=40, 4 bits, p in {0.2, ..., 1.0}")
     exp2 = {}
     for p in (0.2, 0.4, 0.6, 0.8, 1.0):
-        exp2[f"p={p:g}"] = results.get(f"qfedtd_N40_b4_p{p:g}") or run(f"qfedtd_N40_b4_p{p:g}", 40, bits=4, p=p)
+        exp2[f"p={p:g}"] = results.get(f"qfedtd_N40_b4_p{p:g}") or run(
+            f"qfedtd_N40_b4_p{p:g}", 40, bits=4, p=p
+        )
     level = 4 * max(floor(r)[0] for r in exp2.values())
     summary["erasures"] = {
         "level": level,
         "rounds_to_level": {k: rounds_to(r, level) for k, r in exp2.items()},
-        "rounds_to_level_times_p": {k: (rounds_to(r, level) or np.nan) * float(k[2:]) for k, r in exp2.items()},
+        "rounds_to_level_times_p": {
+            k: (rounds_to(r, level) or np.nan) * float(k[2:]) for k, r in exp2.items()
+        },
         "floors": {k: floor(r)[0] for k, r in exp2.items()},
     }
 
     print("(iii) quantization: N=40, p=0.6, bits in {3, 4, 5}")
     exp3 = {}
     for b in (3, 4, 5):
-        exp3[f"{b} bits"] = results.get(f"qfedtd_N40_b{b}_p0.6") or run(f"qfedtd_N40_b{b}_p0.6", 40, bits=b, p=0.6)
+        exp3[f"{b} bits"] = results.get(f"qfedtd_N40_b{b}_p0.6") or run(
+            f"qfedtd_N40_b{b}_p0.6", 40, bits=b, p=0.6
+        )
     exp3["no quantization"] = run("qfedtd_N40_nq_p0.6", 40, p=0.6)
     theta_star = np.asarray(problems[40].theta_star)
     increase = {b: paired_increase(exp3[f"{b} bits"], exp3["no quantization"], theta_star) for b in (3, 4, 5)}
@@ -135,7 +155,9 @@ def main(argv=None):
             bits = np.array([3, 4, 5])
             mean = np.array([increase[b][0] for b in bits])
             se = np.array([increase[b][1] for b in bits])
-            ax2.errorbar(bits, mean, yerr=2 * se, fmt="o-", capsize=4, label="paired over seeds, $\\pm$ 2 s.e.")
+            ax2.errorbar(
+                bits, mean, yerr=2 * se, fmt="o-", capsize=4, label="paired over seeds, $\\pm$ 2 s.e."
+            )
             ax2.axhline(0.0, color="k", lw=0.8)
             ax2.set_xticks(bits)
             ax2.set_xlabel("bits per coordinate")

@@ -47,8 +47,11 @@ LABELS = {"fedlsa": "FedLSA", "scafflsa": "SCAFFLSA"}
 
 
 def build(config):
-    problem = fj.problems.garnet(jax.random.key(config["problem_seed"]), num_agents=config["agents"],
-                                 heterogeneity=config["heterogeneity"])
+    problem = fj.problems.garnet(
+        jax.random.key(config["problem_seed"]),
+        num_agents=config["agents"],
+        heterogeneity=config["heterogeneity"],
+    )
     make = fj.fedlsa if config["algorithm"] == "fedlsa" else fj.scafflsa
     return problem, make(ETA, config["local_steps"])
 
@@ -82,15 +85,27 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     args.figures.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(2024)
-    summary = {"config": {"eta": ETA, "seeds": args.seeds, "garnet": "S=30, 2 actions, branching 2, d=8, "
-                          "gamma=0.95, generative sampling", "fig1_local_steps": FIG1_STEPS,
-                          "fig2_local_steps": FIG2_STEPS, "fig2_H": FIG2_H}}
+    summary = {
+        "config": {
+            "eta": ETA,
+            "seeds": args.seeds,
+            "garnet": "S=30, 2 actions, branching 2, d=8, gamma=0.95, generative sampling",
+            "fig1_local_steps": FIG1_STEPS,
+            "fig2_local_steps": FIG2_STEPS,
+            "fig2_H": FIG2_H,
+        }
+    }
     t0 = time.perf_counter()
 
     # ---------------- Figure 1 ----------------
     het_levels = ("homogeneous", "heterogeneous")
-    configs = fj.grid(problem_seed=0, heterogeneity=list(het_levels), agents=[10, 100], local_steps=[10, 1000],
-                      algorithm=["fedlsa", "scafflsa"])
+    configs = fj.grid(
+        problem_seed=0,
+        heterogeneity=list(het_levels),
+        agents=[10, 100],
+        local_steps=[10, 1000],
+        algorithm=["fedlsa", "scafflsa"],
+    )
     rounds = lambda c: FIG1_STEPS // c["local_steps"]  # noqa: E731
     every = lambda c: max(1, rounds(c) // args.records)  # noqa: E731
     print(f"Figure 1: {len(configs)} runs, {args.seeds} seeds")
@@ -100,25 +115,51 @@ def main(argv=None):
     summary["fig1"] = []
     for i, het in enumerate(het_levels):
         for j, (N, H) in enumerate([(10, 10), (10, 1000), (100, 10), (100, 1000)]):
-            panel = {e.config["algorithm"]: e.result for e in fig1
-                     if (e.config["heterogeneity"], e.config["agents"], e.config["local_steps"]) == (het, N, H)}
-            problem, _ = build({"problem_seed": 0, "agents": N, "heterogeneity": het, "algorithm": "fedlsa",
-                                "local_steps": H})
+            panel = {
+                e.config["algorithm"]: e.result
+                for e in fig1
+                if (e.config["heterogeneity"], e.config["agents"], e.config["local_steps"]) == (het, N, H)
+            }
+            problem, _ = build(
+                {
+                    "problem_seed": 0,
+                    "agents": N,
+                    "heterogeneity": het,
+                    "algorithm": "fedlsa",
+                    "local_steps": H,
+                }
+            )
             bias = fj.theory.fedlsa_bias(problem, ETA, H)
             theta_star = np.asarray(problem.theta_star, np.float64)
             exact = {}
             if N <= EXACT_MAX_AGENTS and not args.no_exact:
                 for name in panel:
                     tag = f"exact_{name}_{het}_N{N}_H{H}_eta{ETA}_T{rounds({'local_steps': H})}.npz"
-                    exact[name] = cached(args.out / tag, lambda: {"mse": fj.theory.exact_mse(
-                        problem, build({"problem_seed": 0, "agents": N, "heterogeneity": het, "algorithm": name,
-                                        "local_steps": H})[1], rounds({"local_steps": H}))})["mse"]
+                    exact[name] = cached(
+                        args.out / tag,
+                        lambda: {
+                            "mse": fj.theory.exact_mse(
+                                problem,
+                                build(
+                                    {
+                                        "problem_seed": 0,
+                                        "agents": N,
+                                        "heterogeneity": het,
+                                        "algorithm": name,
+                                        "local_steps": H,
+                                    }
+                                )[1],
+                                rounds({"local_steps": H}),
+                            )
+                        },
+                    )["mse"]
             row = {"heterogeneity": het, "N": N, "H": H, "predicted_squared_bias": float(bias @ bias)}
             for name, res in panel.items():
                 target = theta_star + (bias if name == "fedlsa" else 0.0)
                 z = z_scores(res, target)
                 row[name] = {
-                    "final_mse": float(res.mse_mean[-1]), "final_mse_sem": float(res.mse_sem[-1]),
+                    "final_mse": float(res.mse_mean[-1]),
+                    "final_mse_sem": float(res.mse_sem[-1]),
                     "final_squared_error_of_mean": float(np.sum((res.theta_mean[-1] - theta_star) ** 2)),
                     "max_abs_z_limit_vs_prediction": float(np.max(np.abs(z))),
                     "num_diverged": int(res.num_diverged[-1]),
@@ -131,23 +172,33 @@ def main(argv=None):
                     row[name]["exact_final_mse"] = float(e[-1])
                     row[name]["max_abs_z_mse_vs_exact"] = float(np.nanmax(np.abs(zc[1:])))
                     row[name]["mean_z_mse_vs_exact_second_half"] = float(np.mean(zc[half:]))
-                    row[name]["mc_over_exact_second_half"] = float(res.mse_mean[half:].mean() / e[half:].mean())
+                    row[name]["mc_over_exact_second_half"] = float(
+                        res.mse_mean[half:].mean() / e[half:].mean()
+                    )
             summary["fig1"].append(row)
             ax = axes[i, j]
             level = float(bias @ bias)
             floor = min(float(np.min(r.mse_mean)) for r in panel.values())
             # a bias far below every mean curve would squash the axis: say it in the title instead
             shown = level > 0.1 * floor
-            plotting.plot_mse({LABELS[k]: panel[k] for k in ("fedlsa", "scafflsa")}, ax=ax, band="quantiles",
-                              theory={LABELS[k]: v for k, v in exact.items()},
-                              reference_lines={r"FedLSA bias $\|\theta_\infty - \theta_\star\|^2$": level}
-                              if shown else None,
-                              title=f"{het}, N={N}, H={H}" + ("" if shown else f"\nFedLSA bias$^2$ = {level:.1g}"),
-                              legend=(i, j) == (1, 1))
+            plotting.plot_mse(
+                {LABELS[k]: panel[k] for k in ("fedlsa", "scafflsa")},
+                ax=ax,
+                band="quantiles",
+                theory={LABELS[k]: v for k, v in exact.items()},
+                reference_lines={r"FedLSA bias $\|\theta_\infty - \theta_\star\|^2$": level}
+                if shown
+                else None,
+                title=f"{het}, N={N}, H={H}" + ("" if shown else f"\nFedLSA bias$^2$ = {level:.1g}"),
+                legend=(i, j) == (1, 1),
+            )
             if j:
                 ax.set_ylabel("")
-    fig.suptitle(f"SCAFFLSA Figure 1: federated TD(0) on Garnet, $\\eta$={ETA}, {args.seeds} seeds "
-                 "(mean; bands: 5-95% and 25-75% of seeds; dotted: exact MSE, N=10)", fontsize=11)
+    fig.suptitle(
+        f"SCAFFLSA Figure 1: federated TD(0) on Garnet, $\\eta$={ETA}, {args.seeds} seeds "
+        "(mean; bands: 5-95% and 25-75% of seeds; dotted: exact MSE, N=10)",
+        fontsize=11,
+    )
     fig.tight_layout()
     for folder in (args.out, args.figures):
         atomic_write(folder / "scafflsa_fig1.png", lambda f: fig.savefig(f, format="png"))
@@ -155,8 +206,13 @@ def main(argv=None):
 
     # ---------------- Figure 2 ----------------
     agents = [1, 10, 100, 1000]
-    configs = fj.grid(problem_seed=0, heterogeneity=list(het_levels), agents=agents, local_steps=FIG2_H,
-                      algorithm=["fedlsa", "scafflsa"])
+    configs = fj.grid(
+        problem_seed=0,
+        heterogeneity=list(het_levels),
+        agents=agents,
+        local_steps=FIG2_H,
+        algorithm=["fedlsa", "scafflsa"],
+    )
     t1 = time.perf_counter()
     print(f"Figure 2: {len(configs)} runs, {args.seeds} seeds")
     T2 = FIG2_STEPS // FIG2_H
@@ -171,15 +227,26 @@ def main(argv=None):
         stars = {c["heterogeneity"]: theta_star_of(c) for c in group}
         for het in het_levels:
             sub = [c for c in group if c["heterogeneity"] == het]
-            fig2 += fj.sweep(key, sub, build, T2, args.seeds, out_dir=args.out / "fig2" / f"{het}_N{N}",
-                             record_every=max(1, T2 // args.records), theta0=stars[het])
+            fig2 += fj.sweep(
+                key,
+                sub,
+                build,
+                T2,
+                args.seeds,
+                out_dir=args.out / "fig2" / f"{het}_N{N}",
+                record_every=max(1, T2 // args.records),
+                theta0=stars[het],
+            )
     print(f"  simulated in {time.perf_counter() - t1:.0f} s")
     series, exact2, summary["fig2"] = {}, {}, {}
     for het in het_levels:
         for name in ("fedlsa", "scafflsa"):
             label = f"{LABELS[name]}, {het}"
-            series[label] = {e.config["agents"]: e.result for e in fig2
-                             if (e.config["heterogeneity"], e.config["algorithm"]) == (het, name)}
+            series[label] = {
+                e.config["agents"]: e.result
+                for e in fig2
+                if (e.config["heterogeneity"], e.config["algorithm"]) == (het, name)
+            }
             final = np.array([series[label][N].mse_mean[-1] for N in agents])
             sem = np.array([series[label][N].mse_sem[-1] for N in agents])
             # weighted least squares of log10(MSE) on log10(N); N=1 is a single agent, heterogeneous or
@@ -187,30 +254,70 @@ def main(argv=None):
             slope = np.polyfit(np.log10(agents), np.log10(final), 1, w=final / sem)[0]
             slope10 = np.polyfit(np.log10(agents[1:]), np.log10(final[1:]), 1, w=(final / sem)[1:])[0]
             pair = np.diff(np.log10(final)) / np.diff(np.log10(agents))
-            bias2 = [float(np.sum(fj.theory.fedlsa_bias(build(dict(problem_seed=0, agents=N, heterogeneity=het,
-                                                                     algorithm=name, local_steps=FIG2_H))[0],
-                                                          ETA, FIG2_H) ** 2)) for N in agents]
-            row = {"final_mse": final.tolist(), "final_mse_sem": sem.tolist(), "slope_fit": float(slope),
-                   "slope_fit_N10_to_1000": float(slope10), "slope_per_decade": pair.tolist(),
-                   "fedlsa_predicted_squared_bias": bias2}
+            bias2 = [
+                float(
+                    np.sum(
+                        fj.theory.fedlsa_bias(
+                            build(
+                                dict(
+                                    problem_seed=0,
+                                    agents=N,
+                                    heterogeneity=het,
+                                    algorithm=name,
+                                    local_steps=FIG2_H,
+                                )
+                            )[0],
+                            ETA,
+                            FIG2_H,
+                        )
+                        ** 2
+                    )
+                )
+                for N in agents
+            ]
+            row = {
+                "final_mse": final.tolist(),
+                "final_mse_sem": sem.tolist(),
+                "slope_fit": float(slope),
+                "slope_fit_N10_to_1000": float(slope10),
+                "slope_per_decade": pair.tolist(),
+                "fedlsa_predicted_squared_bias": bias2,
+            }
             if not args.no_exact:
                 ex = {}
                 for N in agents:
                     if N <= EXACT_MAX_AGENTS:
-                        c = {"problem_seed": 0, "agents": N, "heterogeneity": het, "algorithm": name,
-                             "local_steps": FIG2_H}
+                        c = {
+                            "problem_seed": 0,
+                            "agents": N,
+                            "heterogeneity": het,
+                            "algorithm": name,
+                            "local_steps": FIG2_H,
+                        }
                         problem, alg = build(c)
-                        ex[N] = float(cached(args.out / f"exact2_{name}_{het}_N{N}_H{FIG2_H}_eta{ETA}_T{T2}_star.npz", lambda: {
-                            "mse": fj.theory.exact_mse(problem, alg, T2, theta0=problem.theta_star)})["mse"][-1])
+                        ex[N] = float(
+                            cached(
+                                args.out / f"exact2_{name}_{het}_N{N}_H{FIG2_H}_eta{ETA}_T{T2}_star.npz",
+                                lambda: {
+                                    "mse": fj.theory.exact_mse(problem, alg, T2, theta0=problem.theta_star)
+                                },
+                            )["mse"][-1]
+                        )
                 exact2[label] = ex
                 row["exact_final_mse"] = {str(k): v for k, v in ex.items()}
-                row["z_mc_vs_exact"] = {str(k): float((series[label][k].mse_mean[-1] - v) / series[label][k].mse_sem[-1])
-                                        for k, v in ex.items()}
+                row["z_mc_vs_exact"] = {
+                    str(k): float((series[label][k].mse_mean[-1] - v) / series[label][k].mse_sem[-1])
+                    for k, v in ex.items()
+                }
             summary["fig2"][label] = row
     fig, ax = plt.subplots(figsize=(6.4, 4.6), dpi=130)
-    plotting.plot_final_mse_vs_agents(series, ax=ax, theory=exact2,
-                             title=f"SCAFFLSA Figure 2: final MSE after {T2} rounds (H={FIG2_H}, "
-                                   f"$\\eta$={ETA}), {args.seeds} seeds")
+    plotting.plot_final_mse_vs_agents(
+        series,
+        ax=ax,
+        theory=exact2,
+        title=f"SCAFFLSA Figure 2: final MSE after {T2} rounds (H={FIG2_H}, "
+        f"$\\eta$={ETA}), {args.seeds} seeds",
+    )
     het_bias = summary["fig2"]["FedLSA, heterogeneous"]["fedlsa_predicted_squared_bias"]
     ax.plot(agents[1:], het_bias[1:], ":", color="C2", lw=1.5, label=r"FedLSA heterogeneous: $\|$bias$\|^2$")
     ax.legend(fontsize=8, title=r"mean $\pm$ 2 s.e.", title_fontsize=8)

@@ -38,20 +38,33 @@ def measure(seeds, agents, dim, states, H=10, target_steps=2e7, repeats=3):
     # Enough successors for a random Garnet chain on many states to be irreducible (no state without
     # an incoming edge: S exp(-2 b) small); a draw costs O(1) whatever the branching.
     branching = min(states, max(2, math.ceil(math.log(10 * states) / 2) + 1))
-    problem = fj.problems.garnet(jax.random.key(0), num_agents=agents, num_states=states, dim=dim,
-                                 branching=branching)
+    problem = fj.problems.garnet(
+        jax.random.key(0), num_agents=agents, num_states=states, dim=dim, branching=branching
+    )
     # at least 10 rounds: each call also draws the block of the round after its last one
     rounds = max(10, int(target_steps // (seeds * agents * H)))
     alg = fj.fedlsa(0.1, H)
-    run = lambda: fj.simulate(jax.random.key(1), problem, alg, rounds, seeds, record_every=rounds,  # noqa: E731
-                              progress=False)
+    run = lambda: fj.simulate(
+        jax.random.key(1),
+        problem,
+        alg,
+        rounds,
+        seeds,
+        record_every=rounds,  # noqa: E731
+        progress=False,
+    )
     t0 = time.perf_counter()
     run()
     first = time.perf_counter() - t0
     best = min(_timed(run) for _ in range(repeats))
     steps = seeds * agents * H * rounds
-    return {"rounds": rounds, "agent_steps": steps, "seconds": best, "first_call_s": first,
-            "steps_per_s": steps / best}
+    return {
+        "rounds": rounds,
+        "agent_steps": steps,
+        "seconds": best,
+        "first_call_s": first,
+        "steps_per_s": steps / best,
+    }
 
 
 def _timed(fn):
@@ -71,8 +84,12 @@ def main(argv=None):
     axes = {k: (v[:3] if args.quick else v) for k, v in AXES.items()}
     target = 2e6 if args.quick else 2e7
     base = measure(**BASE, target_steps=target, repeats=args.repeats)
-    out = {"base": {**BASE, **base}, "axes": {}, "platform": jax.default_backend(),
-           "devices": jax.device_count()}
+    out = {
+        "base": {**BASE, **base},
+        "axes": {},
+        "platform": jax.default_backend(),
+        "devices": jax.device_count(),
+    }
     print(f"base {BASE}, {devices}: {base['steps_per_s']:.3g} agent-steps/s")
     for axis, values in axes.items():
         rows = []
@@ -83,9 +100,11 @@ def main(argv=None):
             m = measure(**point, target_steps=target, repeats=args.repeats)
             m["cost_per_step_vs_base"] = base["steps_per_s"] / m["steps_per_s"]
             rows.append({axis: v, **m})
-            print(f"  {axis:7s}={v:>7}: {m['steps_per_s']:10.3g} agent-steps/s  "
-                  f"(cost/step x{m['cost_per_step_vs_base']:.2f}, {m['seconds']:.3f} s, "
-                  f"compile+run {m['first_call_s']:.1f} s)")
+            print(
+                f"  {axis:7s}={v:>7}: {m['steps_per_s']:10.3g} agent-steps/s  "
+                f"(cost/step x{m['cost_per_step_vs_base']:.2f}, {m['seconds']:.3f} s, "
+                f"compile+run {m['first_call_s']:.1f} s)"
+            )
         out["axes"][axis] = rows
     return write_json(args.json, out)
 

@@ -36,9 +36,12 @@ def problems(N: int, d: int, S: int):
     y = [x @ rng.normal(size=d) + 0.5 * rng.normal(size=100) for x in X]
     return {
         ("TD Garnet", "generative"): fj.problems.garnet(jax.random.key(0), num_agents=N, num_states=S, dim=d),
-        ("TD Garnet", "markov"): fj.problems.garnet(jax.random.key(0), num_agents=N, num_states=S, dim=d,
-                                                    sampling="markov"),
-        ("Gaussian LSA", "generative"): fj.problems.random_gaussian_lsa(jax.random.key(0), num_agents=N, dim=d),
+        ("TD Garnet", "markov"): fj.problems.garnet(
+            jax.random.key(0), num_agents=N, num_states=S, dim=d, sampling="markov"
+        ),
+        ("Gaussian LSA", "generative"): fj.problems.random_gaussian_lsa(
+            jax.random.key(0), num_agents=N, dim=d
+        ),
         ("least squares", "generative"): fj.problems.least_squares(X, y, dtype="float32"),
     }
 
@@ -81,19 +84,35 @@ def main(argv=None):
     args = ap.parse_args(argv)
     devices = use_cpu_devices(args.cpu_devices)  # before any JAX computation
     N, H, n = args.agents, args.local_steps, args.seeds
-    print(f"N={N} d={args.dim} S={args.states} H={H} (QFedTD 1), {n} seeds, ~{args.steps:.0e} agent-steps per "
-          f"call, float32, {devices}, {os.cpu_count()} cores, jax {jax.__version__}")
-    print(f"{'algorithm':9s} {'problem':14s} {'sampling':10s} {'channel':13s} {'agent-steps/s':>13s} "
-          f"{'vs TD FedLSA':>12s} {'first call s':>12s}")
+    print(
+        f"N={N} d={args.dim} S={args.states} H={H} (QFedTD 1), {n} seeds, ~{args.steps:.0e} agent-steps per "
+        f"call, float32, {devices}, {os.cpu_count()} cores, jax {jax.__version__}"
+    )
+    print(
+        f"{'algorithm':9s} {'problem':14s} {'sampling':10s} {'channel':13s} {'agent-steps/s':>13s} "
+        f"{'vs TD FedLSA':>12s} {'first call s':>12s}"
+    )
     rows, reference = [], None
 
     def report(alg_name, fam, sampling, channel, rate, first):
         nonlocal reference
         reference = reference or rate
-        rows.append(dict(algorithm=alg_name, problem=fam, sampling=sampling, channel=channel,
-                         agent_steps_per_s=rate, ratio=rate / reference, first_call_s=first))
-        print(f"{alg_name:9s} {fam:14s} {sampling:10s} {channel:13s} {rate:13.3g} {rate / reference:12.2f} "
-              f"{first:12.2f}", flush=True)
+        rows.append(
+            dict(
+                algorithm=alg_name,
+                problem=fam,
+                sampling=sampling,
+                channel=channel,
+                agent_steps_per_s=rate,
+                ratio=rate / reference,
+                first_call_s=first,
+            )
+        )
+        print(
+            f"{alg_name:9s} {fam:14s} {sampling:10s} {channel:13s} {rate:13.3g} {rate / reference:12.2f} "
+            f"{first:12.2f}",
+            flush=True,
+        )
 
     for (fam, sampling), problem in problems(N, args.dim, args.states).items():
         for lossy in (False, True):
@@ -104,8 +123,13 @@ def main(argv=None):
     alg = fj.qfedtd(0.6, fj.channel.stochastic_uniform(4), 0.6)
     rate, first = measure(q, alg, 40, n, args.steps, args.repeats)
     report("QFedTD", "QFedTD MDP N=40", "markov", "4-bit, p=0.6", rate, first)
-    machine = {"platform": jax.default_backend(), "cpu_count": os.cpu_count(), "device_count": jax.device_count(),
-               "processor": platform.processor() or platform.machine(), "jax": jax.__version__}
+    machine = {
+        "platform": jax.default_backend(),
+        "cpu_count": os.cpu_count(),
+        "device_count": jax.device_count(),
+        "processor": platform.processor() or platform.machine(),
+        "jax": jax.__version__,
+    }
     return write_json(args.json, {"config": vars(args), "machine": machine, "rows": rows})
 
 

@@ -35,20 +35,34 @@ def configurations():
         "fedlsa_gauss": (gauss, fj.fedlsa(0.05, 10), "mse"),
         "scafflsa_gauss": (gauss, fj.scafflsa(0.05, 10), "mse"),
         "qfedtd_td_randk_erasures": (td, fj.qfedtd(0.3, fj.channel.rand_k(2), success_prob=0.7), "mse"),
-        "fedlsa_td_randk_received": (td, fj.fedlsa(0.2, 4, quantizer=fj.channel.rand_k(3), success_prob=0.6,
-                                                   aggregation="divide_by_received"), "mse"),
+        "fedlsa_td_randk_received": (
+            td,
+            fj.fedlsa(
+                0.2, 4, quantizer=fj.channel.rand_k(3), success_prob=0.6, aggregation="divide_by_received"
+            ),
+            "mse",
+        ),
         "scaffnew_gauss": (gauss, fj.scaffnew(0.05, 0.3, 8), "mse"),
         "fedlsa_gauss_schedule": (gauss, fj.fedlsa(sched, 10), "mse"),
         "scafflsa_td_schedule": (td, fj.scafflsa(sched, 4), "mse"),
         "fedlsa_gauss_momentum": (gauss, fj.fedlsa(0.05, 10, server_optimizer=momentum), "mse"),
         "averaged_scafflsa_td": (td, fj.averaged(fj.scafflsa(0.2, 4), burn_in=10), "mse"),
-        "richardson_averaged_fedlsa_gauss": (gauss, fj.richardson(fj.averaged(fj.fedlsa(0.05, 10), 10)),
-                                             "mean"),
+        "richardson_averaged_fedlsa_gauss": (
+            gauss,
+            fj.richardson(fj.averaged(fj.fedlsa(0.05, 10), 10)),
+            "mean",
+        ),
         "scaffnew_td_momentum_schedule": (td, fj.scaffnew(sched, 0.5, 4, server_optimizer=momentum), "mse"),
-        "scafflsa_gauss_erasures_mean": (gauss, fj.scafflsa(0.05, 10, success_prob=0.6,
-                                                            aggregation="divide_by_received"), "mean"),
-        "qfedtd_gauss_received": (gauss, fj.qfedtd(0.1, fj.channel.rand_k(2), success_prob=0.5,
-                                                   aggregation="divide_by_received"), "mse"),
+        "scafflsa_gauss_erasures_mean": (
+            gauss,
+            fj.scafflsa(0.05, 10, success_prob=0.6, aggregation="divide_by_received"),
+            "mean",
+        ),
+        "qfedtd_gauss_received": (
+            gauss,
+            fj.qfedtd(0.1, fj.channel.rand_k(2), success_prob=0.5, aggregation="divide_by_received"),
+            "mse",
+        ),
     }
 
 

@@ -138,7 +138,9 @@ def main(argv=None):
     ap.add_argument("--step-size", type=float, default=0.1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
-    ap.add_argument("--no-numpy", action="store_true", help="skip the numpy baselines (e.g. at 1e5 seeds on a GPU)")
+    ap.add_argument(
+        "--no-numpy", action="store_true", help="skip the numpy baselines (e.g. at 1e5 seeds on a GPU)"
+    )
     add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
     devices = use_cpu_devices(args.cpu_devices)  # before any JAX computation
@@ -172,8 +174,11 @@ def main(argv=None):
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("seeds",))
     spread = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
     flat_len = -(-2 * steps // jax.device_count()) * jax.device_count()
-    flat = jax.jit(lambda k: jnp.sum(jax.lax.with_sharding_constraint(
-        jax.random.uniform(k, (flat_len,), problem.dtype), spread)))
+    flat = jax.jit(
+        lambda k: jnp.sum(
+            jax.lax.with_sharding_constraint(jax.random.uniform(k, (flat_len,), problem.dtype), spread)
+        )
+    )
     flat(key).block_until_ready()
     t_flat = best_of(lambda: flat(key).block_until_ready(), args.repeats)
 
@@ -196,30 +201,67 @@ def main(argv=None):
     t_draw = best_of(lambda: kernel_draw(round_keys).block_until_ready(), args.repeats)
 
     out = {
-        "config": {"seeds": n, "agents": N, "states": args.states, "dim": args.dim,
-                   "local_steps": H, "rounds": T, "dtype": str(np.dtype(problem.dtype))},
-        "machine": {"platform": jax.default_backend(), "cpu_count": os.cpu_count(), "device_count": jax.device_count(),
-                    "processor": platform.processor() or platform.machine(), "jax": jax.__version__},
+        "config": {
+            "seeds": n,
+            "agents": N,
+            "states": args.states,
+            "dim": args.dim,
+            "local_steps": H,
+            "rounds": T,
+            "dtype": str(np.dtype(problem.dtype)),
+        },
+        "machine": {
+            "platform": jax.default_backend(),
+            "cpu_count": os.cpu_count(),
+            "device_count": jax.device_count(),
+            "processor": platform.processor() or platform.machine(),
+            "jax": jax.__version__,
+        },
         "agent_steps": steps,
-        "seconds": {"jax": t_jax, "jax_first_call_incl_compile": first, "numpy_plain": t_plain,
-                    "numpy_alias": t_np, "numpy_pairs": t_pair, "jax_random_uniform": t_flat, "kernel_draw_only": t_draw},
-        "agent_steps_per_s": {"jax": steps / t_jax, "numpy_plain": steps / t_plain, "numpy_alias": steps / t_np,
-                              "numpy_pairs": steps / t_pair},
-        "ratios": {"numpy_plain_over_jax": t_plain / t_jax, "numpy_alias_over_jax": t_np / t_jax,
-                   "numpy_pairs_over_jax": t_pair / t_jax,
-                   "jax_over_jax_random_uniform": t_jax / t_flat, "jax_over_kernel_draw": t_jax / t_draw},
+        "seconds": {
+            "jax": t_jax,
+            "jax_first_call_incl_compile": first,
+            "numpy_plain": t_plain,
+            "numpy_alias": t_np,
+            "numpy_pairs": t_pair,
+            "jax_random_uniform": t_flat,
+            "kernel_draw_only": t_draw,
+        },
+        "agent_steps_per_s": {
+            "jax": steps / t_jax,
+            "numpy_plain": steps / t_plain,
+            "numpy_alias": steps / t_np,
+            "numpy_pairs": steps / t_pair,
+        },
+        "ratios": {
+            "numpy_plain_over_jax": t_plain / t_jax,
+            "numpy_alias_over_jax": t_np / t_jax,
+            "numpy_pairs_over_jax": t_pair / t_jax,
+            "jax_over_jax_random_uniform": t_jax / t_flat,
+            "jax_over_kernel_draw": t_jax / t_draw,
+        },
     }
-    print(f"federated TD(0) FedLSA: N={N} S={args.states} d={args.dim} H={H} T={T} seeds={n} "
-          f"({steps:.3g} agent-steps, {out['config']['dtype']}, {jax.default_backend()}, "
-          f"{os.cpu_count()} cores, {devices})")
-    print(f"  jax                          {t_jax:8.3f} s   {steps / t_jax:10.3g} steps/s   "
-          f"(first call incl. compile {first:.2f} s)")
-    print(f"  numpy, plain (inverse CDF)   {t_plain:8.3f} s   {steps / t_plain:10.3g} steps/s   "
-          f"numpy/jax = {t_plain / t_jax:.2f}x")
-    print(f"  numpy, alias (tuned)         {t_np:8.3f} s   {steps / t_np:10.3g} steps/s   "
-          f"numpy/jax = {t_np / t_jax:.2f}x")
-    print(f"  numpy, pair tables (kernel's) {t_pair:8.3f} s   {steps / t_pair:10.3g} steps/s   "
-          f"numpy/jax = {t_pair / t_jax:.2f}x")
+    print(
+        f"federated TD(0) FedLSA: N={N} S={args.states} d={args.dim} H={H} T={T} seeds={n} "
+        f"({steps:.3g} agent-steps, {out['config']['dtype']}, {jax.default_backend()}, "
+        f"{os.cpu_count()} cores, {devices})"
+    )
+    print(
+        f"  jax                          {t_jax:8.3f} s   {steps / t_jax:10.3g} steps/s   "
+        f"(first call incl. compile {first:.2f} s)"
+    )
+    print(
+        f"  numpy, plain (inverse CDF)   {t_plain:8.3f} s   {steps / t_plain:10.3g} steps/s   "
+        f"numpy/jax = {t_plain / t_jax:.2f}x"
+    )
+    print(
+        f"  numpy, alias (tuned)         {t_np:8.3f} s   {steps / t_np:10.3g} steps/s   "
+        f"numpy/jax = {t_np / t_jax:.2f}x"
+    )
+    print(
+        f"  numpy, pair tables (kernel's) {t_pair:8.3f} s   {steps / t_pair:10.3g} steps/s   "
+        f"numpy/jax = {t_pair / t_jax:.2f}x"
+    )
     print(f"  uniforms only, jax.random.uniform  {t_flat:8.3f} s   jax/draw = {t_jax / t_flat:.2f}x")
     print(f"  uniforms only, the kernel's draw   {t_draw:8.3f} s   jax/draw = {t_jax / t_draw:.2f}x")
     return write_json(args.json, out)

@@ -37,8 +37,9 @@ from fedsa_jax import _io
 from fedsa_jax._io import atomic_savez
 
 LEGACY_FILENAME = "checkpoint.npz"  # before the fingerprint was in the name: still resumed
-_DAMAGED = ("move it out of the folder to start this run again from round 0, or put back a copy "
-            "of it to resume")
+_DAMAGED = (
+    "move it out of the folder to start this run again from round 0, or put back a copy of it to resume"
+)
 
 
 def fingerprint(*trees: Any, **settings: Any) -> str:
@@ -76,7 +77,9 @@ def arrays_to_tree(prefix: str, data, template: Any) -> Any:
     for i, like in enumerate(leaves):
         arr = data[f"{prefix}{i}"]
         if jax.dtypes.issubdtype(like.dtype, jax.dtypes.prng_key):
-            leaf = jax.random.wrap_key_data(jax.device_put(arr, like.sharding), impl=jax.random.key_impl(like))
+            leaf = jax.random.wrap_key_data(
+                jax.device_put(arr, like.sharding), impl=jax.random.key_impl(like)
+            )
         else:
             leaf = jax.device_put(arr.astype(like.dtype), like.sharding)
         if leaf.shape != like.shape:
@@ -173,7 +176,8 @@ def notice_other_code(directory, finger: str, configuration: str) -> None:
                 "of this configuration made "
                 f"by other code (the algorithm's, problem's or metrics' functions changed): this run starts "
                 f"from round 0, checkpointed in {own}",
-                RuntimeWarning, stacklevel=4,
+                RuntimeWarning,
+                stacklevel=4,
             )
             return
 

@@ -39,8 +39,15 @@ from typing import Any
 import numpy as np
 
 MAX_DEPTH = 40  # deeper objects are described by their type only
-_LIBRARIES = frozenset(sys.stdlib_module_names) | {"numpy", "jax", "jaxlib", "scipy", "ml_dtypes", "optax",
-                                                    "chex"}
+_LIBRARIES = frozenset(sys.stdlib_module_names) | {
+    "numpy",
+    "jax",
+    "jaxlib",
+    "scipy",
+    "ml_dtypes",
+    "optax",
+    "chex",
+}
 _ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+|0x[0-9A-Fa-f]{6,}")
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 _DESCRIPTORS = (staticmethod, classmethod, property, functools.cached_property)
@@ -143,8 +150,14 @@ class _Walker:
         return self._instance(obj)
 
     def _code(self, code: types.CodeType) -> list:
-        return [code.co_code, getattr(code, "co_exceptiontable", b""), code.co_consts, code.co_names,
-                code.co_freevars, f"{code.co_argcount},{code.co_kwonlyargcount},{code.co_flags}".encode()]
+        return [
+            code.co_code,
+            getattr(code, "co_exceptiontable", b""),
+            code.co_consts,
+            code.co_names,
+            code.co_freevars,
+            f"{code.co_argcount},{code.co_kwonlyargcount},{code.co_flags}".encode(),
+        ]
 
     def _function(self, fn: types.FunctionType) -> list:
         if _library(fn.__module__):

@@ -111,11 +111,29 @@ def simulate(
     and continuous hyperparameters such as the step size are traced values.
     """
     recording, execution = grouped(
-        recording, execution, record_every=record_every, metrics=metrics, quantiles=quantiles,
-        keep_seeds=keep_seeds, on_record=on_record, seed_batch_size=seed_batch_size,
-        chunk_rounds=chunk_rounds, checkpoint_dir=checkpoint_dir, progress=progress)
-    run = validate_run(key, problem, algorithm, num_rounds, num_seeds, theta0=theta0,
-                       divergence_threshold=divergence_threshold, recording=recording, execution=execution)
+        recording,
+        execution,
+        record_every=record_every,
+        metrics=metrics,
+        quantiles=quantiles,
+        keep_seeds=keep_seeds,
+        on_record=on_record,
+        seed_batch_size=seed_batch_size,
+        chunk_rounds=chunk_rounds,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+    )
+    run = validate_run(
+        key,
+        problem,
+        algorithm,
+        num_rounds,
+        num_seeds,
+        theta0=theta0,
+        divergence_threshold=divergence_threshold,
+        recording=recording,
+        execution=execution,
+    )
     return execute(run, problem, [algorithm])[0]
 
 
@@ -135,12 +153,15 @@ def _plan(problem, algorithm: Algorithm, run: Run, *, num_configs: int, num_devi
     """Seed batches and chunks for ``num_configs`` algorithms run side by side."""
     execution = run.execution
     if execution.seed_batch_size is None:
-        def one_seed_carry(key_data, seed_ids):
-            return _kernel._initial_carry(key_data, seed_ids, problem, algorithm,
-                                          jnp.asarray(run.theta0, problem.dtype))
 
-        shapes = jax.eval_shape(one_seed_carry, jax.ShapeDtypeStruct((2,), jnp.uint32),
-                                jax.ShapeDtypeStruct((1,), jnp.uint32))
+        def one_seed_carry(key_data, seed_ids):
+            return _kernel._initial_carry(
+                key_data, seed_ids, problem, algorithm, jnp.asarray(run.theta0, problem.dtype)
+            )
+
+        shapes = jax.eval_shape(
+            one_seed_carry, jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((1,), jnp.uint32)
+        )
         per_seed = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
         # carry in, carry out and the round's temporaries: about 4 copies
         batch_size = max(1, int(execution.memory_budget * num_devices // (4 * per_seed * num_configs)))
@@ -194,14 +215,26 @@ def _setup(run: Run, problem, algorithms: list[Algorithm]) -> _Setup:
     )
     plan = _plan(problem, algorithms[0], run, num_configs=len(algorithms), num_devices=devices.size)
     if run.keep_seeds > plan.batch_size:
-        _validate.fail("keep_seeds", run.keep_seeds, "expected at most the seed batch size "
-                       f"({plan.batch_size}); pass a larger seed_batch_size")
+        _validate.fail(
+            "keep_seeds",
+            run.keep_seeds,
+            f"expected at most the seed batch size ({plan.batch_size}); pass a larger seed_batch_size",
+        )
     reduction = Reduction(run.metrics, run.quantiles, run.keep_seeds)
     codes = [run_code(problem, a, run.metrics) for a in algorithms]
-    return _Setup(run=run, problem=problem, algorithms=algorithms, stacked=stacked, inputs=inputs,
-                  reduction=reduction, plan=plan, seeds_sharding=NamedSharding(mesh, P("seeds")),
-                  num_devices=devices.size, codes=codes,
-                  rounds=recorded_rounds(run.num_rounds, run.record_every))
+    return _Setup(
+        run=run,
+        problem=problem,
+        algorithms=algorithms,
+        stacked=stacked,
+        inputs=inputs,
+        reduction=reduction,
+        plan=plan,
+        seeds_sharding=NamedSharding(mesh, P("seeds")),
+        num_devices=devices.size,
+        codes=codes,
+        rounds=recorded_rounds(run.num_rounds, run.record_every),
+    )
 
 
 def execute(run: Run, problem, algorithms: list[Algorithm]) -> list[SimulationResult]:
@@ -235,8 +268,13 @@ def _run_batches(setup: _Setup, session: _CheckpointSession | None) -> _Tally:
     tally = _Tally() if session is None else session.tally()
     label = setup.algorithms[0].name + (f" x{len(setup.algorithms)}" if len(setup.algorithms) > 1 else "")
     progress = setup.run.execution.progress
-    bar = tqdm(total=num_rounds * plan.num_batches, unit="round", desc=label, dynamic_ncols=True,
-               disable=None if progress is None else not progress)  # None: off unless a terminal
+    bar = tqdm(
+        total=num_rounds * plan.num_batches,
+        unit="round",
+        desc=label,
+        dynamic_ncols=True,
+        disable=None if progress is None else not progress,
+    )  # None: off unless a terminal
     for batch in range(tally.first_batch, plan.num_batches):
         _run_batch(setup, session, tally, batch, bar)
     bar.close()
@@ -268,9 +306,15 @@ def _run_batch(setup: _Setup, session: _CheckpointSession | None, tally: _Tally,
     bar.update(batch * run.num_rounds + t - bar.n)
     while t < run.num_rounds:
         end = min(t + plan.chunk_rounds, run.num_rounds)
-        carry, buffer, filled = _kernel._advance(setup.inputs, seeds, carry, jnp.uint32(end),
-                                                 record_every=run.record_every, max_blocks=plan.max_blocks,
-                                                 rec=setup.reduction)
+        carry, buffer, filled = _kernel._advance(
+            setup.inputs,
+            seeds,
+            carry,
+            jnp.uint32(end),
+            record_every=run.record_every,
+            max_blocks=plan.max_blocks,
+            rec=setup.reduction,
+        )
         new_rows = int(np.asarray(filled)[0])
         recorded.append(jax.tree.map(lambda x, rows=new_rows: np.asarray(x)[:, :rows], buffer))
         bar.update(end - t)
@@ -314,15 +358,24 @@ def _report(setup: _Setup, done: Moments | None, batch: int, rows: slice, curren
         if done is not None:
             mine = merge([_config_moments(done, i, rows), mine])
         stats = finalize(merge([mine]), seeds)
-        run.on_record(Record(  # pyright: ignore[reportOptionalCall]
-            algorithm=algorithm.name, config_index=i, batch=batch, num_batches=plan.num_batches,
-            num_seeds=seeds, rounds=setup.rounds[rows],
-            mse_mean=stats["val_mean"][:, 0], mse_sem=stats["val_sem"][:, 0],
-            num_diverged=stats["num_diverged"],
-            metrics={m: (stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1])
-                     for j, m in enumerate(metric_names)},
-            counts=dict(zip(COUNT_NAMES, stats["counts"].T)),
-        ))
+        run.on_record(
+            Record(  # pyright: ignore[reportOptionalCall]
+                algorithm=algorithm.name,
+                config_index=i,
+                batch=batch,
+                num_batches=plan.num_batches,
+                num_seeds=seeds,
+                rounds=setup.rounds[rows],
+                mse_mean=stats["val_mean"][:, 0],
+                mse_sem=stats["val_sem"][:, 0],
+                num_diverged=stats["num_diverged"],
+                metrics={
+                    m: (stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1])
+                    for j, m in enumerate(metric_names)
+                },
+                counts=dict(zip(COUNT_NAMES, stats["counts"].T)),
+            )
+        )
 
 
 class _CheckpointSession:
@@ -347,8 +400,12 @@ class _CheckpointSession:
             _checkpoint.notice_other_code(directory, fingerprint, configuration)
         else:
             first = int(saved["batch"])
-            _checkpoint.require(saved, [f"final{b}" for b in range(first)]
-                                + [f"done_{f}" for f in Moments._fields if first], directory, fingerprint)
+            _checkpoint.require(
+                saved,
+                [f"final{b}" for b in range(first)] + [f"done_{f}" for f in Moments._fields if first],
+                directory,
+                fingerprint,
+            )
         return cls(directory, fingerprint, configuration, saved)
 
     def tally(self) -> _Tally:
@@ -357,25 +414,34 @@ class _CheckpointSession:
             return _Tally()
         first = int(self.saved["batch"])
         done = Moments(*(self.saved[f"done_{f}"] for f in Moments._fields)) if first else None
-        return _Tally(first_batch=first, done=done, finals=[self.saved[f"final{b}"] for b in range(first)],
-                      resumed_from={"seed_batch": first, "round": 0})
+        return _Tally(
+            first_batch=first,
+            done=done,
+            finals=[self.saved[f"final{b}"] for b in range(first)],
+            resumed_from={"seed_batch": first, "round": 0},
+        )
 
     def restore(self, carry: Carry) -> tuple[Carry, list[Moments]] | None:
         """The unfinished batch's carry and recorded rows (None if the checkpoint ended on a batch)."""
         if self.saved is None or "carry0" not in self.saved:
             return None
-        _checkpoint.require(self.saved, [f"cur_{f}" for f in Moments._fields]
-                            + [f"carry{i}" for i in range(len(jax.tree.leaves(carry)))],
-                            self.directory, self.fingerprint)
+        _checkpoint.require(
+            self.saved,
+            [f"cur_{f}" for f in Moments._fields] + [f"carry{i}" for i in range(len(jax.tree.leaves(carry)))],
+            self.directory,
+            self.fingerprint,
+        )
         carry = _checkpoint.arrays_to_tree("carry", self.saved, carry)
         return carry, [Moments(*(self.saved[f"cur_{f}"] for f in Moments._fields))]
 
     def save(self, batch: int, tally: _Tally, *, current: Moments | None = None, carry: Carry | None = None):
         """Batches before ``batch`` finished; with ``carry``, batch ``batch`` under way (``current``: its
         rows so far)."""
-        arrays: dict[str, np.ndarray] = {"fingerprint": np.array(self.fingerprint),
-                                         "configuration": np.array(self.configuration),
-                                         "batch": np.array(batch)}
+        arrays: dict[str, np.ndarray] = {
+            "fingerprint": np.array(self.fingerprint),
+            "configuration": np.array(self.configuration),
+            "batch": np.array(batch),
+        }
         if tally.done is not None:
             arrays.update({f"done_{f}": np.asarray(getattr(tally.done, f)) for f in Moments._fields})
         for b, theta in enumerate(tally.finals):
@@ -390,13 +456,25 @@ def _configuration_fingerprint(setup: _Setup) -> str:
     """The fingerprint of everything a checkpoint's numbers depend on, but the code."""
     run, problem, plan = setup.run, setup.problem, setup.plan
     return _checkpoint.fingerprint(
-        problem, setup.stacked, jax.random.key_data(run.key), run.theta0,
-        problem_structure=problem.describe(), algorithm_structure=[a.describe() for a in setup.algorithms],
-        num_rounds=run.num_rounds, num_seeds=run.num_seeds, record_every=run.record_every,
-        threshold=run.divergence_threshold, batch=plan.batch_size, padded=plan.padded_batch,
-        devices=setup.num_devices, dtype=str(np.dtype(problem.dtype)),
-        statistics=Moments._fields, quantiles=run.quantiles, version=__version__,  # other statistics: refused
-        metrics=[name for name, _ in run.metrics], keep_seeds=run.keep_seeds,
+        problem,
+        setup.stacked,
+        jax.random.key_data(run.key),
+        run.theta0,
+        problem_structure=problem.describe(),
+        algorithm_structure=[a.describe() for a in setup.algorithms],
+        num_rounds=run.num_rounds,
+        num_seeds=run.num_seeds,
+        record_every=run.record_every,
+        threshold=run.divergence_threshold,
+        batch=plan.batch_size,
+        padded=plan.padded_batch,
+        devices=setup.num_devices,
+        dtype=str(np.dtype(problem.dtype)),
+        statistics=Moments._fields,
+        quantiles=run.quantiles,
+        version=__version__,  # other statistics: refused
+        metrics=[name for name, _ in run.metrics],
+        keep_seeds=run.keep_seeds,
     )
 
 
@@ -426,8 +504,14 @@ def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
     stats = finalize(merge([_config_moments(tally.done, index)]), run.num_seeds)  # pyright: ignore[reportArgumentType]
     kept = stats["kept"]  # (R, K, V)
     q = stats["val_quantiles"]  # (R, V, 5)
-    config = run_config(run, problem, setup.algorithms[index], plan=setup.plan, num_devices=setup.num_devices,
-                        code=setup.codes[index])
+    config = run_config(
+        run,
+        problem,
+        setup.algorithms[index],
+        plan=setup.plan,
+        num_devices=setup.num_devices,
+        code=setup.codes[index],
+    )
     # how this call ran: resumed from a checkpoint (batch, round) or None, and the seed-rounds it computed
     config["execution"].update(resumed_from=tally.resumed_from, seed_rounds_run=tally.seed_rounds_run)
     return SimulationResult(
@@ -442,14 +526,19 @@ def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
         theta_star=np.asarray(problem.theta_star, np.float64).astype(dtype),
         config=config,
         seed_mse=kept[:, :, 0],
-        metrics={m: MetricStats(stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1], q[:, j + 1],
-                                kept[:, :, j + 1]) for j, m in enumerate(metric_names)},
+        metrics={
+            m: MetricStats(
+                stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1], q[:, j + 1], kept[:, :, j + 1]
+            )
+            for j, m in enumerate(metric_names)
+        },
         **dict(zip(COUNT_NAMES, stats["counts"].T)),
     )
 
 
-def run_config(run: Run, problem, algorithm: Algorithm, *, plan: _Plan, num_devices: int, code: str
-               ) -> dict[str, Any]:
+def run_config(
+    run: Run, problem, algorithm: Algorithm, *, plan: _Plan, num_devices: int, code: str
+) -> dict[str, Any]:
     """The configuration a result file records: enough to rerun it, and how it ran."""
     import jaxlib  # only its version
 
@@ -467,8 +556,12 @@ def run_config(run: Run, problem, algorithm: Algorithm, *, plan: _Plan, num_devi
         "divergence_threshold": run.divergence_threshold,
         "dtype": str(np.dtype(problem.dtype)),
         "bits_per_message": algorithm.bits_per_message(problem.dim),
-        "execution": {"seed_batch_size": plan.batch_size, "num_batches": plan.num_batches,
-                      "chunk_rounds": plan.chunk_rounds, "padded_batch": plan.padded_batch},
+        "execution": {
+            "seed_batch_size": plan.batch_size,
+            "num_batches": plan.num_batches,
+            "chunk_rounds": plan.chunk_rounds,
+            "padded_batch": plan.padded_batch,
+        },
         "prng": {
             "impl": str(jax.random.key_impl(run.key)),
             "key_data": np.asarray(jax.random.key_data(run.key)).tolist(),

@@ -50,7 +50,9 @@ TEMP_SUFFIX = ".fedsa-tmp"
 STALE_SECONDS = 60.0  # a temporary file of a dead writer on this host, this old, is removed
 STALE_OTHER_HOST_SECONDS = 3600.0  # another host's writer cannot be asked: wait this long
 CLEAN_EVERY_SECONDS = 60.0  # scan a folder for stale temporary files at most this often per process
-_TEMP_RE = re.compile(r"^\.(?P<target>.*)~(?P<host>[^~]+)~(?P<pid>\d+)~[0-9a-f]+" + re.escape(TEMP_SUFFIX) + "$")
+_TEMP_RE = re.compile(
+    r"^\.(?P<target>.*)~(?P<host>[^~]+)~(?P<pid>\d+)~[0-9a-f]+" + re.escape(TEMP_SUFFIX) + "$"
+)
 _last_clean: dict[str, float] = {}
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none (nor locks); O_EXCL never follows a link
 
@@ -68,8 +70,10 @@ def _temp_path(folder: Path, target: str) -> Path:
 
 
 def _refuse(path: Path, what: str, why: str) -> None:
-    raise ValueError(f"{what} {str(path)!r} is {why} (planted there?), not a file of ours: fedsa_jax does "
-                     "not write through it; remove it and rerun") from None
+    raise ValueError(
+        f"{what} {str(path)!r} is {why} (planted there?), not a file of ours: fedsa_jax does "
+        "not write through it; remove it and rerun"
+    ) from None
 
 
 def _create_new(path: Path) -> int:
@@ -90,8 +94,13 @@ def _open_lock_file(path: Path) -> int:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         os.close(fd)
-        _refuse(path, "lock file", "not a regular file" if not stat.S_ISREG(st.st_mode) else
-                f"a hard link to a file with {st.st_nlink} names")
+        _refuse(
+            path,
+            "lock file",
+            "not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else f"a hard link to a file with {st.st_nlink} names",
+        )
     return fd
 
 
@@ -255,7 +264,9 @@ def file_lock(path: str | os.PathLike, blocking: bool = False) -> Iterator[None]
         os.close(fd)
 
 
-def read_npz(path: str | os.PathLike, what: str, remedy: str, required: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+def read_npz(
+    path: str | os.PathLike, what: str, remedy: str, required: tuple[str, ...] = ()
+) -> dict[str, np.ndarray]:
     """Every array of the ``.npz`` file ``path``, read in full (so damage anywhere shows now).
 
     A missing or unreadable file raises its ``OSError`` (``FileNotFoundError``,

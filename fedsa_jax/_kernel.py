@@ -102,8 +102,16 @@ def _moments(carry: Carry, problem, threshold, valid, rec: Reduction) -> Moments
         value = jax.vmap(fn, in_axes=(0, None, 0))(carry.states, problem, carry.info)
         columns.append(jnp.asarray(value, err.dtype))
     values = jnp.stack(columns, axis=1)
-    return seed_moments(theta, problem.theta_star, threshold, valid, values, counters=carry.counters,
-                        quantiles=rec.quantiles, keep=rec.keep)
+    return seed_moments(
+        theta,
+        problem.theta_star,
+        threshold,
+        valid,
+        values,
+        counters=carry.counters,
+        quantiles=rec.quantiles,
+        keep=rec.keep,
+    )
 
 
 def _initial_carry(key_data, seed_ids, problem, algorithm, theta0) -> Carry:
@@ -123,8 +131,17 @@ def _start_one(algorithm, theta0, threshold, *, inputs: KernelInputs, seeds: See
     return carry, _moments(carry, inputs.problem, threshold, seeds.valid, rec)
 
 
-def _advance_one(carry: Carry, algorithm, *, inputs: KernelInputs, seeds: SeedBatch, end_round, record_every,
-                 max_blocks, rec: Reduction):
+def _advance_one(
+    carry: Carry,
+    algorithm,
+    *,
+    inputs: KernelInputs,
+    seeds: SeedBatch,
+    end_round,
+    record_every,
+    max_blocks,
+    rec: Reduction,
+):
     """Run rounds ``carry.t .. end_round``, recording moments after every multiple of
     ``record_every`` and at ``end_round``. Returns the carry, a ``(max_blocks, ...)``
     buffer of moments and how many entries are filled."""
@@ -165,15 +182,31 @@ def _start(inputs: KernelInputs, seeds: SeedBatch, *, rec: Reduction, num_config
     one = functools.partial(_start_one, inputs=inputs, seeds=seeds, rec=rec)
     # axis_size: a config without array leaves (all fields static) has nothing to map over
     return jax.vmap(one, in_axes=(0, None, None), axis_size=num_configs)(
-        inputs.algorithms, inputs.theta0, inputs.threshold)
+        inputs.algorithms, inputs.theta0, inputs.threshold
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("record_every", "max_blocks", "rec"))
-def _advance(inputs: KernelInputs, seeds: SeedBatch, carry: Carry, end_round, *, record_every: int,
-             max_blocks: int, rec: Reduction):
+def _advance(
+    inputs: KernelInputs,
+    seeds: SeedBatch,
+    carry: Carry,
+    end_round,
+    *,
+    record_every: int,
+    max_blocks: int,
+    rec: Reduction,
+):
     """Every config's rounds ``carry.t .. end_round``: ``(carry, moments buffer, filled)``."""
     global _num_traces
     _num_traces += 1
-    one = functools.partial(_advance_one, inputs=inputs, seeds=seeds, end_round=end_round,
-                            record_every=record_every, max_blocks=max_blocks, rec=rec)
+    one = functools.partial(
+        _advance_one,
+        inputs=inputs,
+        seeds=seeds,
+        end_round=end_round,
+        record_every=record_every,
+        max_blocks=max_blocks,
+        rec=rec,
+    )
     return jax.vmap(one)(carry, inputs.algorithms)

@@ -104,8 +104,9 @@ class Record(NamedTuple):
     counts: dict  # communications, messages_delivered, bits_sent, bits_delivered, samples -> (k,) seed means
 
 
-def grouped(recording: Recording | None, execution: Execution | None, **flat: Any
-            ) -> tuple[Recording, Execution]:
+def grouped(
+    recording: Recording | None, execution: Execution | None, **flat: Any
+) -> tuple[Recording, Execution]:
     """The option groups of a call: given ones, or built from the flat keywords (``flat``: each
     keyword of :class:`Recording` and :class:`Execution` that the function offers flat)."""
     return (_group("recording", Recording, recording, flat), _group("execution", Execution, execution, flat))
@@ -119,8 +120,12 @@ def _group(name: str, cls: type, given: Any, flat: dict[str, Any]):
         _validate.fail(name, given, f"expected fj.{cls.__name__}(...) or None")
     for key, default in fields.items():
         if not _is_default(flat[key], default):
-            _validate.fail(key, flat[key], f"expected its default ({default!r}) when {name}= is given: pass "
-                           f"it inside fj.{cls.__name__}(...) or as a keyword, not both")
+            _validate.fail(
+                key,
+                flat[key],
+                f"expected its default ({default!r}) when {name}= is given: pass "
+                f"it inside fj.{cls.__name__}(...) or as a keyword, not both",
+            )
     return given
 
 

@@ -97,7 +97,6 @@ def split(key: jax.Array, num: int = 2) -> jax.Array:
     return jax.random.wrap_key_data(jnp.stack([b1, b2], axis=-1), impl=jax.random.key_impl(key))
 
 
-
 def bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """``jax.random.bits(key, shape, jnp.uint32)``, bit for bit (the word behind
     :func:`uniform`'s float32 values), fused like :func:`uniform`."""

@@ -57,14 +57,27 @@ def num_records(num_rounds: int, record_every: int) -> int:
     return num_rounds // record_every + 1 + (num_rounds % record_every > 0)
 
 
-def validate_run(key, problem, algorithm, num_rounds, num_seeds, *, theta0=None, divergence_threshold=1e10,
-                 recording: Recording = Recording(), execution: Execution = Execution()) -> Run:
+def validate_run(
+    key,
+    problem,
+    algorithm,
+    num_rounds,
+    num_seeds,
+    *,
+    theta0=None,
+    divergence_threshold=1e10,
+    recording: Recording = Recording(),
+    execution: Execution = Execution(),
+) -> Run:
     """Check every argument of a run before anything is compiled."""
     key = _validate.prng_key("key", key)
     _check_problem(problem)
     if not isinstance(algorithm, Algorithm):
-        _validate.fail("algorithm", type(algorithm).__name__,
-                       "expected an fj.Algorithm (fj.fedlsa, fj.scafflsa, fj.qfedtd, ... or your own)")
+        _validate.fail(
+            "algorithm",
+            type(algorithm).__name__,
+            "expected an fj.Algorithm (fj.fedlsa, fj.scafflsa, fj.qfedtd, ... or your own)",
+        )
     num_rounds, num_seeds, record_every = _check_counts(num_rounds, num_seeds, recording.record_every)
     threshold = _check_threshold(divergence_threshold)
     _check_execution(execution)
@@ -74,18 +87,29 @@ def validate_run(key, problem, algorithm, num_rounds, num_seeds, *, theta0=None,
     _check_underflow(algorithm, problem.dtype)
     optim.check_run(algorithm, num_rounds, problem.dtype)
     metrics = metrics_mod.resolve(recording.metrics)
-    keep_seeds = _check_keep_seeds(recording.keep_seeds, num_seeds, num_records(num_rounds, record_every),
-                                   len(metrics))
+    keep_seeds = _check_keep_seeds(
+        recording.keep_seeds, num_seeds, num_records(num_rounds, record_every), len(metrics)
+    )
     if recording.on_record is not None and not callable(recording.on_record):
         _validate.fail("on_record", recording.on_record, "expected a function fn(record) or None")
     _check_checkpoint_dir(execution.checkpoint_dir)
     _check_algorithm(problem, algorithm, theta0, metrics)
     if execution.checkpoint_dir is not None:  # created and probed now, not after the first chunk
         _io.prepare_dir(execution.checkpoint_dir, "checkpoint_dir")
-    return Run(key=key, num_rounds=num_rounds, num_seeds=num_seeds, theta0=theta0,
-               divergence_threshold=threshold, record_every=record_every, quantiles=quantiles,
-               metrics=metrics, keep_seeds=keep_seeds, on_record=recording.on_record, execution=execution,
-               code=run_code(problem, algorithm, metrics))
+    return Run(
+        key=key,
+        num_rounds=num_rounds,
+        num_seeds=num_seeds,
+        theta0=theta0,
+        divergence_threshold=threshold,
+        record_every=record_every,
+        quantiles=quantiles,
+        metrics=metrics,
+        keep_seeds=keep_seeds,
+        on_record=recording.on_record,
+        execution=execution,
+        code=run_code(problem, algorithm, metrics),
+    )
 
 
 def _check_counts(num_rounds, num_seeds, record_every) -> tuple[int, int, int]:
@@ -99,8 +123,12 @@ def _check_counts(num_rounds, num_seeds, record_every) -> tuple[int, int, int]:
     if every > rounds:
         _validate.fail("record_every", record_every, f"expected an integer in [1, num_rounds={rounds}]")
     if rounds // every + 1 > MAX_RECORDS:
-        _validate.fail("record_every", record_every, f"num_rounds / record_every = {rounds // every} "
-                       f"recorded rounds is more than MAX_RECORDS = {MAX_RECORDS}; record less often")
+        _validate.fail(
+            "record_every",
+            record_every,
+            f"num_rounds / record_every = {rounds // every} "
+            f"recorded rounds is more than MAX_RECORDS = {MAX_RECORDS}; record less often",
+        )
     return rounds, seeds, every
 
 
@@ -110,8 +138,9 @@ def _check_threshold(divergence_threshold) -> float:
     except (TypeError, ValueError):
         threshold = np.nan
     if not threshold > 0:  # inf allowed: then only non-finite iterates count as diverged
-        _validate.fail("divergence_threshold", divergence_threshold,
-                       "expected a real number > 0 (inf: no threshold)")
+        _validate.fail(
+            "divergence_threshold", divergence_threshold, "expected a real number > 0 (inf: no threshold)"
+        )
     return threshold
 
 
@@ -127,8 +156,9 @@ def _check_execution(execution: Execution) -> None:
 
 def _check_quantiles(quantiles, records: int) -> bool:
     if quantiles is not None and not isinstance(quantiles, bool):
-        _validate.fail("quantiles", quantiles,
-                       "expected True, False or None (on when few rounds are recorded)")
+        _validate.fail(
+            "quantiles", quantiles, "expected True, False or None (on when few rounds are recorded)"
+        )
     return records <= QUANTILE_MAX_RECORDS if quantiles is None else quantiles
 
 
@@ -146,8 +176,12 @@ def _check_keep_seeds(keep_seeds, num_seeds: int, records: int, num_metrics: int
     if keep > num_seeds:
         _validate.fail("keep_seeds", keep_seeds, f"expected an integer in [0, num_seeds={num_seeds}]")
     if keep * records * (1 + num_metrics) > KEEP_SEEDS_MAX_VALUES:
-        _validate.fail("keep_seeds", keep_seeds, f"keep_seeds x recorded rounds ({records}) x (1 + metrics) "
-                       f"must be <= {KEEP_SEEDS_MAX_VALUES}; record less often or keep fewer seeds")
+        _validate.fail(
+            "keep_seeds",
+            keep_seeds,
+            f"keep_seeds x recorded rounds ({records}) x (1 + metrics) "
+            f"must be <= {KEEP_SEEDS_MAX_VALUES}; record less often or keep fewer seeds",
+        )
     return keep
 
 
@@ -155,25 +189,33 @@ def _check_checkpoint_dir(checkpoint_dir) -> None:
     if checkpoint_dir is not None:
         _paths.folder("checkpoint_dir", checkpoint_dir)
     if checkpoint_dir is not None and jax.process_count() > 1:
-        _validate.fail("checkpoint_dir", checkpoint_dir,
-                       "checkpoints are written by single-process runs only")
+        _validate.fail(
+            "checkpoint_dir", checkpoint_dir, "checkpoints are written by single-process runs only"
+        )
 
 
 def _check_problem(problem) -> None:
     missing = missing_members(problem)
     if missing:
-        _validate.fail("problem", type(problem).__name__,
-                       f"lacks {', '.join(missing)} of the problem protocol (fj.problems.Problem)")
+        _validate.fail(
+            "problem",
+            type(problem).__name__,
+            f"lacks {', '.join(missing)} of the problem protocol (fj.problems.Problem)",
+        )
     leaves = jax.tree.leaves(problem)
     if len(leaves) == 1 and leaves[0] is problem:
-        _validate.fail("problem", type(problem).__name__,
-                       "must be a pytree (a frozen dataclass registered with "
-                       "jax.tree_util.register_dataclass), so that its arrays enter the kernel as inputs")
+        _validate.fail(
+            "problem",
+            type(problem).__name__,
+            "must be a pytree (a frozen dataclass registered with "
+            "jax.tree_util.register_dataclass), so that its arrays enter the kernel as inputs",
+        )
 
 
 def _check_algorithm(problem, algorithm: Algorithm, theta0: np.ndarray, metrics) -> None:
     """Trace one seed's init and one round (abstractly: nothing runs or compiles) and check the
     contract of :class:`~fedsa_jax.algorithms.Algorithm` and of the metrics."""
+
     def signature(tree):
         leaves, treedef = jax.tree.flatten(tree)
         return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
@@ -189,28 +231,45 @@ def _check_algorithm(problem, algorithm: Algorithm, theta0: np.ndarray, metrics)
     theta = getattr(state, "theta", None)
     if theta is None or getattr(theta, "shape", None) != (d,) or theta.dtype != dtype:
         got = "no field theta" if theta is None else f"theta {getattr(theta, 'shape', '?')} {theta.dtype}"
-        _validate.fail("algorithm", algorithm.name, f"{where}: init_fn must return a state with a field "
-                       f"theta of shape ({d},) and dtype {dtype} (the server iterate); got {got}")
+        _validate.fail(
+            "algorithm",
+            algorithm.name,
+            f"{where}: init_fn must return a state with a field "
+            f"theta of shape ({d},) and dtype {dtype} (the server iterate); got {got}",
+        )
     error = getattr(state, "error", None)
     if error is not None and (getattr(error, "shape", None) != (d,) or error.dtype != dtype):
-        _validate.fail("algorithm", algorithm.name, f"{where}: the state's field error (theta - theta_star) "
-                       f"must have shape ({d},) and dtype {dtype}")
+        _validate.fail(
+            "algorithm",
+            algorithm.name,
+            f"{where}: the state's field error (theta - theta_star) must have shape ({d},) and dtype {dtype}",
+        )
     out = jax.eval_shape(algorithm.step, key, state, problem)
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], RoundInfo)):
-        _validate.fail("algorithm", algorithm.name, f"{where}: step_fn must return (state, RoundInfo) "
-                       f"(build the info with fj.algorithms.round_info); got {type(out).__name__}")
+        _validate.fail(
+            "algorithm",
+            algorithm.name,
+            f"{where}: step_fn must return (state, RoundInfo) "
+            f"(build the info with fj.algorithms.round_info); got {type(out).__name__}",
+        )
     new_state, info = out
     same = jax.tree.structure(new_state) == jax.tree.structure(state) and all(
         (a.shape, a.dtype) == (b.shape, b.dtype)
-        for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(state)))
+        for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(state))
+    )
     if not same:
         got, expected = jax.tree.map(lambda a: a.shape, new_state), jax.tree.map(lambda a: a.shape, state)
-        _validate.fail("algorithm", algorithm.name, f"{where}: step_fn must return a state with the "
-                       f"structure, shapes and dtypes of its input; got {got} for {expected}")
+        _validate.fail(
+            "algorithm",
+            algorithm.name,
+            f"{where}: step_fn must return a state with the "
+            f"structure, shapes and dtypes of its input; got {got} for {expected}",
+        )
     bad = [f for f in RoundInfo._fields if getattr(info, f).shape != ()]
     if bad:
-        _validate.fail("algorithm", algorithm.name,
-                       f"{where}: RoundInfo fields {bad} must be scalars (one seed)")
+        _validate.fail(
+            "algorithm", algorithm.name, f"{where}: RoundInfo fields {bad} must be scalars (one seed)"
+        )
     metrics_mod.check(metrics, state, problem, info, where)
     _checked.add(seen)
 
@@ -225,5 +284,9 @@ def _check_underflow(algorithm: Algorithm, dtype) -> None:
         x = np.asarray(leaf)
         if x.dtype.kind == "f" and np.any((x != 0) & (x.astype(dtype) == 0)):
             name = ".".join(str(getattr(k, "name", getattr(k, "key", k))) for k in path)
-            _validate.fail(name or "algorithm", leaf, f"underflows to 0 in {np.dtype(dtype)}; expected 0 or "
-                           f"|value| >= {tiny:.3g} (or run in float64)")
+            _validate.fail(
+                name or "algorithm",
+                leaf,
+                f"underflows to 0 in {np.dtype(dtype)}; expected 0 or "
+                f"|value| >= {tiny:.3g} (or run in float64)",
+            )

@@ -72,9 +72,11 @@ def _grid(axes: Mapping[str, Any], limit: int) -> list[dict[str, Any]]:
     size = math.prod(len(v) for v in values)
     if size > limit:
         shape = " x ".join(f"{len(v)} {name}" for name, v in zip(names, values) if len(v) > 1)
-        raise ValueError(f"grid of {size} configurations ({shape}) is invalid: more than MAX_GRID = {limit}; "
-                         "split the sweep, or raise the limit (fj.sweep.MAX_GRID = N, or --max-grid N on the "
-                         "command line)")
+        raise ValueError(
+            f"grid of {size} configurations ({shape}) is invalid: more than MAX_GRID = {limit}; "
+            "split the sweep, or raise the limit (fj.sweep.MAX_GRID = N, or --max-grid N on the "
+            "command line)"
+        )
     return [dict(zip(names, combo)) for combo in itertools.product(*values)]
 
 
@@ -152,8 +154,9 @@ def _shard(shard) -> tuple[int, int] | None:
     return k, n
 
 
-def _finished(out: Path, config, run, problem, warn: bool = True, compute: bool = True
-              ) -> tuple[SweepEntry | None, bool]:
+def _finished(
+    out: Path, config, run, problem, warn: bool = True, compute: bool = True
+) -> tuple[SweepEntry | None, bool]:
     """``(entry, damaged)``: the saved result of ``config`` if it is this run's, and whether
     a file was there but damaged or of another schema (:func:`fedsa_jax.load` refuses it: it
     is then recomputed and replaced, or without ``compute`` counted as missing, with a warning)."""
@@ -164,8 +167,11 @@ def _finished(out: Path, config, run, problem, warn: bool = True, compute: bool 
             done = load(path)
         except DamagedFileError as err:
             if warn:
-                what = "recomputing a damaged sweep result" if compute else \
-                    "a damaged sweep result counts as missing (nothing is computed)"
+                what = (
+                    "recomputing a damaged sweep result"
+                    if compute
+                    else "a damaged sweep result counts as missing (nothing is computed)"
+                )
                 warnings.warn(f"{what}: {err}", RuntimeWarning, stacklevel=3)
             return None, True
         if _same_run(done, config, run, problem):
@@ -189,10 +195,17 @@ class _Settings:
         """The validated run of one configuration."""
         every = _per_config(self.recording.record_every, config)
         recording = dataclasses.replace(self.recording, record_every=every)
-        return validate_run(self.key, problem, algorithm, _per_config(self.num_rounds, config),
-                            self.num_seeds, theta0=self.theta0,
-                            divergence_threshold=self.divergence_threshold, recording=recording,
-                            execution=self.execution)
+        return validate_run(
+            self.key,
+            problem,
+            algorithm,
+            _per_config(self.num_rounds, config),
+            self.num_seeds,
+            theta0=self.theta0,
+            divergence_threshold=self.divergence_threshold,
+            recording=recording,
+            execution=self.execution,
+        )
 
 
 class _Member(NamedTuple):
@@ -259,21 +272,38 @@ def sweep(
     if not configs:
         _validate.fail("configs", configs, "expected at least one configuration")
     shard = _shard(shard)
-    recording, execution = grouped(recording, execution, record_every=record_every, quantiles=quantiles,
-                                   seed_batch_size=seed_batch_size, chunk_rounds=chunk_rounds,
-                                   progress=progress)
+    recording, execution = grouped(
+        recording,
+        execution,
+        record_every=record_every,
+        quantiles=quantiles,
+        seed_batch_size=seed_batch_size,
+        chunk_rounds=chunk_rounds,
+        progress=progress,
+    )
     if execution.checkpoint_dir is not None:
-        _validate.fail("checkpoint_dir", execution.checkpoint_dir, "expected None in a sweep: it resumes "
-                       "from out_dir, where every finished configuration is saved")
+        _validate.fail(
+            "checkpoint_dir",
+            execution.checkpoint_dir,
+            "expected None in a sweep: it resumes from out_dir, where every finished configuration is saved",
+        )
     if out_dir is not None:
         _paths.folder("out_dir", out_dir)
     out = None if out_dir is None else _io.prepare_dir(out_dir, "out_dir")
-    settings = _Settings(key=key, num_rounds=num_rounds, num_seeds=num_seeds, theta0=theta0,
-                         divergence_threshold=divergence_threshold, recording=recording, execution=execution)
+    settings = _Settings(
+        key=key,
+        num_rounds=num_rounds,
+        num_seeds=num_seeds,
+        theta0=theta0,
+        divergence_threshold=divergence_threshold,
+        recording=recording,
+        execution=execution,
+    )
     entries: dict[int, SweepEntry] = {}
     damaged: set[int] = set()
-    groups = _groups(configs, build, settings, shard=shard, out=out, compute=compute, entries=entries,
-                     damaged=damaged)
+    groups = _groups(
+        configs, build, settings, shard=shard, out=out, compute=compute, entries=entries, damaged=damaged
+    )
     for members in groups:
         _run_locked(members, out, entries, damaged)
         if out is not None and shard is None:
@@ -287,8 +317,17 @@ def sweep(
 sweep.MAX_GRID = MAX_GRID  # type: ignore[attr-defined]  # fj.sweep.MAX_GRID = N: the limit grid() applies
 
 
-def _groups(configs, build, settings: _Settings, *, shard, out: Path | None, compute: bool,
-            entries: dict[int, SweepEntry], damaged: set[int]) -> list[list[_Member]]:
+def _groups(
+    configs,
+    build,
+    settings: _Settings,
+    *,
+    shard,
+    out: Path | None,
+    compute: bool,
+    entries: dict[int, SweepEntry],
+    damaged: set[int],
+) -> list[list[_Member]]:
     """Validate every configuration (of the shard); enter the finished and, without ``compute``, the
     missing ones in ``entries``; group the others that can run side by side (one compiled kernel)."""
     groups: dict[Any, list[_Member]] = {}
@@ -314,8 +353,9 @@ def _groups(configs, build, settings: _Settings, *, shard, out: Path | None, com
     return list(groups.values())
 
 
-def _run_locked(members: list[_Member], out: Path | None, entries: dict[int, SweepEntry], damaged: set[int]
-                ) -> None:
+def _run_locked(
+    members: list[_Member], out: Path | None, entries: dict[int, SweepEntry], damaged: set[int]
+) -> None:
     """Run a group under the locks of its configurations, leaving out those another process finished."""
     with contextlib.ExitStack() as locks:
         if out is not None:  # sorted, so processes taking several locks never deadlock
@@ -333,8 +373,9 @@ def _run_locked(members: list[_Member], out: Path | None, entries: dict[int, Swe
             _run_group(members, out, entries, damaged)
 
 
-def _run_group(members: list[_Member], out: Path | None, entries: dict[int, SweepEntry], damaged: set[int]
-               ) -> None:
+def _run_group(
+    members: list[_Member], out: Path | None, entries: dict[int, SweepEntry], damaged: set[int]
+) -> None:
     first = members[0]
     t0 = time.perf_counter()
     results = execute(first.run, first.problem, [m.algorithm for m in members])
@@ -365,4 +406,3 @@ def _write_index(out: Path, entries: list[SweepEntry]) -> None:
             )
         rows.append(row)
     _io.write_json(out / "sweep.json", rows)
-

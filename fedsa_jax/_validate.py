@@ -23,7 +23,7 @@ def _clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     head = (limit - 3) * 2 // 3
-    return f"{text[:head]}...{text[len(text) - (limit - 3 - head):]}"
+    return f"{text[:head]}...{text[len(text) - (limit - 3 - head) :]}"
 
 
 def _show(value: Any, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -55,8 +55,11 @@ INDEX_MAX = 2**31 - 1  # sizes and indices are int32 inside the kernels
 def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` as an int in ``[minimum, maximum]`` (no upper bound for ``maximum=None``); bools are
     refused (``True`` is an ``int`` to Python, never a count)."""
-    allowed = f"expected an integer >= {minimum}" if maximum is None else \
-        f"expected an integer in [{minimum}, {maximum}]"
+    allowed = (
+        f"expected an integer >= {minimum}"
+        if maximum is None
+        else f"expected an integer in [{minimum}, {maximum}]"
+    )
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
         fail(name, value, allowed)
     if value < minimum or (maximum is not None and value > maximum):  # pyright: ignore[reportOperatorIssue]
@@ -68,8 +71,11 @@ def table_size(name: str, value: Any, count: int, what: str) -> None:
     """Refuse a table of ``count > INDEX_MAX`` values (``what`` says which product of sizes it is):
     its flat int32 indices would wrap around, and it would not fit in memory anyway."""
     if count > INDEX_MAX:
-        fail(name, value, f"{what} = {count} values, more than 2^31 - 1 = {INDEX_MAX} (tables are indexed "
-             "with int32)")
+        fail(
+            name,
+            value,
+            f"{what} = {count} values, more than 2^31 - 1 = {INDEX_MAX} (tables are indexed with int32)",
+        )
 
 
 def real(
@@ -97,8 +103,10 @@ def real(
     return x
 
 
-DTYPES_ALLOWED = ("expected a real array of float32 or float64 (integers and bools are converted; "
-                  "float16, bfloat16 and complex values are refused: too coarse, or not real)")
+DTYPES_ALLOWED = (
+    "expected a real array of float32 or float64 (integers and bools are converted; "
+    "float16, bfloat16 and complex values are refused: too coarse, or not real)"
+)
 
 
 def check_dtype(name: str, value: Any) -> None:
@@ -145,8 +153,12 @@ def fits(name: str, value: Any, values: np.ndarray, dtype, what: str = "entries"
         return
     biggest = float(np.nanmax(np.abs(values)))
     advice = "rescale the data" + ("" if dt == np.float64 else " or use float64")
-    fail(name, value, f"{what} reach {biggest:.3g} in magnitude, beyond the largest {dt} "
-         f"({float(np.finfo(dt).max):.3g}); {advice}")
+    fail(
+        name,
+        value,
+        f"{what} reach {biggest:.3g} in magnitude, beyond the largest {dt} "
+        f"({float(np.finfo(dt).max):.3g}); {advice}",
+    )
 
 
 def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:

@@ -65,8 +65,11 @@ def enable(path: str | os.PathLike | None = None) -> Path | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        warnings.warn(f"compilation cache disabled: cannot create {folder} ({err.strerror or err})",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"compilation cache disabled: cannot create {folder} ({err.strerror or err})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # small kernels too

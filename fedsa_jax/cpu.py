@@ -134,14 +134,19 @@ def use_cpu_cores(num_devices: int | None = None) -> int:
             f"cannot give JAX {wanted} CPU devices: its backends are already initialised in this process, "
             f"with {have} CPU device{'s' * (have != 1)}, and JAX fixes the count when they start. Call "
             "fedsa_jax.use_cpu_cores() right after `import fedsa_jax`, before any JAX computation (an array, "
-            "jax.devices(), a simulation), or start a new process.")
+            "jax.devices(), a simulation), or start a new process."
+        )
     if explicit is not None:
         _warn_unused(num_devices, explicit, explicit[1])
         return explicit[1]
     cores = usable_cores()
     if wanted > cores:  # XLA gives each CPU device a thread: 999 of them made it abort (exit status 134)
-        _validate.fail("num_devices", num_devices, f"expected an integer from 1 to {cores}, the cores this process "
-                       "may use (its CPU affinity): more CPU devices than cores do not run faster")
+        _validate.fail(
+            "num_devices",
+            num_devices,
+            f"expected an integer from 1 to {cores}, the cores this process "
+            "may use (its CPU affinity): more CPU devices than cores do not run faster",
+        )
     import jax
 
     global _ours
@@ -152,5 +157,9 @@ def use_cpu_cores(num_devices: int | None = None) -> int:
 
 def _warn_unused(num_devices: int | None, explicit: tuple[str, int] | None, count: int) -> None:
     if num_devices is not None and num_devices != count and explicit is not None:
-        warnings.warn(f"{num_devices} CPU devices asked for, but {explicit[0]} was set explicitly and wins "
-                      f"(JAX has {count} CPU devices)", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"{num_devices} CPU devices asked for, but {explicit[0]} was set explicitly and wins "
+            f"(JAX has {count} CPU devices)",
+            RuntimeWarning,
+            stacklevel=3,
+        )

@@ -89,23 +89,38 @@ def resolve(metrics: Mapping[str, Any] | Sequence[str] | None) -> tuple[tuple[st
     if isinstance(metrics, (list, tuple)):
         metrics = {m: m for m in metrics}
     if not isinstance(metrics, Mapping):
-        _validate.fail("metrics", metrics, "expected a dict {name: fn(state, problem) -> scalar} or a list of "
-                       f"built-in names ({', '.join(_BUILTIN)})")
+        _validate.fail(
+            "metrics",
+            metrics,
+            "expected a dict {name: fn(state, problem) -> scalar} or a list of "
+            f"built-in names ({', '.join(_BUILTIN)})",
+        )
     out = []
     for name, fn in metrics.items():
         if not isinstance(name, str) or not NAME.match(name) or name in _RESERVED:
-            _validate.fail("metrics", name, "metric names are up to 100 letters, digits and '_' starting with "
-                           f"a letter (not {', '.join(_RESERVED)})")
+            _validate.fail(
+                "metrics",
+                name,
+                "metric names are up to 100 letters, digits and '_' starting with "
+                f"a letter (not {', '.join(_RESERVED)})",
+            )
         if isinstance(fn, str):
             if fn not in _BUILTIN:
-                _validate.fail(f"metrics[{name!r}]", fn, f"expected a function or a built-in metric: "
-                               f"{', '.join(_BUILTIN)}")
+                _validate.fail(
+                    f"metrics[{name!r}]",
+                    fn,
+                    f"expected a function or a built-in metric: {', '.join(_BUILTIN)}",
+                )
             out.append((name, _BUILTIN[fn]))
         elif callable(fn):
             out.append((name, _user(fn)))
         else:
-            _validate.fail(f"metrics[{name!r}]", fn, "expected a function fn(state, problem) -> scalar "
-                           f"or a built-in name ({', '.join(_BUILTIN)})")
+            _validate.fail(
+                f"metrics[{name!r}]",
+                fn,
+                "expected a function fn(state, problem) -> scalar "
+                f"or a built-in name ({', '.join(_BUILTIN)})",
+            )
     return tuple(out)
 
 
@@ -138,11 +153,18 @@ def check(metrics, state_like, problem, info_like, where: str) -> None:
         try:
             out = jax.eval_shape(_as_array(fn), state_like, problem, info_like)
         except _NotAnArray as e:
-            _validate.fail(what, name, f"must return a real scalar for one seed; on {where} it returned "
-                           f"a {e}")
+            _validate.fail(
+                what, name, f"must return a real scalar for one seed; on {where} it returned a {e}"
+            )
         except Exception as e:  # the user's function failed: say how, in one line
             _validate.fail(what, name, f"cannot be evaluated on {where}: it raised {_first_line(e)}")
-        if out.shape != () or not jnp.issubdtype(out.dtype, jnp.number) \
-                or jnp.issubdtype(out.dtype, jnp.complexfloating):
-            _validate.fail(what, name, f"must return a real scalar for one seed; on {where} it returned "
-                           f"{out.shape} {out.dtype}")
+        if (
+            out.shape != ()
+            or not jnp.issubdtype(out.dtype, jnp.number)
+            or jnp.issubdtype(out.dtype, jnp.complexfloating)
+        ):
+            _validate.fail(
+                what,
+                name,
+                f"must return a real scalar for one seed; on {where} it returned {out.shape} {out.dtype}",
+            )

@@ -125,8 +125,15 @@ class Augmented:
         self.add("one", 1, initial=lambda e0: 1.0)
         self.add("theta", initial=START, carried=theta_carried)
 
-    def add(self, name: str, size: int | None = None, per_agent: bool = False,
-            initial: Callable | None = None, carried: bool = False, zero_sum: bool = False) -> None:
+    def add(
+        self,
+        name: str,
+        size: int | None = None,
+        per_agent: bool = False,
+        initial: Callable | None = None,
+        carried: bool = False,
+        zero_sum: bool = False,
+    ) -> None:
         """Append a block of ``size`` coordinates (default d), one per agent if ``per_agent``.
 
         ``initial(theta_0 - theta_star) -> values`` gives its initial mean (default 0; :data:`START`:
@@ -157,15 +164,23 @@ class Augmented:
                 kinds: dict[str, list[int]] = {}  # a block per agent is counted, not listed: N may be large
                 for b, n in blocks:
                     kinds.setdefault(b.rstrip("0123456789"), []).append(n)
-                sizes = " + ".join(f"{len(ns)} x {ns[0]} ({b})" if len(ns) > 1 else f"{ns[0]} ({b})"
-                                   for b, ns in kinds.items() if ns[0])
-                _validate.fail("problem", f"N={self.N}, d={self.d}",
-                               f"the exact recursion's state for {self.name} has {D} coordinates ({sizes}) > "
-                               f"MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}")
+                sizes = " + ".join(
+                    f"{len(ns)} x {ns[0]} ({b})" if len(ns) > 1 else f"{ns[0]} ({b})"
+                    for b, ns in kinds.items()
+                    if ns[0]
+                )
+                _validate.fail(
+                    "problem",
+                    f"N={self.N}, d={self.d}",
+                    f"the exact recursion's state for {self.name} has {D} coordinates ({sizes}) > "
+                    f"MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}",
+                )
             starts = np.cumsum([0] + [n for _, n in blocks])
             flat = {b: slice(int(s), int(s) + n) for (b, n), s in zip(blocks, starts)}
-            self._slices = {name: [flat[f"{name}{c}"] for c in range(self.N)] if per_agent else flat[name]
-                            for name, _, per_agent, _ in self._specs}
+            self._slices = {
+                name: [flat[f"{name}{c}"] for c in range(self.N)] if per_agent else flat[name]
+                for name, _, per_agent, _ in self._specs
+            }
             self._D = int(D)
         return self._slices
 
@@ -181,6 +196,7 @@ class Augmented:
 
     def indices(self, name: str) -> np.ndarray:
         """The coordinates of a block (all agents' in order for a per-agent block)."""
+
         def build():
             parts = self[name] if isinstance(self[name], list) else [self[name]]
             return np.concatenate([np.arange(self.D)[sl] for sl in parts])
@@ -218,12 +234,13 @@ class Augmented:
         m = np.zeros(self.D)
         for name, _, per_agent, initial in self._specs:
             if initial is not None:
-                for sl in (self[name] if per_agent else [self[name]]):
+                for sl in self[name] if per_agent else [self[name]]:
                     m[sl] = initial(e0)
         return m
 
 
 # -- phases ----------------------------------------------------------------------------------
+
 
 class Affine:
     """``Y <- L Y``, no noise: ``build() -> L (D, D)`` (the affine constant in column 0), built
@@ -282,8 +299,10 @@ class LocalStep:
         A, rho, theta_star = y.A, y.rho, y.theta_star
         loc_idx = y.indices(self.iterates)
         xi_idx = y.indices(self.controls) if self.controls else None
-        blocks = y.memo(("diagonal", self.iterates), lambda: (loc_idx.reshape(N, d)[:, :, None],
-                                                               loc_idx.reshape(N, d)[:, None, :]))
+        blocks = y.memo(
+            ("diagonal", self.iterates),
+            lambda: (loc_idx.reshape(N, d)[:, :, None], loc_idx.reshape(N, d)[:, None, :]),
+        )
 
         def local_rows(S):
             """``L(eta) @ S``: only the local rows change."""
@@ -297,8 +316,12 @@ class LocalStep:
 
         # the noise model takes the local iterates' moments in theta coordinates
         m_e = S[0, loc_idx].reshape(N, d)
-        X = S[blocks] + theta_star[:, None] * m_e[:, None, :] + m_e[:, :, None] * theta_star[None, :] \
-            + np.outer(theta_star, theta_star)  # (N, d, d): E[theta^c theta^c^T]
+        X = (
+            S[blocks]
+            + theta_star[:, None] * m_e[:, None, :]
+            + m_e[:, :, None] * theta_star[None, :]
+            + np.outer(theta_star, theta_star)
+        )  # (N, d, d): E[theta^c theta^c^T]
         cov = (eta * eta) * y.noise(m_e + theta_star, X)
         S = local_rows(local_rows(S).T)
         S[blocks] += cov
@@ -308,8 +331,16 @@ class LocalStep:
 class Aggregation(Affine):
     """The server's aggregate through the uplink channel (:func:`aggregate`)."""
 
-    def __init__(self, y: Augmented, channel, reference: str, into: str, iterates: str,
-                 control_variates: str | None, denominator: float | None):
+    def __init__(
+        self,
+        y: Augmented,
+        channel,
+        reference: str,
+        into: str,
+        iterates: str,
+        control_variates: str | None,
+        denominator: float | None,
+    ):
         self.channel, self.reference, self.into, self.iterates = channel, reference, into, iterates
         self.control_variates, self.denominator = control_variates, denominator
         channel.quantizer.check_dim(y.d)
@@ -328,8 +359,9 @@ class Aggregation(Affine):
             L[into, l] = self.w_server * np.eye(d)
         if self.control_variates:
             denominator: Any = self.denominator  # given with control_variates
-            _control_variate_rows(L, y[self.control_variates], y[self.iterates], ref, self.channel, y.N,
-                                  denominator)
+            _control_variate_rows(
+                L, y[self.control_variates], y[self.iterates], ref, self.channel, y.N, denominator
+            )
         return L
 
     def _channel_moments(self):
@@ -350,9 +382,12 @@ class Aggregation(Affine):
 
     def prepare(self) -> None:
         if self.control_variates and not self.channel.trivial:
-            _validate.fail("algorithm", self.channel.describe(),
-                           f"exact_mse covers {self.y.title or self.y.name} with an exact channel only "
-                           "(identity quantizer, success_prob=1); exact_mean covers any unbiased channel")
+            _validate.fail(
+                "algorithm",
+                self.channel.describe(),
+                f"exact_mse covers {self.y.title or self.y.name} with an exact channel only "
+                "(identity quantizer, success_prob=1); exact_mean covers any unbiased channel",
+            )
         self._channel_moments()
 
     def second(self, S: np.ndarray, conjugate) -> np.ndarray:
@@ -368,8 +403,12 @@ class Aggregation(Affine):
             Sl = S[np.ix_(loc_idx, loc_idx)].reshape(N, d, N, d)
             cross = S[np.ix_(loc_idx, ref_idx)].reshape(N, d, d)  # E[loc_c ref^T]
             # E[m_c m_j^T] for the messages m_c = loc_c - ref
-            M = Sl - cross[:, :, None, :] - np.transpose(cross, (2, 0, 1))[None] \
+            M = (
+                Sl
+                - cross[:, :, None, :]
+                - np.transpose(cross, (2, 0, 1))[None]
                 + S[ref, ref][None, :, None, :]
+            )
             diag_sum = np.einsum("cicj->ij", M)
             extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
             extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
@@ -432,8 +471,10 @@ class Chain:
 
 # -- the blocks --------------------------------------------------------------------------------
 
+
 def broadcast(y: Augmented, source: str = "theta", into: str = "loc") -> Affine:
     """Every agent starts from the server's iterate: ``into_c <- source`` (``run_agents``)."""
+
     def build():
         L = np.eye(y.D)
         for l in y[into]:
@@ -452,8 +493,15 @@ def local_step(y: Augmented, eta: float, iterates: str = "loc", controls: str | 
     return LocalStep(y, eta, iterates, controls)
 
 
-def aggregate(y: Augmented, channel, into: str = "theta", reference: str = "theta", iterates: str = "loc",
-              control_variates: str | None = None, denominator: float | None = None) -> Aggregation:
+def aggregate(
+    y: Augmented,
+    channel,
+    into: str = "theta",
+    reference: str = "theta",
+    iterates: str = "loc",
+    control_variates: str | None = None,
+    denominator: float | None = None,
+) -> Aggregation:
     """``server_update`` through ``channel``: ``into <- reference + sum_c w_c q(m_c)``,
     ``m_c = iterates_c - reference``, with the channel's random weights (erasures, either
     aggregation rule) and quantizer (unbiased; for second moments identity or rand-k).
@@ -480,7 +528,7 @@ def server_step(y: Augmented, server_optimizer, reference: str = "theta"):
 
     def build():
         I = np.eye(d)
-        Mg, Ms, Mp = M[:, :d], M[:, d:d + n_s], M[:, d + n_s:]
+        Mg, Ms, Mp = M[:, :d], M[:, d : d + n_s], M[:, d + n_s :]
         L = np.eye(y.D)
         ref, s, agg = y[reference], y["s"], y["agg"]
         out = np.zeros((d + n_s, y.D))  # rows of [u; s']
@@ -510,6 +558,7 @@ def chain(y: Augmented, key, *phases) -> Chain:
 
 def agents_mean(y: Augmented, source: str = "loc", into: str = "theta") -> Affine:
     """``into <- mean_c source_c`` (exact channel)."""
+
     def build():
         L = np.eye(y.D)
         L[y[into]] = 0.0
@@ -522,6 +571,7 @@ def agents_mean(y: Augmented, source: str = "loc", into: str = "theta") -> Affin
 
 def averaging(y: Augmented, n: int, block: str = "avg", source: str = "theta") -> Affine:
     """Polyak-Ruppert: ``block <- block + (source - block) / n`` (n iterates in the mean)."""
+
     def build():
         L = np.eye(y.D)
         v = y[block]
@@ -537,6 +587,7 @@ def assign(y: Augmented, **rows) -> Affine:
     "mean": b})`` is ``theta <- (1 - b) theta + b mean``. A coefficient is a number (times the
     identity; blocks of equal size) or a matrix; ``"one"`` with a vector adds a constant (error
     coordinates: a constant shift of an iterate). Unnamed blocks are unchanged."""
+
     def build():
         L = np.eye(y.D)
         for target, combination in rows.items():
@@ -553,6 +604,7 @@ def assign(y: Augmented, **rows) -> Affine:
 
 
 # -- descriptions ------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Recursion:
@@ -591,11 +643,14 @@ def recursion_of(algorithm, problem):
     :class:`Combination`); a ``ValueError`` saying how to add one if the algorithm has none."""
     describe = getattr(algorithm, "theory", None)
     if describe is None:
-        _validate.fail("algorithm", getattr(algorithm, "name", algorithm),
-                       "has no exact moment description: pass theory=fn to fj.Algorithm, with "
-                       "fn(config, problem) returning fj.theory.Recursion(state, round, step_size, "
-                       "num_local_steps) built from the blocks of fj.theory (broadcast, local_step, aggregate, "
-                       "server_step, assign...; see the README, 'Write your own algorithm')")
+        _validate.fail(
+            "algorithm",
+            getattr(algorithm, "name", algorithm),
+            "has no exact moment description: pass theory=fn to fj.Algorithm, with "
+            "fn(config, problem) returning fj.theory.Recursion(state, round, step_size, "
+            "num_local_steps) built from the blocks of fj.theory (broadcast, local_step, aggregate, "
+            "server_step, assign...; see the README, 'Write your own algorithm')",
+        )
     out = describe(algorithm.config, problem)
     if isinstance(out, Recursion) and out.state.name is None:
         out.state.name = algorithm.name
@@ -603,6 +658,7 @@ def recursion_of(algorithm, problem):
 
 
 # -- moments of the noise and of the channel ----------------------------------------------------
+
 
 def _arrays(problem):
     A = np.asarray(problem.A_bar, np.float64)
@@ -616,8 +672,12 @@ def _binomial_inverse_mean(n: int, p: float, shift: int, power: int = 1) -> floa
     if p == 1.0:
         return 1.0 / (shift + n) ** power
     k = np.arange(n + 1)
-    log_pmf = (lgamma(n + 1) - np.array([lgamma(i + 1) + lgamma(n - i + 1) for i in k])
-               + k * np.log(p) + (n - k) * np.log1p(-p))
+    log_pmf = (
+        lgamma(n + 1)
+        - np.array([lgamma(i + 1) + lgamma(n - i + 1) for i in k])
+        + k * np.log(p)
+        + (n - k) * np.log1p(-p)
+    )
     return float(np.sum(np.exp(log_pmf) / (shift + k) ** power))
 
 
@@ -630,7 +690,9 @@ def _server_weight(channel, N: int) -> float:
 def _expected_weights(channel, N: int) -> tuple[float, float, float]:
     """``E[w_c]``, ``E[1{c in R} / |R|]`` and ``E[1{c, j in R} / |R|]`` (j != c)."""
     if not channel.quantizer.unbiased:
-        _validate.fail("quantizer", channel.quantizer.describe(), "exact recursions need an unbiased quantizer")
+        _validate.fail(
+            "quantizer", channel.quantizer.describe(), "exact recursions need an unbiased quantizer"
+        )
     p = float(channel.success_prob)
     same = p * _binomial_inverse_mean(N - 1, p, 1)
     other = p * p * _binomial_inverse_mean(N - 2, p, 2) if N > 1 else 0.0
@@ -661,16 +723,20 @@ def _affine_optimizer(server_optimizer, d: int, error0: np.ndarray):
         s0 = tx.init(jnp.asarray(error0, jnp.float64))
         leaves, treedef = jax.tree.flatten(s0)
         if any(not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) for x in leaves):
-            _validate.fail("server_optimizer", what, "exact_mean and exact_mse need a constant affine server "
-                           "optimizer such as optax.sgd(lr, momentum=beta); this one's state counts steps (Adam's bias "
-                           "correction, or a schedule inside it), so its update changes with t: estimate it by "
-                           "simulation")
+            _validate.fail(
+                "server_optimizer",
+                what,
+                "exact_mean and exact_mse need a constant affine server "
+                "optimizer such as optax.sgd(lr, momentum=beta); this one's state counts steps (Adam's bias "
+                "correction, or a schedule inside it), so its update changes with t: estimate it by "
+                "simulation",
+            )
         shapes = [jnp.shape(x) for x in leaves]
         sizes = [int(np.prod(s)) for s in shapes]
         n_s = sum(sizes)
 
         def f(z):
-            g, s, p = z[:d], z[d:d + n_s], z[d + n_s:]
+            g, s, p = z[:d], z[d : d + n_s], z[d + n_s :]
             parts = np.split(np.arange(n_s), np.cumsum(sizes)[:-1]) if n_s else []
             state = jax.tree.unflatten(treedef, [s[idx].reshape(shape) for idx, shape in zip(parts, shapes)])
             u, state = tx.update(g, state, p)
@@ -680,7 +746,9 @@ def _affine_optimizer(server_optimizer, d: int, error0: np.ndarray):
         n = 2 * d + n_s
         c = np.asarray(f(jnp.zeros(n)), np.float64)
         if c.shape != (d + n_s,):
-            _validate.fail("server_optimizer", what, "exact theory needs an optimizer whose state keeps its shape")
+            _validate.fail(
+                "server_optimizer", what, "exact theory needs an optimizer whose state keeps its shape"
+            )
         M = np.stack([np.asarray(f(jnp.eye(n)[i]), np.float64) - c for i in range(n)], axis=1)
         rng = np.random.default_rng(0)
         for scale in (1e-3, 1.0, 1e3):  # an affine map matches c + M z everywhere
@@ -688,11 +756,15 @@ def _affine_optimizer(server_optimizer, d: int, error0: np.ndarray):
             out = np.asarray(f(jnp.asarray(z)), np.float64)
             pred = c + M @ z
             if not np.allclose(out, pred, rtol=1e-8, atol=1e-12 * (np.abs(M) @ np.abs(z) + np.abs(c)).max()):
-                _validate.fail("server_optimizer", what, "exact_mean and exact_mse need an affine server optimizer "
-                               "(updates and state linear in the pseudo-gradient, the state and the iterate, e.g. "
-                               "optax.sgd(lr, momentum=beta)); this one is not "
-                               "(Adam- and RMSProp-type updates divide by a "
-                               "running second moment): estimate it by simulation")
+                _validate.fail(
+                    "server_optimizer",
+                    what,
+                    "exact_mean and exact_mse need an affine server optimizer "
+                    "(updates and state linear in the pseudo-gradient, the state and the iterate, e.g. "
+                    "optax.sgd(lr, momentum=beta)); this one is not "
+                    "(Adam- and RMSProp-type updates divide by a "
+                    "running second moment): estimate it by simulation",
+                )
         s0 = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in leaves]) if n_s else np.zeros(0)
     return M, c, s0, n_s
 
@@ -707,7 +779,9 @@ def _residuals(problem) -> np.ndarray:
 def require_iid(problem):
     """Refuses a problem whose observations are not i.i.d. (``sampling`` other than generative)."""
     if getattr(problem, "sampling", "generative") != "generative":
-        _validate.fail("problem.sampling", problem.sampling, "exact recursions need i.i.d. ('generative') sampling")
+        _validate.fail(
+            "problem.sampling", problem.sampling, "exact recursions need i.i.d. ('generative') sampling"
+        )
 
 
 def noise_model(problem):
@@ -733,10 +807,13 @@ def noise_model(problem):
     own = getattr(problem, "noise_second_moment", None)
     cov = own() if callable(own) else None
     if cov is None:
-        _validate.fail("problem", type(problem).__name__,
-                       "exact second moments need the law of the noise: a problem with a "
-                       "noise_second_moment() method (Gaussian LSA, federated TD) or a finite_support() "
-                       "method (fj.problems.FiniteSupport)")
+        _validate.fail(
+            "problem",
+            type(problem).__name__,
+            "exact second moments need the law of the noise: a problem with a "
+            "noise_second_moment() method (Gaussian LSA, federated TD) or a finite_support() "
+            "method (fj.problems.FiniteSupport)",
+        )
     require_iid(problem)
     return cov
 
@@ -750,7 +827,9 @@ def _support_second_moment(problem, A, b):
     w = np.asarray(sup.weights, np.float64)
     bz = np.asarray(sup.b, np.float64)
     if w.ndim != 2 or w.shape[0] != N or bz.shape != w.shape + (d,):
-        _validate.fail(name, f"weights {w.shape}, b {bz.shape}", f"expected weights (N={N}, K) and b (N, K, d={d})")
+        _validate.fail(
+            name, f"weights {w.shape}, b {bz.shape}", f"expected weights (N={N}, K) and b (N, K, d={d})"
+        )
     if sup.A is not None:
         Az = np.asarray(sup.A, np.float64)
         if Az.shape != w.shape + (d, d) or sup.left is not None or sup.right is not None:
@@ -761,16 +840,23 @@ def _support_second_moment(problem, A, b):
             _validate.fail(name, "A=None", "expected A, or both left and right (A(z) = left right^T)")
         left, right = np.asarray(sup.left, np.float64), np.asarray(sup.right, np.float64)
         if left.shape != bz.shape or right.shape != bz.shape:
-            _validate.fail(name, f"left {left.shape}, right {right.shape}", f"expected both of shape {bz.shape}")
+            _validate.fail(
+                name, f"left {left.shape}, right {right.shape}", f"expected both of shape {bz.shape}"
+            )
         mean_A = np.einsum("ck,cki,ckj->cij", w, left, right)
     tol = np.sqrt(np.finfo(problem.dtype).eps)
     if np.any(w < 0) or not np.allclose(w.sum(1), 1.0, rtol=0, atol=tol):
         _validate.fail(name, "weights", "expected nonnegative weights summing to 1 for every agent")
     scale = max(1.0, float(np.max(np.abs(A))), float(np.max(np.abs(b))))
-    if not (np.allclose(mean_A, A, rtol=0, atol=tol * scale)
-            and np.allclose(np.einsum("ck,cki->ci", w, bz), b, rtol=0, atol=tol * scale)):
-        _validate.fail(name, "the support's means", "expected sum_k weights A(z_k) = A_bar and sum_k weights b(z_k) "
-                       "= b_bar for every agent")
+    if not (
+        np.allclose(mean_A, A, rtol=0, atol=tol * scale)
+        and np.allclose(np.einsum("ck,cki->ci", w, bz), b, rtol=0, atol=tol * scale)
+    ):
+        _validate.fail(
+            name,
+            "the support's means",
+            "expected sum_k weights A(z_k) = A_bar and sum_k weights b(z_k) = b_bar for every agent",
+        )
     if sup.A is not None:
         return direction_second_moment(w, Az, bz)
     wl = w[:, :, None] * left
@@ -799,9 +885,12 @@ def _quantizer_covariance(quantizer, d: int):
         W = np.full((d, d), off)
         np.fill_diagonal(W, diag)
         return lambda S: W * S
-    _validate.fail("quantizer", quantizer.describe(),
-                   "exact second moments need a quantizer whose error covariance is linear in x x^T: "
-                   "identity() or rand_k(k)")
+    _validate.fail(
+        "quantizer",
+        quantizer.describe(),
+        "exact second moments need a quantizer whose error covariance is linear in x x^T: "
+        "identity() or rand_k(k)",
+    )
 
 
 def _weight_covariance(channel, N: int) -> tuple[float, float]:
@@ -815,5 +904,3 @@ def _weight_covariance(channel, N: int) -> tuple[float, float]:
     same = p * _binomial_inverse_mean(N - 1, p, 1, 2) - mean**2
     other = (p * p * _binomial_inverse_mean(N - 2, p, 2, 2) if N > 1 else 0.0) - mean**2
     return same, other
-
-

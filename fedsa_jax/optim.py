@@ -103,8 +103,11 @@ def _split(hyperparams: dict) -> tuple[dict, tuple]:
     for name, value in hyperparams.items():
         if isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral, np.integer)):
             traced[name] = float(value)
-        elif isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0 and \
-                np.issubdtype(np.asarray(value).dtype, np.floating):
+        elif (
+            isinstance(value, (np.ndarray, jax.Array))
+            and np.ndim(value) == 0
+            and np.issubdtype(np.asarray(value).dtype, np.floating)
+        ):
             traced[name] = float(value)
         else:
             static.append((name, _Static(value)))
@@ -278,8 +281,9 @@ def _describe_hyperparameter(value) -> Any:
     schedule) by :func:`_describe_built`, anything else by :func:`describe_value`."""
     if isinstance(value, (tuple, list)) and not _is_transformation(value):
         return [_describe_hyperparameter(v) for v in value]
-    if _is_transformation(value) or (callable(value) and not isinstance(value, type)
-                                     and not hasattr(value, "describe")):
+    if _is_transformation(value) or (
+        callable(value) and not isinstance(value, type) and not hasattr(value, "describe")
+    ):
         return _describe_built(value)
     return describe_value(value)
 
@@ -361,11 +365,16 @@ def _check_step_fn(sched: Schedule, name: str) -> Schedule:
     try:
         out = jax.eval_shape(sched, jax.ShapeDtypeStruct((), jnp.int32))
     except Exception as e:  # noqa: BLE001 (any failure of user code is reported as a bad argument)
-        _validate.fail(name, sched.describe(), f"calling the schedule on an int32 count failed: "
-                       f"{type(e).__name__}: {e}")
+        _validate.fail(
+            name, sched.describe(), f"calling the schedule on an int32 count failed: {type(e).__name__}: {e}"
+        )
     if not hasattr(out, "shape") or out.shape != () or not jnp.issubdtype(out.dtype, jnp.floating):
-        _validate.fail(name, sched.describe(), "a schedule must map an integer count to a real scalar step size; "
-                       f"it returned {getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}")
+        _validate.fail(
+            name,
+            sched.describe(),
+            "a schedule must map an integer count to a real scalar step size; "
+            f"it returned {getattr(out, 'shape', type(out).__name__)} {getattr(out, 'dtype', '')}",
+        )
     return sched
 
 
@@ -380,7 +389,9 @@ def schedule(fn: Callable, /, *, scale: float = 1.0, **hyperparams) -> Schedule:
     ``scale`` (traced) multiplies the schedule.
     """
     if not callable(fn):
-        _validate.fail("step_size", fn, "expected a function of an integer count (an optax schedule) or a factory")
+        _validate.fail(
+            "step_size", fn, "expected a function of an integer count (an optax schedule) or a factory"
+        )
     traced, static = _split(hyperparams)
     scale = _validate.real("scale", scale, 0.0, low_open=True)
     return _check_step_fn(Schedule(traced, fn, static, bool(hyperparams), scale), "step_size")
@@ -394,8 +405,11 @@ def optimizer(fn: Any, /, **hyperparams) -> ServerOptimizer:
 
     if isinstance(fn, optax.GradientTransformation):
         if hyperparams:
-            _validate.fail("server_optimizer", fn, "hyperparameters go with a factory such as optax.sgd, not with "
-                           "a built transformation")
+            _validate.fail(
+                "server_optimizer",
+                fn,
+                "hyperparameters go with a factory such as optax.sgd, not with a built transformation",
+            )
         return _check_server(ServerOptimizer({}, fn, (), False))
     if not callable(fn):
         _validate.fail("server_optimizer", fn, "expected an optax.GradientTransformation or a factory of one")
@@ -406,8 +420,11 @@ def optimizer(fn: Any, /, **hyperparams) -> ServerOptimizer:
     except Exception as e:  # noqa: BLE001
         _validate.fail("server_optimizer", opt.describe(), f"building it failed: {type(e).__name__}: {e}")
     if not isinstance(built, optax.GradientTransformation):
-        _validate.fail("server_optimizer", opt.describe(), f"the factory returned {type(built).__name__}, expected "
-                       "an optax.GradientTransformation")
+        _validate.fail(
+            "server_optimizer",
+            opt.describe(),
+            f"the factory returned {type(built).__name__}, expected an optax.GradientTransformation",
+        )
     return _check_server(opt)
 
 
@@ -444,15 +461,21 @@ def _check_server(opt: ServerOptimizer) -> ServerOptimizer:
     for d, (step, s0, s1) in zip((2, 3), shapes):
         if not hasattr(step, "shape") or (step.shape, step.dtype) != ((d,), jnp.float32):
             got = f"{step.shape} {step.dtype}" if hasattr(step, "shape") else type(step).__name__
-            refuse(f"its update must have the iterate's shape and dtype: for an iterate ({d},) float32 it "
-                   f"returned {got}")
+            refuse(
+                f"its update must have the iterate's shape and dtype: for an iterate ({d},) float32 it "
+                f"returned {got}"
+            )
         if sig(s0) != sig(s1):
-            refuse("its update must return a state with the structure, shapes and dtypes of the state it was "
-                   "given (the kernel carries it across rounds)")
+            refuse(
+                "its update must return a state with the structure, shapes and dtypes of the state it was "
+                "given (the kernel carries it across rounds)"
+            )
     if not np.all(np.isfinite(u)) or float(np.sum(u)) > 0:
-        refuse(f"its first update on the pseudo-gradient g = theta - aggregate = (1, 1) is {u.tolist()}: "
-               "expected a finite step against g (<update, g> <= 0), as with a learning rate >= 0; a "
-               "negative one moves the server away from the aggregate")
+        refuse(
+            f"its first update on the pseudo-gradient g = theta - aggregate = (1, 1) is {u.tolist()}: "
+            "expected a finite step against g (<update, g> <= 0), as with a learning rate >= 0; a "
+            "negative one moves the server away from the aggregate"
+        )
     return opt
 
 
@@ -463,8 +486,11 @@ def step_size_arg(step_size: Any) -> float | Schedule:
     if callable(step_size):
         return schedule(step_size)
     if isinstance(step_size, (str, bytes)) or step_size is None or np.ndim(step_size) != 0:
-        _validate.fail("step_size", step_size, "expected a real number > 0 or an optax schedule "
-                       "(a function of the local-step count)")
+        _validate.fail(
+            "step_size",
+            step_size,
+            "expected a real number > 0 or an optax schedule (a function of the local-step count)",
+        )
     return _validate.real("step_size", step_size, 0.0, low_open=True)
 
 
@@ -476,8 +502,12 @@ def server_optimizer_arg(value: Any) -> ServerOptimizer | None:
 
     if isinstance(value, optax.GradientTransformation):
         return optimizer(value)
-    _validate.fail("server_optimizer", value, "expected None, an optax.GradientTransformation (e.g. "
-                   "optax.sgd(1.0, momentum=0.9), optax.adam(1e-2)) or fj.optimizer(factory, **hyperparameters)")
+    _validate.fail(
+        "server_optimizer",
+        value,
+        "expected None, an optax.GradientTransformation (e.g. "
+        "optax.sgd(1.0, momentum=0.9), optax.adam(1e-2)) or fj.optimizer(factory, **hyperparameters)",
+    )
 
 
 def is_constant(step_size) -> bool:
@@ -519,7 +549,9 @@ def server_step(config, opt_state, error, aggregate, theta_star) -> tuple[Any, A
 def _schedules_in(tree) -> list[tuple[str, Schedule]]:
     """Every :class:`Schedule` in a configuration pytree, with its path."""
     found = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Schedule))[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, Schedule))[
+        0
+    ]:
         if isinstance(leaf, Schedule):
             found.append((jax.tree_util.keystr(path), leaf))
     return found
@@ -544,18 +576,32 @@ def check_run(algorithm, num_rounds: int, dtype) -> None:
         return
     steps = num_rounds * algorithm.num_local_steps
     if steps > _MAX_COUNT:
-        _validate.fail("num_rounds", num_rounds, f"num_rounds x num_local_steps = {steps} local steps is more than "
-                       f"a schedule's int32 count allows ({_MAX_COUNT}); split the run")
+        _validate.fail(
+            "num_rounds",
+            num_rounds,
+            f"num_rounds x num_local_steps = {steps} local steps is more than "
+            f"a schedule's int32 count allows ({_MAX_COUNT}); split the run",
+        )
     if steps <= _MAX_CHECKED:
         k = np.arange(steps)
     else:
-        k = np.unique(np.concatenate([np.arange(_MAX_CHECKED // 2),
-                                      np.geomspace(_MAX_CHECKED // 2, steps - 1, _MAX_CHECKED // 2).astype(np.int64)]))
+        k = np.unique(
+            np.concatenate(
+                [
+                    np.arange(_MAX_CHECKED // 2),
+                    np.geomspace(_MAX_CHECKED // 2, steps - 1, _MAX_CHECKED // 2).astype(np.int64),
+                ]
+            )
+        )
     for path, sched in scheds:
         name = "step_size" if path.endswith(".step_size") or path == "" else path.lstrip(".")
         values = np.asarray(jax.jit(jax.vmap(sched))(jnp.asarray(k, jnp.int32)).astype(dtype))
         bad = ~(np.isfinite(values) & (values > 0))
         if np.any(bad):
             i = int(np.argmax(bad))
-            _validate.fail(name, sched.describe(), f"the schedule gives {float(values[i])!r} at local step k={int(k[i])} "
-                           f"(in {np.dtype(dtype)}); step sizes must be finite and > 0 at every k < {steps}")
+            _validate.fail(
+                name,
+                sched.describe(),
+                f"the schedule gives {float(values[i])!r} at local step k={int(k[i])} "
+                f"(in {np.dtype(dtype)}); step sizes must be finite and > 0 at every k < {steps}",
+            )

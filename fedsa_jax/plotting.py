@@ -116,18 +116,29 @@ def plot_mse(
             ax.plot(xs, seeds[:, k], color=color, lw=0.5, alpha=0.2, zorder=1)
         if band == "sem":
             lower = mean - _BAND_Z * sem
-            ax.fill_between(xs, _tiny(lower) if logy else lower, mean + _BAND_Z * sem, color=color, alpha=0.25, lw=0)
+            ax.fill_between(
+                xs, _tiny(lower) if logy else lower, mean + _BAND_Z * sem, color=color, alpha=0.25, lw=0
+            )
         elif band == "quantiles":
             if np.all(np.isnan(q)):
-                _validate.fail("band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))")
+                _validate.fail(
+                    "band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))"
+                )
             ax.fill_between(xs, q[:, 0], q[:, 4], color=color, alpha=0.12, lw=0)
             ax.fill_between(xs, q[:, 1], q[:, 3], color=color, alpha=0.22, lw=0)
     named = False  # one legend entry "exact" for the curves drawn over results
     for label, curve in (theory or {}).items():
         curve = np.asarray(curve, dtype=float)
         xs = np.arange(curve.shape[0]) * scale.get(label, 1.0)
-        ax.plot(xs, curve, color="k", ls=":", lw=1.3, zorder=3,
-                label=label if label not in colors else (None if named else "exact"))
+        ax.plot(
+            xs,
+            curve,
+            color="k",
+            ls=":",
+            lw=1.3,
+            zorder=3,
+            label=label if label not in colors else (None if named else "exact"),
+        )
         named = named or label in colors
     for j, (label, level) in enumerate((reference_lines or {}).items()):
         ax.axhline(level, color=f"C{len(results) + j}", ls="--", lw=1.2, label=label)
@@ -142,8 +153,11 @@ def plot_mse(
         ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     if legend:
-        note = {"sem": rf"mean $\pm$ {_BAND_Z:g} s.e.", "quantiles": "mean; 5-95%, 25-75% of seeds",
-                None: "mean"}[band]
+        note = {
+            "sem": rf"mean $\pm$ {_BAND_Z:g} s.e.",
+            "quantiles": "mean; 5-95%, 25-75% of seeds",
+            None: "mean",
+        }[band]
         ax.legend(fontsize=8, title=note, title_fontsize=8)
     fig.tight_layout()
     return fig
@@ -174,7 +188,9 @@ def plot_final_mse_vs_agents(
         all_n.extend(ns)
         final = np.array([by_n[n].mse_mean[-1] for n in sorted(by_n)])
         sem = np.array([by_n[n].mse_sem[-1] for n in sorted(by_n)])
-        ax.errorbar(ns, final, yerr=_BAND_Z * sem, fmt="o-", color=f"C{i}", ms=4, lw=1.4, capsize=3, label=label)
+        ax.errorbar(
+            ns, final, yerr=_BAND_Z * sem, fmt="o-", color=f"C{i}", ms=4, lw=1.4, capsize=3, label=label
+        )
         exact = (theory or {}).get(label, {})
         if exact:
             ks = sorted(exact)
@@ -254,8 +270,9 @@ def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None,
             xs = np.array([categories.index(_json_key(e.config.get(x))) for e in members], dtype=float)
         final = np.array([e.result.mse_mean[-1] for e in members])
         sem = np.array([e.result.mse_sem[-1] for e in members])
-        ax.errorbar(xs, final, yerr=_BAND_Z * sem, fmt="o-", color=f"C{i % 10}", ms=4, lw=1.4, capsize=3,
-                    label=label)
+        ax.errorbar(
+            xs, final, yerr=_BAND_Z * sem, fmt="o-", color=f"C{i % 10}", ms=4, lw=1.4, capsize=3, label=label
+        )
     if len(lines) > max_lines:
         ax.plot([], [], " ", label=f"({len(lines) - max_lines} more not drawn)")
     if numeric_x:

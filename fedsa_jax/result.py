@@ -14,10 +14,25 @@ from fedsa_jax.stats import QUANTILE_LEVELS
 
 __all__ = ["X_AXES", "MetricStats", "SimulationResult", "load"]
 
-COUNT_NAMES = ("communications", "messages_delivered", "bits_sent", "bits_delivered", "samples")  # RoundInfo sums
+COUNT_NAMES = (
+    "communications",
+    "messages_delivered",
+    "bits_sent",
+    "bits_delivered",
+    "samples",
+)  # RoundInfo sums
 ARRAY_FIELDS = (
-    "rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta", "theta_star",
-    "mse_quantiles", "seed_mse", *COUNT_NAMES,
+    "rounds",
+    "mse_mean",
+    "mse_sem",
+    "theta_mean",
+    "theta_sem",
+    "num_diverged",
+    "final_theta",
+    "theta_star",
+    "mse_quantiles",
+    "seed_mse",
+    *COUNT_NAMES,
 )
 _METRIC_FIELDS = ("mean", "sem", "quantiles", "seeds")
 _DAMAGED = "recompute it (a sweep recomputes its damaged results by itself) or restore it from a copy"
@@ -102,7 +117,9 @@ class SimulationResult:
         arrays = {k: np.asarray(getattr(self, k)) for k in ARRAY_FIELDS}
         for name, stats in self.metrics.items():
             arrays.update({f"metric__{name}__{f}": np.asarray(getattr(stats, f)) for f in _METRIC_FIELDS})
-        atomic_savez(path, config_json=np.array(json_text(self.config, indent=None, sort_keys=True)), **arrays)
+        atomic_savez(
+            path, config_json=np.array(json_text(self.config, indent=None, sort_keys=True)), **arrays
+        )
 
     def table(self) -> dict[str, np.ndarray]:
         """A tidy per-round table: column name -> ``(R,)`` array, one row per recorded round.
@@ -170,8 +187,19 @@ def load(path) -> SimulationResult:
     configuration has the keys every version wrote; each metric it lists has all
     its arrays.
     """
-    required = ("config_json", "rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged",
-                "final_theta", "theta_star", "bits_sent", "bits_delivered")
+    required = (
+        "config_json",
+        "rounds",
+        "mse_mean",
+        "mse_sem",
+        "theta_mean",
+        "theta_sem",
+        "num_diverged",
+        "final_theta",
+        "theta_star",
+        "bits_sent",
+        "bits_delivered",
+    )
     data = read_npz(path, "result", _DAMAGED, required=required)
     try:
         config = _config(data["config_json"])
@@ -184,25 +212,45 @@ def load(path) -> SimulationResult:
         arrays.update(_counts(arrays, config))
     except ValueError as err:
         raise DamagedFileError(
-            f"{str(path)!r} is damaged or not a fedsa_jax result file ({err}); {_DAMAGED}") from None
+            f"{str(path)!r} is damaged or not a fedsa_jax result file ({err}); {_DAMAGED}"
+        ) from None
     metrics = {m: MetricStats(**fields) for m, fields in metrics.items()}
     return SimulationResult(config=config, metrics=metrics, **arrays)
 
 
 # keys every version of the file wrote, and their JSON types (an int is not a bool)
-_CONFIG_KEYS = {"problem": dict, "algorithm": dict, "num_rounds": int, "num_seeds": int, "record_every": int,
-               "theta0": list, "dtype": str, "prng": dict}
+_CONFIG_KEYS = {
+    "problem": dict,
+    "algorithm": dict,
+    "num_rounds": int,
+    "num_seeds": int,
+    "record_every": int,
+    "theta0": list,
+    "dtype": str,
+    "prng": dict,
+}
 # array -> (kind: "f" float32/64, "i" integer, "r" either; shape in R recorded rounds, d dimension,
 # n seeds, K kept seeds)
 _Q = len(QUANTILE_LEVELS)
 _SHAPES = {
-    "rounds": ("i", ("R",)), "mse_mean": ("f", ("R",)), "mse_sem": ("f", ("R",)),
-    "theta_mean": ("f", ("R", "d")), "theta_sem": ("f", ("R", "d")), "num_diverged": ("i", ("R",)),
-    "final_theta": ("f", ("n", "d")), "theta_star": ("f", ("d",)), "mse_quantiles": ("f", ("R", _Q)),
-    "seed_mse": ("f", ("R", "K")), **{name: ("r", ("R",)) for name in COUNT_NAMES},
+    "rounds": ("i", ("R",)),
+    "mse_mean": ("f", ("R",)),
+    "mse_sem": ("f", ("R",)),
+    "theta_mean": ("f", ("R", "d")),
+    "theta_sem": ("f", ("R", "d")),
+    "num_diverged": ("i", ("R",)),
+    "final_theta": ("f", ("n", "d")),
+    "theta_star": ("f", ("d",)),
+    "mse_quantiles": ("f", ("R", _Q)),
+    "seed_mse": ("f", ("R", "K")),
+    **{name: ("r", ("R",)) for name in COUNT_NAMES},
 }
-_METRIC_SHAPES = {"mean": ("f", ("R",)), "sem": ("f", ("R",)), "quantiles": ("f", ("R", _Q)),
-                 "seeds": ("f", ("R", "K"))}
+_METRIC_SHAPES = {
+    "mean": ("f", ("R",)),
+    "sem": ("f", ("R",)),
+    "quantiles": ("f", ("R", _Q)),
+    "seeds": ("f", ("R", "K")),
+}
 _KINDS = {"f": "float32 or float64", "i": "integers", "r": "numbers"}
 
 
@@ -216,8 +264,11 @@ def _config(text: np.ndarray) -> dict[str, Any]:
     for key, kind in _CONFIG_KEYS.items():
         value = config.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise ValueError(f"config_json has no {kind.__name__} {key!r}" if key not in config else
-                             f"config_json's {key!r} is {reprlib.repr(value)}, expected a {kind.__name__}")
+            raise ValueError(
+                f"config_json has no {kind.__name__} {key!r}"
+                if key not in config
+                else f"config_json's {key!r} is {reprlib.repr(value)}, expected a {kind.__name__}"
+            )
     for key in ("num_rounds", "num_seeds", "record_every"):
         if config[key] < 1:
             raise ValueError(f"config_json's {key!r} is {config[key]!r}, expected an integer >= 1")
@@ -227,8 +278,9 @@ def _config(text: np.ndarray) -> dict[str, Any]:
     if not isinstance(listed, list) or not all(isinstance(m, str) for m in listed):
         raise ValueError(f"config_json's 'metrics' is {reprlib.repr(listed)}, expected a list of names")
     if not isinstance(keep, int) or isinstance(keep, bool) or not 0 <= keep <= config["num_seeds"]:
-        raise ValueError(f"config_json's 'keep_seeds' is {reprlib.repr(keep)}, expected an integer in "
-                         "[0, num_seeds]")
+        raise ValueError(
+            f"config_json's 'keep_seeds' is {reprlib.repr(keep)}, expected an integer in [0, num_seeds]"
+        )
     return config
 
 
@@ -238,20 +290,23 @@ def _metric_arrays(data: dict[str, np.ndarray], config: dict) -> dict[str, dict[
     found: dict[str, dict[str, np.ndarray]] = {}
     for key in data:
         if key.startswith("metric__"):
-            name, _, field = key[len("metric__"):].rpartition("__")
+            name, _, field = key[len("metric__") :].rpartition("__")
             if not name or field not in _METRIC_FIELDS:
                 raise ValueError(f"unexpected array {key!r}")
             found.setdefault(name, {})[field] = data[key]
     listed = config.get("metrics", sorted(found))  # files written before metrics were listed: as found
     for name in found:
         if name not in listed:
-            raise ValueError(f"array 'metric__{name}__{next(iter(found[name]))}' is of no metric that "
-                             f"config_json lists ({reprlib.repr(listed)})")
+            raise ValueError(
+                f"array 'metric__{name}__{next(iter(found[name]))}' is of no metric that "
+                f"config_json lists ({reprlib.repr(listed)})"
+            )
     for name in listed:
         for field in _METRIC_FIELDS:
             if field not in found.get(name, {}):
-                raise ValueError(f"no 'metric__{name}__{field}' array, for the metric {name!r} that "
-                                 "config_json lists")
+                raise ValueError(
+                    f"no 'metric__{name}__{field}' array, for the metric {name!r} that config_json lists"
+                )
     return {name: {f: found[name][f] for f in _METRIC_FIELDS} for name in listed}
 
 
@@ -260,12 +315,21 @@ def _check_shapes(data: dict[str, np.ndarray], config: dict, metrics: dict[str, 
     A size is the configuration's (``d``, ``n``, ``K``) or that of the first array that has it (``R``:
     ``rounds``)."""
     fields = [(k, data[k], _SHAPES[k]) for k in _SHAPES if k in data]
-    fields += [(f"metric__{m}__{f}", a, _METRIC_SHAPES[f]) for m, fs in metrics.items() for f, a in fs.items()]
-    sizes: dict[str, int | None] = {"R": None, "d": len(config["theta0"]), "n": config["num_seeds"],
-                                    "K": config.get("keep_seeds")}
+    fields += [
+        (f"metric__{m}__{f}", a, _METRIC_SHAPES[f]) for m, fs in metrics.items() for f, a in fs.items()
+    ]
+    sizes: dict[str, int | None] = {
+        "R": None,
+        "d": len(config["theta0"]),
+        "n": config["num_seeds"],
+        "K": config.get("keep_seeds"),
+    }
     for key, a, (kind, shape) in fields:
-        ok_kind = {"f": a.dtype in (np.float32, np.float64), "i": a.dtype.kind in "iu",
-                   "r": a.dtype.kind in "iu" or a.dtype in (np.float32, np.float64)}[kind]
+        ok_kind = {
+            "f": a.dtype in (np.float32, np.float64),
+            "i": a.dtype.kind in "iu",
+            "r": a.dtype.kind in "iu" or a.dtype in (np.float32, np.float64),
+        }[kind]
         if not ok_kind:
             raise ValueError(f"{key} has dtype {a.dtype}, expected {_KINDS[kind]}")
         for axis, s in enumerate(shape):
@@ -273,12 +337,15 @@ def _check_shapes(data: dict[str, np.ndarray], config: dict, metrics: dict[str, 
                 sizes[s] = a.shape[axis]
         expected = tuple(sizes[s] if isinstance(s, str) else s for s in shape)
         if a.shape != expected:
-            raise ValueError(f"{key} has shape {a.shape}, expected {expected} (R = {sizes['R']} recorded "
-                             f"rounds, d = {sizes['d']}, n = {sizes['n']} seeds)")
+            raise ValueError(
+                f"{key} has shape {a.shape}, expected {expected} (R = {sizes['R']} recorded "
+                f"rounds, d = {sizes['d']}, n = {sizes['n']} seeds)"
+            )
     T, r, R = config["num_rounds"], config["record_every"], sizes["R"]
     if R != T // r + 1 + (T % r != 0) or not np.array_equal(data["rounds"], recorded_rounds(T, r)):
-        raise ValueError(f"rounds is not 0, {r}, {2 * r}, ..., {T} (config_json's record_every and "
-                         "num_rounds)")
+        raise ValueError(
+            f"rounds is not 0, {r}, {2 * r}, ..., {T} (config_json's record_every and num_rounds)"
+        )
 
 
 def _counts(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray]:
@@ -292,14 +359,23 @@ def _counts(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray
         return {}
     alg, prob, bits = config["algorithm"], config["problem"], config.get("bits_per_message")
     agents, local, skip = prob.get("num_agents"), alg.get("num_local_steps", 1), alg.get("skip", 1)
-    for key, value in (("bits_per_message", bits), ("problem.num_agents", agents),
-                       ("algorithm.num_local_steps", local), ("algorithm.skip", skip)):
+    for key, value in (
+        ("bits_per_message", bits),
+        ("problem.num_agents", agents),
+        ("algorithm.num_local_steps", local),
+        ("algorithm.skip", skip),
+    ):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < np.inf:
-            raise ValueError(f"config_json's {key!r} is {reprlib.repr(value)}, expected a number >= 0 (a "
-                             "file without 'communications' counts from it)")
+            raise ValueError(
+                f"config_json's {key!r} is {reprlib.repr(value)}, expected a number >= 0 (a "
+                "file without 'communications' counts from it)"
+            )
     communications = arrays["rounds"] * int(agents)
     skip = int(skip) if prob.get("sampling") == "markov" else 1
     # numbers, checked above
     local_steps, bits_per_message = int(local), int(bits)  # pyright: ignore[reportArgumentType]
-    return {"communications": communications, "samples": communications * local_steps * skip,
-            "messages_delivered": arrays["bits_delivered"] / max(bits_per_message, 1)}
+    return {
+        "communications": communications,
+        "samples": communications * local_steps * skip,
+        "messages_delivered": arrays["bits_delivered"] / max(bits_per_message, 1),
+    }

@@ -89,8 +89,9 @@ def counter_totals(count_digits) -> np.ndarray:
     return np.sum(d * 256.0 ** np.arange(_COUNTER_DIGITS), axis=-1)
 
 
-def seed_moments(theta, theta_star, threshold, valid, values, counters, quantiles: bool = True,
-                 keep: int = 0) -> Moments:
+def seed_moments(
+    theta, theta_star, threshold, valid, values, counters, quantiles: bool = True, keep: int = 0
+) -> Moments:
     """Moments over the leading (seed) axis of ``theta (n, d)`` and ``values (n, V)`` (column 0:
     the squared error, which decides divergence), valid seeds only; ``counters (n, C, 2)``;
     ``quantiles=False``: empty histograms; ``keep``: the first ``keep`` seeds' values."""
@@ -120,8 +121,19 @@ def seed_moments(theta, theta_star, threshold, valid, values, counters, quantile
         hist = jnp.zeros((V, 0), jnp.int32)
     val_min = jnp.min(jnp.where(okv, values, jnp.inf), axis=0)
     val_max = jnp.max(jnp.where(okv, values, -jnp.inf), axis=0)
-    return Moments(n.astype(jnp.int32), val_mean, val_m2, theta_mean, theta_m2, diverged,
-                   _counter_digits(counters, valid), hist, val_min, val_max, values[:keep])
+    return Moments(
+        n.astype(jnp.int32),
+        val_mean,
+        val_m2,
+        theta_mean,
+        theta_m2,
+        diverged,
+        _counter_digits(counters, valid),
+        hist,
+        val_min,
+        val_max,
+        values[:keep],
+    )
 
 
 def merge(parts: list[Moments]) -> Moments:
@@ -132,19 +144,27 @@ def merge(parts: list[Moments]) -> Moments:
 
     def pooled(mean_name, m2_name):
         means = [np.asarray(getattr(p, mean_name), np.float64) for p in parts]
-        ns = [np.asarray(p.n_ok, np.float64).reshape(np.shape(p.n_ok) + (1,) * (m.ndim - np.ndim(p.n_ok)))
-              for p, m in zip(parts, means)]
+        ns = [
+            np.asarray(p.n_ok, np.float64).reshape(np.shape(p.n_ok) + (1,) * (m.ndim - np.ndim(p.n_ok)))
+            for p, m in zip(parts, means)
+        ]
         tot = safe.reshape(safe.shape + (1,) * (means[0].ndim - safe.ndim))
         base = np.where(ns[0] > 0, means[0], 0.0)  # pooled as deviations from one part's mean: equal means
         mean = base + sum(k * (m - base) for k, m in zip(ns, means)) / tot  # pool exactly
-        m2 = sum(np.asarray(getattr(p, m2_name), np.float64) + k * (m - mean) ** 2
-                 for p, k, m in zip(parts, ns, means))
+        m2 = sum(
+            np.asarray(getattr(p, m2_name), np.float64) + k * (m - mean) ** 2
+            for p, k, m in zip(parts, ns, means)
+        )
         return mean, m2
 
     val_mean, val_m2 = pooled("val_mean", "val_m2")
     theta_mean, theta_m2 = pooled("theta_mean", "theta_m2")
     return Moments(
-        n_ok=n, val_mean=val_mean, val_m2=val_m2, theta_mean=theta_mean, theta_m2=theta_m2,
+        n_ok=n,
+        val_mean=val_mean,
+        val_m2=val_m2,
+        theta_mean=theta_mean,
+        theta_m2=theta_m2,
         num_diverged=sum(np.asarray(p.num_diverged, np.int64) for p in parts),
         count_digits=sum(np.asarray(p.count_digits, np.float64) for p in parts),
         val_hist=sum(np.asarray(p.val_hist, np.int64) for p in parts),
@@ -176,7 +196,7 @@ def hist_quantiles(hist: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels=QUAN
         with np.errstate(invalid="ignore", divide="ignore"):
             frac = np.clip((target - below) / inside, 0.0, 1.0)
         log_q = HIST_LOW + (k + frac) / HIST_PER_DECADE
-        out[..., j] = np.where(total > 0, 10.0 ** log_q, np.nan)[..., 0]
+        out[..., j] = np.where(total > 0, 10.0**log_q, np.nan)[..., 0]
     with np.errstate(invalid="ignore"):
         return np.clip(out, np.asarray(lo)[..., None], np.asarray(hi)[..., None])
 

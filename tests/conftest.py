@@ -52,5 +52,6 @@ def tiny_td():
 
 @pytest.fixture(scope="session")
 def het_gaussian():
-    return fj.problems.random_gaussian_lsa(jax.random.key(3), num_agents=3, dim=3, heterogeneity=1.0,
-                                           noise_A=0.2, noise_b=0.5)
+    return fj.problems.random_gaussian_lsa(
+        jax.random.key(3), num_agents=3, dim=3, heterogeneity=1.0, noise_A=0.2, noise_b=0.5
+    )

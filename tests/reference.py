@@ -203,7 +203,9 @@ def uplink(channel, messages, u_q=None, u_e=None):
     The uniforms ``u_q (N, d)`` and ``u_e (N,)`` are read only by a quantizer other than the
     identity and by erasures: the exact channel needs none and delivers ``m_c`` with ``w_c = 1/N``."""
     N = messages.shape[0]
-    q = np.stack([quantize(channel.quantizer, None if u_q is None else u_q[c], messages[c]) for c in range(N)])
+    q = np.stack(
+        [quantize(channel.quantizer, None if u_q is None else u_q[c], messages[c]) for c in range(N)]
+    )
     delivered = u_e < float(channel.success_prob) if channel.erasures else np.ones(N, bool)
     count = delivered.sum()
     if channel.aggregation == "divide_by_n":
@@ -333,9 +335,7 @@ def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
     def agent_round(t):
         z = round_randomness(problem, key, seed, t, H).reshape(problem.num_agents, H, -1)  # (N, H, d)
         # sA G theta - sb g, G ~ N(0,1)^{d x d}, has the law of sqrt(sA^2 |theta|^2 + sb^2) z.
-        return lambda c, h, th: (
-            A[c] @ th - b[c] + np.sqrt(sA[c] ** 2 * (th @ th) + sb[c] ** 2) * z[c, h]
-        )
+        return lambda c, h, th: A[c] @ th - b[c] + np.sqrt(sA[c] ** 2 * (th @ th) + sb[c] ** 2) * z[c, h]
 
     return federated_loop(problem, algorithm, T, theta0, agent_round, key, seed)
 
@@ -369,8 +369,9 @@ def step_trajectories(problem, algorithm, key, T, num_seeds, theta0=None):
     return np.asarray(_step_trajectories(problem, algorithm, key, T, num_seeds, theta0))
 
 
-def check_against_loop(problem, algorithm, loop, T, num_seeds, theta0=None, key=None, driver=True,
-                       rtol=1e-12, atol=1e-13):
+def check_against_loop(
+    problem, algorithm, loop, T, num_seeds, theta0=None, key=None, driver=True, rtol=1e-12, atol=1e-13
+):
     """Compare every seed's trajectory with ``loop`` (:func:`td_loop` or :func:`gaussian_loop`).
 
     ``driver=True``: through :func:`fedsa_jax.simulate`, last iterates seed by seed and the
@@ -393,7 +394,9 @@ def check_against_loop(problem, algorithm, loop, T, num_seeds, theta0=None, key=
     err = np.sum((refs - np.asarray(problem.theta_star)) ** 2, -1)
     np.testing.assert_allclose(res.mse_mean, err.mean(0), rtol=1e-11)
     np.testing.assert_allclose(res.mse_sem, err.std(0, ddof=1) / np.sqrt(n), rtol=1e-9)
-    np.testing.assert_array_equal(res.bits_sent, res.rounds * problem.num_agents * res.config["bits_per_message"])
+    np.testing.assert_array_equal(
+        res.bits_sent, res.rounds * problem.num_agents * res.config["bits_per_message"]
+    )
     return refs
 
 
@@ -421,9 +424,13 @@ def observation_outcomes(problem):
         out = []
         for c in range(N):
             pairs = [(s, t) for s in range(S) for t in range(S) if mu[c, s] * P[c, s, t] > 0]
-            out.append((np.array([mu[c, s] * P[c, s, t] for s, t in pairs]),
-                        np.array([np.outer(phi[s], phi[s] - gamma * phi[t]) for s, t in pairs]),
-                        np.array([r[c, s] * phi[s] for s, t in pairs])))
+            out.append(
+                (
+                    np.array([mu[c, s] * P[c, s, t] for s, t in pairs]),
+                    np.array([np.outer(phi[s], phi[s] - gamma * phi[t]) for s, t in pairs]),
+                    np.array([r[c, s] * phi[s] for s, t in pairs]),
+                )
+            )
         return out
     A = np.asarray(problem.A_bar, float)
     b = np.asarray(problem.b_bar, float)
@@ -431,13 +438,26 @@ def observation_outcomes(problem):
     sb = np.asarray(problem.noise_b, float)
     N, d, _ = A.shape
     signs = np.array(list(itertools.product((-1.0, 1.0), repeat=d * d + d)))
-    G, g = signs[:, : d * d].reshape(-1, d, d), signs[:, d * d:]
+    G, g = signs[:, : d * d].reshape(-1, d, d), signs[:, d * d :]
     probs = np.full(len(signs), 1.0 / len(signs))
     return [(probs, A[c] + sA[c] * G, b[c] + sb[c] * g) for c in range(N)]
 
 
-def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="divide_by_n", k=None,
-                   support=None, server=None, burn_in=None, with_mean=False):
+def enumerated_mse(
+    problem,
+    name,
+    eta,
+    H,
+    T,
+    theta0=None,
+    p=1.0,
+    aggregation="divide_by_n",
+    k=None,
+    support=None,
+    server=None,
+    burn_in=None,
+    with_mean=False,
+):
     """Exact ``E|theta_t - theta_star|^2``, t = 0..T, of FedLSA, SCAFFLSA or QFedTD (``name``) on a
     problem with i.i.d. observations of finite support, by brute force.
 
@@ -496,8 +516,10 @@ def enumerated_mse(problem, name, eta, H, T, theta0=None, p=1.0, aggregation="di
     if k is None:
         masks = [(1.0, np.ones(d))]
     else:
-        masks = [(1.0 / comb(d, k), np.isin(np.arange(d), sub) * (d / k))
-                 for sub in itertools.combinations(range(d), k)]
+        masks = [
+            (1.0 / comb(d, k), np.isin(np.arange(d), sub) * (d / k))
+            for sub in itertools.combinations(range(d), k)
+        ]
     y = np.zeros(D)
     y[0] = 1.0
     if theta0 is not None:
@@ -557,6 +579,15 @@ def enumerated_algorithm_mse(problem, algorithm, T, theta0=None, support=None):
     size, local steps and channel (success probability, aggregation rule, rand-k's k)."""
     cfg = algorithm.config
     q = cfg.channel.quantizer
-    return enumerated_mse(problem, algorithm.name, float(cfg.step_size), cfg.num_local_steps, T, theta0=theta0,
-                          p=float(cfg.channel.success_prob), aggregation=cfg.channel.aggregation,
-                          k=q.k if q.kind == "rand_k" else None, support=support)
+    return enumerated_mse(
+        problem,
+        algorithm.name,
+        float(cfg.step_size),
+        cfg.num_local_steps,
+        T,
+        theta0=theta0,
+        p=float(cfg.channel.success_prob),
+        aggregation=cfg.channel.aggregation,
+        k=q.k if q.kind == "rand_k" else None,
+        support=support,
+    )

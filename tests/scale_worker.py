@@ -1,7 +1,7 @@
 """Subprocess entry point for the scale tests (devices, hosts, SIGKILL).
 
-    python scale_worker.py run OUT [--devices K] [--checkpoint DIR] [--chunk C] [--rounds T]
-    python scale_worker.py host PROCESS_ID PORT OUT      # one of two processes
+python scale_worker.py run OUT [--devices K] [--checkpoint DIR] [--chunk C] [--rounds T]
+python scale_worker.py host PROCESS_ID PORT OUT      # one of two processes
 """
 
 import sys
@@ -29,9 +29,16 @@ def simulate(**kw):
 def save(out, res):
     import numpy as np
 
-    np.savez(out, final=res.final_theta, mse=res.mse_mean, sem=res.mse_sem, theta=res.theta_mean,
-             delivered=res.bits_delivered, devices=res.config["device_count"],
-             processes=res.config["process_count"])
+    np.savez(
+        out,
+        final=res.final_theta,
+        mse=res.mse_mean,
+        sem=res.mse_sem,
+        theta=res.theta_mean,
+        delivered=res.bits_delivered,
+        devices=res.config["device_count"],
+        processes=res.config["process_count"],
+    )
 
 
 def main(argv):
@@ -53,8 +60,12 @@ def main(argv):
         pid, port, out = int(argv[1]), argv[2], argv[3]
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.config.update("jax_num_cpu_devices", 2)
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid,
-                                   initialization_timeout=120)
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}",
+            num_processes=2,
+            process_id=pid,
+            initialization_timeout=120,
+        )
         res = simulate()
         if pid == 0:
             save(out, res)

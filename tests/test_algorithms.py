@@ -22,7 +22,9 @@ ALGS = {"fedlsa": fj.fedlsa, "scafflsa": fj.scafflsa}
 
 
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
-@pytest.mark.parametrize("sampling,skip", [("generative", 1), ("markov", 1), ("markov", 3), ("state-tables", 1)])
+@pytest.mark.parametrize(
+    "sampling,skip", [("generative", 1), ("markov", 1), ("markov", 3), ("state-tables", 1)]
+)
 def test_td_matches_numpy_loop(tiny_td, name, sampling, skip, monkeypatch):
     P, r, Phi = tiny_td
     if sampling == "state-tables":  # the path of large S: per-state alias tables and feature rows
@@ -32,12 +34,16 @@ def test_td_matches_numpy_loop(tiny_td, name, sampling, skip, monkeypatch):
     assert problem.pair_tables == (td_module.PAIR_TABLE_MAX > 0)
     alg = ALGS[name](0.3, 4, skip=skip)
     # seed by seed, and the seeds' mean, standard error and MSE statistics at every recorded round
-    check_against_loop(problem, alg, td_loop, T=6, num_seeds=3, theta0=np.array([0.5, -0.2]), key=jax.random.key(11))
+    check_against_loop(
+        problem, alg, td_loop, T=6, num_seeds=3, theta0=np.array([0.5, -0.2]), key=jax.random.key(11)
+    )
 
 
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
 def test_gaussian_matches_numpy_loop(het_gaussian, name):
-    check_against_loop(het_gaussian, ALGS[name](0.1, 3), gaussian_loop, T=5, num_seeds=2, key=jax.random.key(2))
+    check_against_loop(
+        het_gaussian, ALGS[name](0.1, 3), gaussian_loop, T=5, num_seeds=2, key=jax.random.key(2)
+    )
 
 
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])

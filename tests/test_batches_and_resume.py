@@ -57,8 +57,9 @@ def test_kept_seeds_extremes_and_quantiles_across_batches(het_gaussian):
     values = one.seed_mse  # (R, 7): every seed's squared error at every round
     np.testing.assert_allclose(values[-1], squared_errors(one.final_theta, one.theta_star), rtol=1e-12)
     np.testing.assert_array_equal(many.seed_mse, values[:, :3])
-    np.testing.assert_allclose(many.seed_mse[-1], squared_errors(many.final_theta[:3], many.theta_star),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        many.seed_mse[-1], squared_errors(many.final_theta[:3], many.theta_star), rtol=1e-12
+    )
 
     expected = np.stack([quantiles_from_values(v) for v in values])
     for res in (one, many):
@@ -96,8 +97,16 @@ def test_seed_0_diverged_and_on_record_counts_valid_seeds_only(het_gaussian):
     records = []
     T, n = 4, 7
     with pytest.warns(RuntimeWarning, match="1 of 7 seeds diverged"):
-        res = fj.simulate(KEY, het_gaussian, seed_0_diverged(fj.fedlsa(0.3, 2)), T, n, keep_seeds=3,
-                          seed_batch_size=3, on_record=records.append)
+        res = fj.simulate(
+            KEY,
+            het_gaussian,
+            seed_0_diverged(fj.fedlsa(0.3, 2)),
+            T,
+            n,
+            keep_seeds=3,
+            seed_batch_size=3,
+            on_record=records.append,
+        )
     assert res.config["execution"]["num_batches"] == 3
     assert np.all(res.num_diverged == 1) and not np.isfinite(res.final_theta[0]).any()
     ok = res.final_theta[1:]
@@ -124,7 +133,7 @@ def test_seed_0_diverged_and_on_record_counts_valid_seeds_only(het_gaussian):
     np.testing.assert_allclose(by_batch[1]["mse"][-1], err[:5].mean(), rtol=1e-10)
     np.testing.assert_allclose(by_batch[2]["mse"], res.mse_mean, rtol=1e-12)
     last = [r for r in records if r.batch == 2][-1]
-    np.testing.assert_allclose(last.counts["samples"], res.samples[-len(last.rounds):], rtol=1e-12)
+    np.testing.assert_allclose(last.counts["samples"], res.samples[-len(last.rounds) :], rtol=1e-12)
 
 
 class Interrupted(Exception):
@@ -141,8 +150,9 @@ def interrupted_run(problem, alg, theta0, directory):
             raise Interrupted
 
     with pytest.raises(Interrupted):
-        fj.simulate(KEY, problem, alg, 6, 4, theta0=theta0, chunk_rounds=2, checkpoint_dir=directory,
-                    on_record=stop)
+        fj.simulate(
+            KEY, problem, alg, 6, 4, theta0=theta0, chunk_rounds=2, checkpoint_dir=directory, on_record=stop
+        )
 
 
 @pytest.mark.parametrize("change", ["theta0", "problem"])
@@ -156,14 +166,16 @@ def test_checkpoint_does_not_resume_another_theta0_or_problem(het_gaussian, tmp_
     if change == "theta0":
         other_theta0 = np.array([1.0, -0.5, 0.25])
     else:
-        problem = fj.problems.random_gaussian_lsa(jax.random.key(4), num_agents=3, dim=3, heterogeneity=1.0,
-                                                  noise_A=0.2, noise_b=0.5)
+        problem = fj.problems.random_gaussian_lsa(
+            jax.random.key(4), num_agents=3, dim=3, heterogeneity=1.0, noise_A=0.2, noise_b=0.5
+        )
         assert problem.describe() == het_gaussian.describe()  # the same structure: only the values differ
         assert not np.allclose(problem.A_bar, het_gaussian.A_bar)
     with warnings.catch_warnings():  # a notice about the folder's other checkpoint is allowed
         warnings.simplefilter("ignore")
-        other = fj.simulate(KEY, problem, alg, 6, 4, theta0=other_theta0, chunk_rounds=2,
-                            checkpoint_dir=tmp_path)
+        other = fj.simulate(
+            KEY, problem, alg, 6, 4, theta0=other_theta0, chunk_rounds=2, checkpoint_dir=tmp_path
+        )
     assert other.config["execution"]["resumed_from"] is None
     assert other.config["execution"]["seed_rounds_run"] == 6 * 4
     fresh = fj.simulate(KEY, problem, alg, 6, 4, theta0=other_theta0, chunk_rounds=2)
@@ -171,11 +183,13 @@ def test_checkpoint_does_not_resume_another_theta0_or_problem(het_gaussian, tmp_
     np.testing.assert_array_equal(other.mse_mean, fresh.mse_mean)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        resumed = fj.simulate(KEY, het_gaussian, alg, 6, 4, theta0=theta0, chunk_rounds=2,
-                              checkpoint_dir=tmp_path)
+        resumed = fj.simulate(
+            KEY, het_gaussian, alg, 6, 4, theta0=theta0, chunk_rounds=2, checkpoint_dir=tmp_path
+        )
     assert resumed.config["execution"]["resumed_from"] == {"seed_batch": 0, "round": 2}  # power: it resumes
-    np.testing.assert_array_equal(resumed.final_theta,
-                                  fj.simulate(KEY, het_gaussian, alg, 6, 4, theta0=theta0).final_theta)
+    np.testing.assert_array_equal(
+        resumed.final_theta, fj.simulate(KEY, het_gaussian, alg, 6, 4, theta0=theta0).final_theta
+    )
     assert not np.allclose(resumed.final_theta, other.final_theta)
 
 
@@ -215,25 +229,34 @@ def test_sweep_groups_only_configurations_with_the_same_record_every(het_gaussia
 def device_count(prelude="", **env):
     """``fj.use_cpu_cores()`` and the CPU device count JAX then has, in a fresh process."""
     code = prelude + "\nimport jax, fedsa_jax as fj\nprint(fj.use_cpu_cores(), len(jax.devices('cpu')))"
-    proc = subprocess.run([sys.executable, "-c", code], env=fresh_env(**env), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=fresh_env(**env), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [int(x) for x in proc.stdout.split()]
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
-                    reason="needs CPU affinity and at least 2 cores (else one core is also the core count)")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
+    reason="needs CPU affinity and at least 2 cores (else one core is also the core count)",
+)
 def test_default_device_count_follows_the_cpu_affinity():
     """A process allowed on one core only gets one CPU device, whatever the machine's core count."""
     core = min(os.sched_getaffinity(0))
     assert device_count(f"import os; os.sched_setaffinity(0, {{{core}}})") == [1, 1]  # before JAX starts
 
 
-@pytest.mark.parametrize("env", [
-    {"JAX_NUM_CPU_DEVICES": "3", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
-    {"XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_cpu_enable_fast_math=false "
-                  "--xla_force_host_platform_device_count=3"},
-], ids=["JAX_NUM_CPU_DEVICES-over-XLA_FLAGS", "last-XLA_FLAGS-occurrence"])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"JAX_NUM_CPU_DEVICES": "3", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+        {
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_cpu_enable_fast_math=false "
+            "--xla_force_host_platform_device_count=3"
+        },
+    ],
+    ids=["JAX_NUM_CPU_DEVICES-over-XLA_FLAGS", "last-XLA_FLAGS-occurrence"],
+)
 def test_explicit_count_precedence(env):
     """``JAX_NUM_CPU_DEVICES`` wins over ``XLA_FLAGS``, and in ``XLA_FLAGS`` the last occurrence of
     the flag wins: what ``use_cpu_cores`` reports is the count JAX gives (3)."""

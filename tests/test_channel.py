@@ -76,7 +76,10 @@ def test_stochastic_uniform_exact_variance(bits):
 
 def test_quantization_error_decreases_in_bits():
     x = np.asarray(X)
-    errs = [np.mean(np.sum((draws(fj.channel.stochastic_uniform(b), m=20_000) - x) ** 2, 1)) for b in (1, 2, 3, 4, 6)]
+    errs = [
+        np.mean(np.sum((draws(fj.channel.stochastic_uniform(b), m=20_000) - x) ** 2, 1))
+        for b in (1, 2, 3, 4, 6)
+    ]
     assert all(a > b for a, b in zip(errs, errs[1:])), errs
     zetas = [fj.channel.stochastic_uniform(b).zeta(D) for b in (1, 2, 3, 4, 6)]
     assert zetas == sorted(zetas, reverse=True) and zetas[0] == D / 1
@@ -171,7 +174,9 @@ def test_qfedtd_mean_matches_exact_recursion(het_td, aggregation):
     for _ in range(T):
         x = x - alpha * p_eff * (A @ x - b)
         ref.append(x)
-    np.testing.assert_allclose(fj.theory.exact_mean(het_td, alg, T, theta0=theta0), ref, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        fj.theory.exact_mean(het_td, alg, T, theta0=theta0), ref, rtol=1e-12, atol=1e-14
+    )
     z = (res.theta_mean[1:] - np.array(ref)[1:]) / res.theta_sem[1:]
     assert np.all(np.abs(z) < Z_TOL), np.abs(z).max()
     # power: a recursion with the other rule's factor (1 instead of p, p instead of 1-(1-p)^N) is rejected
@@ -199,8 +204,9 @@ def test_channel_fedlsa_scafflsa_mean_matches_exact(het_td, name, aggregation):
 
 def test_scafflsa_control_variates_sum_to_zero_under_erasures(het_td):
     for aggregation in ("divide_by_n", "divide_by_received"):
-        alg = fj.scafflsa(0.5, 3, quantizer=fj.channel.stochastic_uniform(3), success_prob=0.4,
-                          aggregation=aggregation)
+        alg = fj.scafflsa(
+            0.5, 3, quantizer=fj.channel.stochastic_uniform(3), success_prob=0.4, aggregation=aggregation
+        )
         state = alg.init(jax.random.key(0), het_td, jnp.zeros(3))
         step = jax.jit(lambda k, s: alg.step(k, s, het_td))  # noqa: B023 (used in this iteration only)
         frozen = 0
@@ -223,8 +229,13 @@ def test_reductions(het_td):
     # an explicit p = 1, identity channel is the exact one, for all algorithms
     for make in (fj.fedlsa, fj.scafflsa):
         c = fj.simulate(key, het_td, make(0.5, 3), 10, 8)
-        e = fj.simulate(key, het_td, make(0.5, 3, quantizer=fj.channel.identity(), success_prob=1.0,
-                                          aggregation="divide_by_received"), 10, 8)
+        e = fj.simulate(
+            key,
+            het_td,
+            make(0.5, 3, quantizer=fj.channel.identity(), success_prob=1.0, aggregation="divide_by_received"),
+            10,
+            8,
+        )
         np.testing.assert_array_equal(c.final_theta, e.final_theta)
     # N = 1: dividing by N or by the number received is the same
     one = fj.problems.garnet(jax.random.key(1), num_agents=1, num_states=8, dim=3)
@@ -249,6 +260,7 @@ def test_bits_accounting(het_td):
 
 def test_markov_sampling_runs_with_channel():
     p = fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=5)
-    res = fj.simulate(jax.random.key(1), p, fj.qfedtd(0.6, fj.channel.stochastic_uniform(4), 0.6), 200, 64,
-                      record_every=50)
+    res = fj.simulate(
+        jax.random.key(1), p, fj.qfedtd(0.6, fj.channel.stochastic_uniform(4), 0.6), 200, 64, record_every=50
+    )
     assert res.mse_mean[-1] < 0.2 * res.mse_mean[0] and res.num_diverged.max() == 0

@@ -39,12 +39,30 @@ def problems(tiny_td, het_gaussian):
 # skip), TD and Gaussian problems. The first runs through fj.simulate (statistics at every round);
 # the others through the algorithms' init and step with the driver's keys (cheaper to compile).
 LOOP_CASES = {
-    "scafflsa-qsgd-erasures": ("td", lambda: fj.scafflsa(0.3, 4, quantizer=fj.channel.qsgd(2), success_prob=0.5)),
-    "scafflsa-uniform-received": ("gaussian", lambda: fj.scafflsa(
-        0.1, 3, quantizer=fj.channel.stochastic_uniform(3), success_prob=0.6, aggregation="divide_by_received")),
-    "fedlsa-natural-received-markov": ("td_markov", lambda: fj.fedlsa(
-        0.3, 3, skip=2, quantizer=fj.channel.natural(), success_prob=0.7, aggregation="divide_by_received")),
-    "qfedtd-randk-erasures-markov": ("td_markov", lambda: fj.qfedtd(0.5, fj.channel.rand_k(1), success_prob=0.5)),
+    "scafflsa-qsgd-erasures": (
+        "td",
+        lambda: fj.scafflsa(0.3, 4, quantizer=fj.channel.qsgd(2), success_prob=0.5),
+    ),
+    "scafflsa-uniform-received": (
+        "gaussian",
+        lambda: fj.scafflsa(
+            0.1,
+            3,
+            quantizer=fj.channel.stochastic_uniform(3),
+            success_prob=0.6,
+            aggregation="divide_by_received",
+        ),
+    ),
+    "fedlsa-natural-received-markov": (
+        "td_markov",
+        lambda: fj.fedlsa(
+            0.3, 3, skip=2, quantizer=fj.channel.natural(), success_prob=0.7, aggregation="divide_by_received"
+        ),
+    ),
+    "qfedtd-randk-erasures-markov": (
+        "td_markov",
+        lambda: fj.qfedtd(0.5, fj.channel.rand_k(1), success_prob=0.5),
+    ),
 }
 
 
@@ -54,14 +72,20 @@ def test_channel_trajectories_match_numpy_loop(problems, case):
     problem, alg = problems[name], make()
     loop = gaussian_loop if name == "gaussian" else td_loop
     theta0 = np.linspace(1.0, -0.5, problem.dim)
-    refs = check_against_loop(problem, alg, loop, T=6, num_seeds=3, theta0=theta0,
-                              driver=case == "scafflsa-qsgd-erasures")
+    refs = check_against_loop(
+        problem, alg, loop, T=6, num_seeds=3, theta0=theta0, driver=case == "scafflsa-qsgd-erasures"
+    )
     if alg.name == "scafflsa":
         # power: FedLSA through the same channel on the same random numbers (SCAFFLSA with its control
         # variates frozen) is far from SCAFFLSA's trajectory, many orders above the tolerance
         cfg = alg.config
-        plain = fj.fedlsa(cfg.step_size, cfg.num_local_steps, quantizer=cfg.channel.quantizer,
-                          success_prob=cfg.channel.success_prob, aggregation=cfg.channel.aggregation)
+        plain = fj.fedlsa(
+            cfg.step_size,
+            cfg.num_local_steps,
+            quantizer=cfg.channel.quantizer,
+            success_prob=cfg.channel.success_prob,
+            aggregation=cfg.channel.aggregation,
+        )
         frozen = np.stack([loop(problem, plain, jax.random.key(11), s, 6, theta0=theta0) for s in range(3)])
         assert np.abs(frozen[:, -1] - refs[:, -1]).max() > 1e-4
 
@@ -112,7 +136,9 @@ _draws = {}
 
 def draws(name, keys):
     if name not in _draws:
-        _draws[name] = np.asarray(jax.jit(jax.vmap(QUANTIZERS[name], in_axes=(0, None)))(keys, jnp.asarray(X)))
+        _draws[name] = np.asarray(
+            jax.jit(jax.vmap(QUANTIZERS[name], in_axes=(0, None)))(keys, jnp.asarray(X))
+        )
     return _draws[name]
 
 

@@ -81,8 +81,11 @@ def build():
     problem = Scalar(a, b, jnp.array([1.0 / 3.0]), jnp.array([[1.0], [-0.5]]))
     return problem, fj.Algorithm(Config(0.1), "mine", init, step), {"m": metric}
 """
-VERSIONS = {"STEP": ("1.0", "0.3"), "NOISE": ("1.0", "3.0"),
-            "METRIC": ("jnp.sum(state.theta ** 2)", "jnp.sum(jnp.abs(state.theta))")}
+VERSIONS = {
+    "STEP": ("1.0", "0.3"),
+    "NOISE": ("1.0", "3.0"),
+    "METRIC": ("jnp.sum(state.theta ** 2)", "jnp.sum(jnp.abs(state.theta))"),
+}
 
 
 def user_code(changed=None):
@@ -107,12 +110,14 @@ def stop_after(round_):
     def on_record(record):
         if record.rounds[-1] >= round_:
             raise Stop
+
     return on_record
 
 
 def run(problem, alg, metrics, folder=None, **kw):
-    return fj.simulate(jax.random.key(1), problem, alg, 6, 8, metrics=metrics, chunk_rounds=2,
-                       checkpoint_dir=folder, **kw)
+    return fj.simulate(
+        jax.random.key(1), problem, alg, 6, 8, metrics=metrics, chunk_rounds=2, checkpoint_dir=folder, **kw
+    )
 
 
 def same(a, b):
@@ -129,8 +134,11 @@ def test_edited_code_never_resumes_an_old_checkpoint(tmp_path, changed):
     with pytest.raises(Stop):  # the old code, interrupted at round 4 of 6
         run(*old, tmp_path, on_record=stop_after(4))
     new = load(user_code(changed))["build"]()
-    with pytest.warns(RuntimeWarning, match=r"holds a checkpoint \(checkpoint-\w+\.npz\) of this "
-                                            r"configuration made by other code.*starts from round 0") as caught:
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"holds a checkpoint \(checkpoint-\w+\.npz\) of this "
+        r"configuration made by other code.*starts from round 0",
+    ) as caught:
         rerun = run(*new, tmp_path)
     assert len(caught) == 1 and rerun.config["execution"]["resumed_from"] is None
     fresh = run(*new)
@@ -147,12 +155,14 @@ def test_a_closure_constant_is_part_of_the_code(tmp_path):
     problem, alg, metrics = ns["build"]()
 
     def scaled(c):
-        return lambda rand, state, problem, config: ns["step"](rand, state, problem,
-                                                                dataclasses.replace(config, step_size=c))
+        return lambda rand, state, problem, config: ns["step"](
+            rand, state, problem, dataclasses.replace(config, step_size=c)
+        )
 
     with pytest.raises(Stop):
-        run(problem, dataclasses.replace(alg, step_fn=scaled(0.5)), metrics, tmp_path,
-            on_record=stop_after(2))
+        run(
+            problem, dataclasses.replace(alg, step_fn=scaled(0.5)), metrics, tmp_path, on_record=stop_after(2)
+        )
     six = dataclasses.replace(alg, step_fn=scaled(0.6))
     with pytest.warns(RuntimeWarning, match="made by other code"):
         rerun = run(problem, six, metrics, tmp_path)
@@ -162,6 +172,7 @@ def test_a_closure_constant_is_part_of_the_code(tmp_path):
 
 def test_a_sweep_does_not_reuse_a_result_of_other_code(tmp_path):
     """A sweep reuses a saved result of the same code, and recomputes one of edited code."""
+
     def entry(text):
         problem, alg, _ = load(text)["build"]()
         (e,) = fj.sweep(1, [{"eta": 0.1}], lambda config: (problem, alg), 3, 4, out_dir=tmp_path)
@@ -214,8 +225,9 @@ def _step(flag, rand, state, problem, config):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     args = [sys.executable, str(worker), str(tmp_path), str(folder), os.path.dirname(__file__)]
-    proc = subprocess.run(args, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONHASHSEED": "123"})
+    proc = subprocess.run(
+        args, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONHASHSEED": "123"}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "user_module", raising=False)
@@ -251,8 +263,16 @@ def test_builtin_code_digests_are_stable_and_discriminating():
         metrics = fj.metrics.resolve(["client_drift", "last_iterate_mse"])
         print(json.dumps([run_code(problem, a, metrics) for a in algs]))
     """)
-    outs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
+    outs = [
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        for seed in ("1", "2")
+    ]
     described = [o.stdout.splitlines()[0] for o in outs]
     assert described[0] == described[1]  # schedules and optimizers record the digest of their code
     assert [o.returncode for o in outs] == [0, 0], outs[0].stderr[-2000:]
@@ -291,17 +311,40 @@ def test_builtin_code_digests_are_stable_and_discriminating():
 def test_a_name_never_places_a_file_outside_its_folder(tmp_path, monkeypatch):
     """An algorithm named '..' (through the command line's module:factory) writes its checkpoint
     inside --checkpoint-dir and its results inside --out."""
-    (tmp_path / "dotdot_algs.py").write_text(textwrap.dedent("""
+    (tmp_path / "dotdot_algs.py").write_text(
+        textwrap.dedent("""
         import dataclasses, fedsa_jax as fj
         def dotdot():
             return dataclasses.replace(fj.fedlsa(0.1, 2), name="..")
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     ckpt = tmp_path / "runs" / "ck"
-    assert cli.main(["run", "--algorithms", "dotdot_algs:dotdot", "--agents", "2", "--states", "10",
-                     "--rounds", "2", "--seeds", "2", "--no-plot", "--no-progress", "--checkpoint-dir", str(ckpt),
-                     "--out", str(tmp_path / "runs" / "out")]) == 0
+    assert (
+        cli.main(
+            [
+                "run",
+                "--algorithms",
+                "dotdot_algs:dotdot",
+                "--agents",
+                "2",
+                "--states",
+                "10",
+                "--rounds",
+                "2",
+                "--seeds",
+                "2",
+                "--no-plot",
+                "--no-progress",
+                "--checkpoint-dir",
+                str(ckpt),
+                "--out",
+                str(tmp_path / "runs" / "out"),
+            ]
+        )
+        == 0
+    )
     written = [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".npz"]
     assert sorted(str(p.parent) for p in written) == ["runs/ck/_.", "runs/out"], written
 

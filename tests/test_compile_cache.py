@@ -12,15 +12,36 @@ import fedsa_jax as fj
 from fedsa_jax import compile_cache
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["run", "--algorithms", "fedlsa", "--agents", "2", "--states", "4", "--dim", "2", "--local-steps", "2",
-        "--rounds", "2", "--seeds", "2", "--no-plot"]
+TINY = [
+    "run",
+    "--algorithms",
+    "fedlsa",
+    "--agents",
+    "2",
+    "--states",
+    "4",
+    "--dim",
+    "2",
+    "--local-steps",
+    "2",
+    "--rounds",
+    "2",
+    "--seeds",
+    "2",
+    "--no-plot",
+]
 
 
 def run_cli(tmp_path, *extra):
     env = {k: v for k, v in os.environ.items() if k != compile_cache.ENV}
     env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "fedsa_jax.cli", *TINY, "--out", str(tmp_path / "out"), *extra],
-                         env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "fedsa_jax.cli", *TINY, "--out", str(tmp_path / "out"), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     folder = tmp_path / "cache" / "fedsa_jax" / "jax_compile_cache"
     return sorted(folder.iterdir()) if folder.exists() else []

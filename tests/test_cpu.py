@@ -30,8 +30,13 @@ def fresh_env(**extra):
 
 
 def run_python(code, **env):
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=fresh_env(**env), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=fresh_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 
@@ -63,10 +68,14 @@ def test_default_is_one_device_per_usable_core():
     assert n == devices == cores == cpu.usable_cores()
 
 
-@pytest.mark.parametrize("env", [{"XLA_FLAGS": "--xla_force_host_platform_device_count=3"},
-                                 {"JAX_NUM_CPU_DEVICES": "3"}], ids=["XLA_FLAGS", "JAX_NUM_CPU_DEVICES"])
+@pytest.mark.parametrize(
+    "env",
+    [{"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}, {"JAX_NUM_CPU_DEVICES": "3"}],
+    ids=["XLA_FLAGS", "JAX_NUM_CPU_DEVICES"],
+)
 def test_an_explicit_count_wins(env):
-    run_python("""
+    run_python(
+        """
         import warnings, jax, fedsa_jax as fj
         assert fj.use_cpu_cores() == 3
         with warnings.catch_warnings(record=True) as caught:
@@ -74,7 +83,9 @@ def test_an_explicit_count_wins(env):
             assert fj.use_cpu_cores(2) == 3
         assert "set explicitly and wins" in str(caught[0].message), caught
         assert len(jax.devices("cpu")) == 3
-    """, **env)
+    """,
+        **env,
+    )
 
 
 def test_after_a_computation_another_count_raises_and_the_same_one_is_kept():
@@ -93,8 +104,24 @@ def test_bad_num_devices(bad):
         fj.use_cpu_cores(bad)
 
 
-TINY = ["run", "--algorithms", "scafflsa", "--agents", "2", "--dim", "2", "--local-steps", "2",
-        "--rounds", "3", "--seeds", "5", "--dtype", "float64", "--no-plot"]
+TINY = [
+    "run",
+    "--algorithms",
+    "scafflsa",
+    "--agents",
+    "2",
+    "--dim",
+    "2",
+    "--local-steps",
+    "2",
+    "--rounds",
+    "3",
+    "--seeds",
+    "5",
+    "--dtype",
+    "float64",
+    "--no-plot",
+]
 PROBLEM = {"garnet": ["--problem", "garnet", "--states", "4"], "gaussian": ["--problem", "gaussian"]}
 
 
@@ -103,10 +130,26 @@ def test_cli_cpu_devices_recorded_and_results_equal(tmp_path, problem):
     """Two fresh CLI processes side by side: 2 devices and 1; seeds padded to the device count."""
     if cpu.usable_cores() < 2:
         pytest.skip("2 CPU devices need 2 usable cores")
-    procs = {n: subprocess.Popen([sys.executable, "-m", "fedsa_jax.cli", *TINY, *PROBLEM[problem],
-                                  "--cpu-devices", str(n),
-                                  "--out", str(tmp_path / str(n))], env=fresh_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for n in (2, 1)}
+    procs = {
+        n: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fedsa_jax.cli",
+                *TINY,
+                *PROBLEM[problem],
+                "--cpu-devices",
+                str(n),
+                "--out",
+                str(tmp_path / str(n)),
+            ],
+            env=fresh_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in (2, 1)
+    }
     logs = {n: p.communicate(timeout=300) for n, p in procs.items()}
     assert all(p.returncode == 0 for p in procs.values()), {n: log[1][-2000:] for n, log in logs.items()}
     two, one = (fj.load(tmp_path / str(n) / "result_scafflsa.npz") for n in (2, 1))
@@ -160,9 +203,25 @@ def test_more_devices_than_usable_cores_are_refused_before_jax_starts(tmp_path):
                 raise AssertionError(f"{{bad}} CPU devices accepted on {cores} cores")
         assert jax.config.jax_num_cpu_devices == -1 and not cpu.backends_initialized()
     """)
-    proc = subprocess.run([sys.executable, "-m", "fedsa_jax.cli", *TINY, "--cpu-devices", str(cores + 1),
-                           "--out", str(tmp_path)], env=fresh_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedsa_jax.cli",
+            *TINY,
+            "--cpu-devices",
+            str(cores + 1),
+            "--out",
+            str(tmp_path),
+        ],
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.startswith(f"fedsa-jax: error: --cpu-devices={cores + 1} is invalid: expected an integer "
-                                  f"from 1 to {cores}, the cores this process may use"), proc.stderr[-2000:]
+    assert proc.stderr.startswith(
+        f"fedsa-jax: error: --cpu-devices={cores + 1} is invalid: expected an integer "
+        f"from 1 to {cores}, the cores this process may use"
+    ), proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())

@@ -46,17 +46,19 @@ def export_both(start, advance, args, kwargs):
     carry = jax.eval_shape(start, *args, **kwargs)[0]
     end = jax.ShapeDtypeStruct((), jnp.uint32)
     exported_adv = jax.export.export(advance, platforms=PLATFORMS)(
-        inputs, seeds, carry, end,
-        record_every=1, max_blocks=2, rec=kwargs["rec"])
+        inputs, seeds, carry, end, record_every=1, max_blocks=2, rec=kwargs["rec"]
+    )
     return exported, exported_adv
 
 
 @pytest.fixture(scope="module")
 def problems(tiny_td, het_gaussian):
     P, r, Phi = tiny_td
-    return {"td": fj.problems.federated_td(P, r, Phi, 0.9),
-            "td-markov": fj.problems.federated_td(P, r, Phi, 0.9, sampling="markov"),
-            "gaussian": het_gaussian}
+    return {
+        "td": fj.problems.federated_td(P, r, Phi, 0.9),
+        "td-markov": fj.problems.federated_td(P, r, Phi, 0.9, sampling="markov"),
+        "gaussian": het_gaussian,
+    }
 
 
 ALGORITHMS = {
@@ -66,11 +68,20 @@ ALGORITHMS = {
     "fedlsa-qsgd-lossy": lambda: fj.fedlsa(0.1, 2, quantizer=fj.channel.qsgd(3), success_prob=0.7),
     "scaffnew": lambda: fj.scaffnew(0.1, 0.5, 2),
     # schedules, server optimizers (optax) and the wrappers
-    "richardson-averaged-scafflsa-schedule-adam": lambda: fj.richardson(fj.averaged(fj.scafflsa(
-        fj.schedule(fj.optim.inverse_time, eta0=0.1, k0=10.0), 2, server_optimizer=optax.adam(1e-2)), burn_in=1)),
+    "richardson-averaged-scafflsa-schedule-adam": lambda: fj.richardson(
+        fj.averaged(
+            fj.scafflsa(
+                fj.schedule(fj.optim.inverse_time, eta0=0.1, k0=10.0), 2, server_optimizer=optax.adam(1e-2)
+            ),
+            burn_in=1,
+        )
+    ),
 }
-CASES = [("td", a) for a in ALGORITHMS if a != "qfedtd-lossy"] + [("td-markov", "qfedtd-lossy")] + [
-    ("gaussian", a) for a in ALGORITHMS if a != "fedlsa-qsgd-lossy"]
+CASES = (
+    [("td", a) for a in ALGORITHMS if a != "qfedtd-lossy"]
+    + [("td-markov", "qfedtd-lossy")]
+    + [("gaussian", a) for a in ALGORITHMS if a != "fedlsa-qsgd-lossy"]
+)
 
 
 @pytest.mark.parametrize("problem_name,alg_name", CASES)

@@ -85,10 +85,20 @@ def test_custom_algorithm_equals_fedlsa_seed_by_seed(garnet):
     key = jax.random.key(5)
     ref = fj.simulate(key, garnet, fj.fedlsa(0.2, 4), 8, 16)
     mine = fj.simulate(key, garnet, my_alg(0.2, 4), 8, 16)
-    fields = ("final_theta", "mse_mean", "mse_sem", "theta_mean", "communications", "messages_delivered",
-              "bits_sent", "bits_delivered", "samples")
-    chex.assert_trees_all_close({f: getattr(mine, f) for f in fields}, {f: getattr(ref, f) for f in fields},
-                                rtol=1e-12, atol=1e-14)
+    fields = (
+        "final_theta",
+        "mse_mean",
+        "mse_sem",
+        "theta_mean",
+        "communications",
+        "messages_delivered",
+        "bits_sent",
+        "bits_delivered",
+        "samples",
+    )
+    chex.assert_trees_all_close(
+        {f: getattr(mine, f) for f in fields}, {f: getattr(ref, f) for f in fields}, rtol=1e-12, atol=1e-14
+    )
     np.testing.assert_array_equal(ref.communications, ref.rounds * 3)
     np.testing.assert_array_equal(ref.samples, ref.rounds * 3 * 4)
     # momentum changes the trajectory (the test above is not vacuous)
@@ -114,8 +124,10 @@ def test_a_config_without_array_leaves_runs(garnet):
     key = jax.random.key(5)
     leafless = fj.Algorithm(StaticConfig(), "static", my_init, static_step)
     assert jax.tree.leaves(leafless.config) == []
-    np.testing.assert_array_equal(fj.simulate(key, garnet, leafless, 8, 16).final_theta,
-                                  fj.simulate(key, garnet, my_alg(0.2, 4), 8, 16).final_theta)
+    np.testing.assert_array_equal(
+        fj.simulate(key, garnet, leafless, 8, 16).final_theta,
+        fj.simulate(key, garnet, my_alg(0.2, 4), 8, 16).final_theta,
+    )
 
 
 def test_config_fields_are_recorded(garnet):
@@ -190,12 +202,21 @@ def _state_without_theta(key, problem, theta0, config):
 
 BAD_ALGS = {
     "no theta": fj.Algorithm(MyConfig(0.1, 0.0, 1), "nothing", lambda k, p, t, c: (t,), my_step),
-    "theta shape": fj.Algorithm(MyConfig(0.1, 0.0, 1), "shape",
-                                lambda k, p, t, c: my_init(k, p, t, c)._replace(theta=jnp.zeros(2)), my_step),
-    "no info": fj.Algorithm(MyConfig(0.1, 0.0, 1), "noinfo", my_init, lambda r, s, p, c: my_step(r, s, p, c)[0]),
-    "structure": fj.Algorithm(MyConfig(0.1, 0.0, 1), "struct", my_init,
-                              lambda r, s, p, c: (my_step(r, s, p, c)[0]._replace(velocity=jnp.zeros(5)),
-                                                  my_step(r, s, p, c)[1])),
+    "theta shape": fj.Algorithm(
+        MyConfig(0.1, 0.0, 1),
+        "shape",
+        lambda k, p, t, c: my_init(k, p, t, c)._replace(theta=jnp.zeros(2)),
+        my_step,
+    ),
+    "no info": fj.Algorithm(
+        MyConfig(0.1, 0.0, 1), "noinfo", my_init, lambda r, s, p, c: my_step(r, s, p, c)[0]
+    ),
+    "structure": fj.Algorithm(
+        MyConfig(0.1, 0.0, 1),
+        "struct",
+        my_init,
+        lambda r, s, p, c: (my_step(r, s, p, c)[0]._replace(velocity=jnp.zeros(5)), my_step(r, s, p, c)[1]),
+    ),
 }
 
 
@@ -235,9 +256,21 @@ def test_metrics_and_kept_seeds_against_hand_stepping(garnet):
     key, T, n, K = jax.random.key(4), 6, 5, 3
     theta0 = np.array([0.3, -0.2, 0.1])
     alg = fj.scafflsa(0.3, 3)
-    res = fj.simulate(key, garnet, alg, T, n, theta0, record_every=2, keep_seeds=K,
-                      metrics={"norm": lambda s, p: jnp.sum(s.theta**2), "drift": "client_drift",
-                               "cv": "control_variate_error"})
+    res = fj.simulate(
+        key,
+        garnet,
+        alg,
+        T,
+        n,
+        theta0,
+        record_every=2,
+        keep_seeds=K,
+        metrics={
+            "norm": lambda s, p: jnp.sum(s.theta**2),
+            "drift": "client_drift",
+            "cv": "control_variate_error",
+        },
+    )
     A, b, ts = (np.asarray(x) for x in (garnet.A_bar, garnet.b_bar, garnet.theta_star))
     xi_star = np.einsum("cij,j->ci", A, ts) - b
     norms = np.zeros((n, T + 1))
@@ -250,7 +283,9 @@ def test_metrics_and_kept_seeds_against_hand_stepping(garnet):
         if seed < K:
             chex.assert_shape([res.seed_mse, res.metrics["cv"].seeds], (len(res.rounds), K))
             np.testing.assert_allclose(res.seed_mse[:, seed], np.take(err, res.rounds), rtol=1e-12)
-            np.testing.assert_allclose(res.metrics["drift"].seeds[:, seed], np.take(drift, res.rounds), rtol=1e-12)
+            np.testing.assert_allclose(
+                res.metrics["drift"].seeds[:, seed], np.take(drift, res.rounds), rtol=1e-12
+            )
             np.testing.assert_allclose(res.metrics["cv"].seeds[:, seed], np.take(cv, res.rounds), rtol=1e-12)
     m = res.metrics["norm"]
     np.testing.assert_allclose(m.mean, norms[:, res.rounds].mean(0), rtol=1e-12)
@@ -260,8 +295,9 @@ def test_metrics_and_kept_seeds_against_hand_stepping(garnet):
 
 
 def test_results_files_tables_and_plots_carry_metrics(garnet, tmp_path):
-    res = fj.simulate(1, garnet, fj.scafflsa(0.3, 3), 10, 40, keep_seeds=4,
-                      metrics={"cv": "control_variate_error"})
+    res = fj.simulate(
+        1, garnet, fj.scafflsa(0.3, 3), 10, 40, keep_seeds=4, metrics={"cv": "control_variate_error"}
+    )
     q = res.metrics["cv"].quantiles
     assert np.all(np.isfinite(q)) and np.all(np.diff(q, axis=1) >= 0)
     res.save(tmp_path / "r.npz")
@@ -284,19 +320,40 @@ def test_results_files_tables_and_plots_carry_metrics(garnet, tmp_path):
 
 def test_on_record_streams_what_the_result_holds(garnet):
     seen = []
-    res = fj.simulate(3, garnet, fj.fedlsa(0.2, 2), 30, 12, record_every=3, chunk_rounds=6,
-                      metrics=["client_drift"], on_record=seen.append)
+    res = fj.simulate(
+        3,
+        garnet,
+        fj.fedlsa(0.2, 2),
+        30,
+        12,
+        record_every=3,
+        chunk_rounds=6,
+        metrics=["client_drift"],
+        on_record=seen.append,
+    )
     assert len(seen) == 1 + 5  # round 0, then one call per chunk of 6 rounds
     rounds = np.concatenate([r.rounds for r in seen])
     np.testing.assert_array_equal(rounds, res.rounds)
     np.testing.assert_allclose(np.concatenate([r.mse_mean for r in seen]), res.mse_mean, rtol=1e-15)
-    np.testing.assert_allclose(np.concatenate([r.metrics["client_drift"][0] for r in seen]),
-                               res.metrics["client_drift"].mean, rtol=1e-15)
+    np.testing.assert_allclose(
+        np.concatenate([r.metrics["client_drift"][0] for r in seen]),
+        res.metrics["client_drift"].mean,
+        rtol=1e-15,
+    )
     np.testing.assert_allclose(np.concatenate([r.counts["communications"] for r in seen]), res.communications)
     # several seed batches: the last batch's records hold the statistics of every seed
     seen.clear()
-    res = fj.simulate(3, garnet, fj.fedlsa(0.2, 2), 30, 12, record_every=3, chunk_rounds=6,
-                      seed_batch_size=5, on_record=seen.append)
+    res = fj.simulate(
+        3,
+        garnet,
+        fj.fedlsa(0.2, 2),
+        30,
+        12,
+        record_every=3,
+        chunk_rounds=6,
+        seed_batch_size=5,
+        on_record=seen.append,
+    )
     last = [r for r in seen if r.batch == 2]
     assert {r.num_seeds for r in last} == {12} and {r.num_batches for r in seen} == {3}
     np.testing.assert_allclose(np.concatenate([r.mse_mean for r in last]), res.mse_mean, rtol=1e-12)

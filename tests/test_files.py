@@ -102,7 +102,11 @@ io.atomic_write({str(tmp_path / "r.npz")!r}, write)
         finally:
             proc.kill()  # SIGKILL: no cleanup runs
     (tmp,) = [p for p in tmp_path.iterdir()]
-    assert tmp.name.startswith(".r.npz~") and tmp.name.endswith(_io.TEMP_SUFFIX) and not (tmp_path / "r.npz").exists()
+    assert (
+        tmp.name.startswith(".r.npz~")
+        and tmp.name.endswith(_io.TEMP_SUFFIX)
+        and not (tmp_path / "r.npz").exists()
+    )
     os.utime(tmp, (time.time() - 120,) * 2)
     monkeypatch.setattr(_io, "_last_clean", {})
     _io.atomic_write(tmp_path / "other.txt", lambda f: f.write("ok"), mode="w")
@@ -140,7 +144,9 @@ def test_damaged_result_files_are_named_as_such(tiny, tmp_path):
     np.savez(tmp_path / "other.npz", x=np.ones(2))  # someone else's archive
     cases += [(n, tmp_path / f"{n}.npz") for n in ("no_config", "bad_json", "other")]
     for label, path in cases:
-        with pytest.raises(ValueError, match=r"is damaged or not a fedsa_jax result file .*recompute it") as err:
+        with pytest.raises(
+            ValueError, match=r"is damaged or not a fedsa_jax result file .*recompute it"
+        ) as err:
             fj.load(path)
         assert "\n" not in str(err.value), label
     with pytest.raises(FileNotFoundError):
@@ -154,7 +160,9 @@ def test_damaged_checkpoint_is_refused_never_deleted(tiny, tmp_path):
     saved = _checkpoint.load(tmp_path)
     for label, data in [("truncated", path.read_bytes()[:500]), ("random", os.urandom(500))]:
         path.write_bytes(data)
-        with pytest.raises(ValueError, match=r"is damaged or not a fedsa_jax checkpoint file .*move it out") as err:
+        with pytest.raises(
+            ValueError, match=r"is damaged or not a fedsa_jax checkpoint file .*move it out"
+        ) as err:
             run_tiny(tiny, tmp_path)
         assert path.read_bytes() == data, label  # refused, not deleted, not overwritten
         assert str(path) in str(err.value)
@@ -168,8 +176,11 @@ def test_a_second_run_of_the_same_configuration_is_refused_while_the_first_runs(
     first = run_tiny(tiny, tmp_path)
     finger = str(_checkpoint.load(tmp_path)["fingerprint"])
     with _checkpoint.lock(tmp_path, finger):  # as if another process were running it
-        with pytest.raises(ValueError, match=rf"^checkpoint_dir=.* another run of the same configuration "
-                                             rf"\(pid {os.getpid()} on host .*\) is using its checkpoint"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^checkpoint_dir=.* another run of the same configuration "
+            rf"\(pid {os.getpid()} on host .*\) is using its checkpoint",
+        ):
             run_tiny(tiny, tmp_path)
     again = run_tiny(tiny, tmp_path)  # released: it resumes
     np.testing.assert_array_equal(again.final_theta, first.final_theta)
@@ -180,7 +191,10 @@ def test_a_second_run_of_the_same_configuration_is_refused_while_the_first_runs(
 def test_output_folders_are_checked_before_running(tiny, tmp_path):
     problem, alg = tiny
     (tmp_path / "file").write_text("x")
-    for bad, reason in [(tmp_path / "file", "is an existing file"), (tmp_path / "file" / "sub", "part of the path")]:
+    for bad, reason in [
+        (tmp_path / "file", "is an existing file"),
+        (tmp_path / "file" / "sub", "part of the path"),
+    ]:
         with pytest.raises(ValueError, match=rf"^checkpoint_dir=.* is invalid: .*{reason}"):
             fj.simulate(0, problem, alg, 2, 2, checkpoint_dir=bad)
         with pytest.raises(ValueError, match=rf"^out_dir=.* is invalid: .*{reason}"):
@@ -194,14 +208,26 @@ def test_output_folders_are_checked_before_running(tiny, tmp_path):
 
 
 def test_strict_json():
-    text = _io.json_text({"a": math.nan, "b": [math.inf, 1.5], "c": np.float32("nan"), "d": np.int64(3),
-                          "e": np.array([1.0, np.nan])})
+    text = _io.json_text(
+        {
+            "a": math.nan,
+            "b": [math.inf, 1.5],
+            "c": np.float32("nan"),
+            "d": np.int64(3),
+            "e": np.array([1.0, np.nan]),
+        }
+    )
 
     def refuse(name):
         raise AssertionError(f"non-standard JSON constant {name}")
 
-    assert json.loads(text, parse_constant=refuse) == {"a": None, "b": [None, 1.5], "c": None, "d": 3,
-                                                       "e": [1.0, None]}
+    assert json.loads(text, parse_constant=refuse) == {
+        "a": None,
+        "b": [None, 1.5],
+        "c": None,
+        "d": 3,
+        "e": [1.0, None],
+    }
 
 
 def test_saved_config_is_strict_json(tiny, tmp_path):
@@ -222,4 +248,3 @@ def test_lock_file_survives_neither_release_nor_a_race(tmp_path):
     assert not path.exists()
     with _io.file_lock(path):  # taken again after removal
         assert path.exists()
-

@@ -28,15 +28,17 @@ from fedsa_jax.result import SimulationResult
 
 @pytest.fixture(scope="module")
 def gauss2():
-    return fj.problems.random_gaussian_lsa(jax.random.key(4), num_agents=2, dim=2, heterogeneity=1.0,
-                                           noise_A=0.4, noise_b=0.5)
+    return fj.problems.random_gaussian_lsa(
+        jax.random.key(4), num_agents=2, dim=2, heterogeneity=1.0, noise_A=0.4, noise_b=0.5
+    )
 
 
 GAUSS_CASES = {
     "fedlsa": lambda: fj.fedlsa(0.2, 3),
     "scafflsa": lambda: fj.scafflsa(0.2, 3),
-    "fedlsa_randk_received": lambda: fj.fedlsa(0.2, 3, quantizer=fj.channel.rand_k(1), success_prob=0.6,
-                                                aggregation="divide_by_received"),
+    "fedlsa_randk_received": lambda: fj.fedlsa(
+        0.2, 3, quantizer=fj.channel.rand_k(1), success_prob=0.6, aggregation="divide_by_received"
+    ),
     "qfedtd_randk_erasures": lambda: fj.qfedtd(0.3, fj.channel.rand_k(1), success_prob=0.7),
 }
 
@@ -50,8 +52,9 @@ def test_gaussian_exact_mse_matches_enumeration(gauss2, case):
     np.testing.assert_allclose(got, enumerated_algorithm_mse(gauss2, alg, T, theta0), rtol=1e-10)
     # power: the multiplicative noise enters through tr(E[x x^T]); a factor 1/d on it moves the curve
     # far beyond the tolerance
-    scaled = fj.problems.gaussian_lsa(gauss2.A_bar, gauss2.b_bar, float(gauss2.noise_A[0]) / math.sqrt(2),
-                                      gauss2.noise_b)
+    scaled = fj.problems.gaussian_lsa(
+        gauss2.A_bar, gauss2.b_bar, float(gauss2.noise_A[0]) / math.sqrt(2), gauss2.noise_b
+    )
     wrong = fj.theory.exact_mse(scaled, alg, T, theta0=theta0)
     assert np.max(np.abs(wrong[1:] / got[1:] - 1)) > 1e-4
 
@@ -79,10 +82,16 @@ def td3():
     return fj.problems.federated_td(P, rng.uniform(-1, 1, (2, 4)), rng.uniform(size=(4, 3)), 0.8)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: fj.fedlsa(0.4, 2, quantizer=fj.channel.rand_k(2), success_prob=0.6, aggregation="divide_by_received"),
-    lambda: fj.qfedtd(0.6, fj.channel.rand_k(2), success_prob=0.7),
-], ids=["fedlsa", "qfedtd"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: fj.fedlsa(
+            0.4, 2, quantizer=fj.channel.rand_k(2), success_prob=0.6, aggregation="divide_by_received"
+        ),
+        lambda: fj.qfedtd(0.6, fj.channel.rand_k(2), success_prob=0.7),
+    ],
+    ids=["fedlsa", "qfedtd"],
+)
 def test_rand_k_exact_mse_with_d3_k2_matches_enumeration(td3, make):
     """With k = 1 the off-diagonal error covariance is -x_i x_j whatever the formula's k-dependence;
     with d = 3, k = 2 it is -x_i x_j / 4."""
@@ -102,8 +111,9 @@ def delivery_moments(N, p, aggregation):
         n = x.sum()
         w = x / N if aggregation == "divide_by_n" else (x / n if n else np.zeros(N))
         inv = x / n if n else np.zeros(N)
-        out += prob * np.array([w[0], inv[0], inv[0] * x[1] if N > 1 else 0.0, w[0] ** 2,
-                                w[0] * w[1] if N > 1 else 0.0, 1.0])
+        out += prob * np.array(
+            [w[0], inv[0], inv[0] * x[1] if N > 1 else 0.0, w[0] ** 2, w[0] * w[1] if N > 1 else 0.0, 1.0]
+        )
     mean = out[0]
     return out[0], out[1], out[2], out[3] - mean**2, (out[4] - mean**2) if N > 1 else 0.0
 
@@ -151,7 +161,9 @@ def test_seed_statistics_against_the_seeds_across_batches():
     p = fj.problems.gaussian_lsa([[[1.0]]], [[1.0]], noise_A=2.0, noise_b=0.1)
     n = 300
     with pytest.warns(RuntimeWarning, match="diverged"):
-        res = fj.simulate(jax.random.key(0), p, fj.fedlsa(0.9, 1), 200, n, record_every=100, seed_batch_size=110)
+        res = fj.simulate(
+            jax.random.key(0), p, fj.fedlsa(0.9, 1), 200, n, record_every=100, seed_batch_size=110
+        )
     assert res.config["execution"]["num_batches"] == 3
     final = res.final_theta[:, 0]
     bad = ~np.isfinite(final) | ((final - 1.0) ** 2 > 1e10 * 3)
@@ -170,20 +182,38 @@ def test_seed_statistics_against_the_seeds_across_batches():
 def test_garnet_intermediate_heterogeneity_interpolates(h):
     """Without perturbations every agent's kernel and reward are affine in the level h: the level-h
     problem is (1 - h) x (level 0) + h x (level 1), for every agent."""
-    make = lambda level: fj.problems.garnet(jax.random.key(2), num_agents=4, num_states=10, dim=4,  # noqa: E731
-                                            heterogeneity=level, perturbation=0.0)
+    make = lambda level: fj.problems.garnet(
+        jax.random.key(2),
+        num_agents=4,
+        num_states=10,
+        dim=4,  # noqa: E731
+        heterogeneity=level,
+        perturbation=0.0,
+    )
     p0, p1, ph = make(0.0), make(1.0), make(h)
     for field in ("transitions", "rewards"):
         a0, a1 = np.asarray(getattr(p0, field)), np.asarray(getattr(p1, field))
         assert np.abs(a1 - a0).max() > 0.1
-        np.testing.assert_allclose(np.asarray(getattr(ph, field)), (1 - h) * a0 + h * a1, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(
+            np.asarray(getattr(ph, field)), (1 - h) * a0 + h * a1, rtol=1e-12, atol=1e-14
+        )
     # with the default perturbations the level still orders the spread of local solutions
-    spread = lambda level: np.linalg.norm(np.asarray(  # noqa: E731
-        (q := fj.problems.garnet(jax.random.key(2), num_agents=4, num_states=10, dim=4, heterogeneity=level))
-        .local_theta_star) - np.asarray(q.theta_star))
+    spread = lambda level: np.linalg.norm(
+        np.asarray(  # noqa: E731
+            (
+                q := fj.problems.garnet(
+                    jax.random.key(2), num_agents=4, num_states=10, dim=4, heterogeneity=level
+                )
+            ).local_theta_star
+        )
+        - np.asarray(q.theta_star)
+    )
     assert spread(0.0) < spread(h) < spread(1.0)
     # random Gaussian LSA: A_bar and b_bar are affine in the level too
-    g = [fj.problems.random_gaussian_lsa(jax.random.key(5), 3, 2, heterogeneity=level) for level in (0.0, 1.0, h)]
+    g = [
+        fj.problems.random_gaussian_lsa(jax.random.key(5), 3, 2, heterogeneity=level)
+        for level in (0.0, 1.0, h)
+    ]
     for field in ("A_bar", "b_bar"):
         a0, a1, ah = (np.asarray(getattr(x, field)) for x in g)
         np.testing.assert_allclose(ah, (1 - h) * a0 + h * a1, rtol=1e-12, atol=1e-14)
@@ -194,13 +224,25 @@ def fake_result(mse, sem, num_agents=3, local_steps=2, seeds=10):
     R = len(mse)
     rounds = np.arange(R) * 2
     return SimulationResult(
-        rounds=rounds, mse_mean=np.asarray(mse, float), mse_sem=np.asarray(sem, float),
-        theta_mean=np.zeros((R, 2)), theta_sem=np.zeros((R, 2)), num_diverged=np.zeros(R, np.int64),
-        final_theta=np.zeros((seeds, 2)), theta_star=np.zeros(2), bits_sent=rounds * num_agents * 64.0,
-        bits_delivered=rounds * num_agents * 64.0, mse_quantiles=np.full((R, 5), np.nan),
-        config={"problem": {"num_agents": num_agents}, "algorithm": {"num_local_steps": local_steps, "skip": 1}},
-        communications=rounds * float(num_agents), messages_delivered=rounds * float(num_agents),
-        samples=rounds * float(num_agents * local_steps), seed_mse=np.zeros((R, 0)),
+        rounds=rounds,
+        mse_mean=np.asarray(mse, float),
+        mse_sem=np.asarray(sem, float),
+        theta_mean=np.zeros((R, 2)),
+        theta_sem=np.zeros((R, 2)),
+        num_diverged=np.zeros(R, np.int64),
+        final_theta=np.zeros((seeds, 2)),
+        theta_star=np.zeros(2),
+        bits_sent=rounds * num_agents * 64.0,
+        bits_delivered=rounds * num_agents * 64.0,
+        mse_quantiles=np.full((R, 5), np.nan),
+        config={
+            "problem": {"num_agents": num_agents},
+            "algorithm": {"num_local_steps": local_steps, "skip": 1},
+        },
+        communications=rounds * float(num_agents),
+        messages_delivered=rounds * float(num_agents),
+        samples=rounds * float(num_agents * local_steps),
+        seed_mse=np.zeros((R, 0)),
     )
 
 
@@ -209,8 +251,9 @@ def test_plot_mse_draws_the_curves_and_levels_it_is_given():
     exact = np.linspace(4.0, 1.0, 7)  # rounds 0..6
     free = np.array([3.0, 2.0, 1.0])
     levels = {"bias$^2$": 0.123, "floor": 0.5}
-    fig = plotting.plot_mse({"run": res}, x="communications", theory={"run": exact, "alone": free},
-                            reference_lines=levels)
+    fig = plotting.plot_mse(
+        {"run": res}, x="communications", theory={"run": exact, "alone": free}, reference_lines=levels
+    )
     ax = fig.axes[0]
     by_label = {line.get_label(): line for line in ax.lines}
     np.testing.assert_array_equal(by_label["run (10 seeds)"].get_ydata(), res.mse_mean)
@@ -231,8 +274,10 @@ def test_plot_mse_draws_the_curves_and_levels_it_is_given():
 
 
 def test_plot_final_mse_vs_agents_draws_its_data_theory_and_reference():
-    series = {"a": {1: fake_result([1.0, 0.5], [0.1, 0.02]), 10: fake_result([1.0, 0.06], [0.1, 0.01])},
-              "b": {2: fake_result([1.0, 0.9], [0.1, 0.05]), 20: fake_result([1.0, 0.2], [0.1, 0.03])}}
+    series = {
+        "a": {1: fake_result([1.0, 0.5], [0.1, 0.02]), 10: fake_result([1.0, 0.06], [0.1, 0.01])},
+        "b": {2: fake_result([1.0, 0.9], [0.1, 0.05]), 20: fake_result([1.0, 0.2], [0.1, 0.03])},
+    }
     exact = {"a": {1: 0.48, 10: 0.05}}
     fig = plotting.plot_final_mse_vs_agents(series, theory=exact)
     ax = fig.axes[0]

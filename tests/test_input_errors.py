@@ -52,14 +52,20 @@ def cli_error(capsys, *argv: str) -> str:
 
 def test_least_squares_rows_of_1e200_name_features_without_lapack_noise(capfd):
     X = np.random.default_rng(0).normal(size=(20, 3)) * 1e200
-    raises_one_line(lambda: fj.problems.least_squares([X], [np.ones(20)]), "features[0]",
-                    "expected at most sqrt(max float64 / n_0)")
+    raises_one_line(
+        lambda: fj.problems.least_squares([X], [np.ones(20)]),
+        "features[0]",
+        "expected at most sqrt(max float64 / n_0)",
+    )
     assert capfd.readouterr().err == ""  # LAPACK never saw an infinite matrix
 
 
 @FEW
-@given(n=st.integers(1, 50), dtype=st.sampled_from(["float32", "float64"]),
-       which=st.sampled_from(["features", "targets"]))
+@given(
+    n=st.integers(1, 50),
+    dtype=st.sampled_from(["float32", "float64"]),
+    which=st.sampled_from(["features", "targets"]),
+)
 def test_least_squares_refuses_exactly_above_the_stated_magnitude(n, dtype, which):
     """Entries at 0.99 ``sqrt(max(dtype) / n_c)`` give finite ``A_bar``, ``b_bar``; at 1.01 times
     it they are refused naming the argument, with that bound in the message."""
@@ -82,8 +88,13 @@ def test_least_squares_refuses_exactly_above_the_stated_magnitude(n, dtype, whic
 def test_least_squares_float32_overflowing_fixed_point_names_targets():
     X = np.random.default_rng(1).normal(size=(10, 2)) * 1e-30  # A_bar tiny, theta_star = 1e40 > max float32
     y = X @ np.array([1e40, 1e40])
-    raises_one_line(lambda: fj.problems.least_squares([X], [y], dtype="float32"), "targets",
-                    "theta_star", "float32", "float64")
+    raises_one_line(
+        lambda: fj.problems.least_squares([X], [y], dtype="float32"),
+        "targets",
+        "theta_star",
+        "float32",
+        "float64",
+    )
     assert np.isfinite(fj.problems.least_squares([X], [y], dtype="float64").theta_star).all()
 
 
@@ -91,8 +102,10 @@ def test_least_squares_float32_overflowing_fixed_point_names_targets():
 # integer and bool arguments of the problem factories
 
 FACTORIES = {
-    "garnet": (fj.problems.garnet,
-               ("num_agents", "num_states", "num_actions", "branching", "dim", "max_tries")),
+    "garnet": (
+        fj.problems.garnet,
+        ("num_agents", "num_states", "num_actions", "branching", "dim", "max_tries"),
+    ),
     "random_gaussian_lsa": (fj.problems.random_gaussian_lsa, ("num_agents", "dim")),
     "qfedtd_mdp": (fj.problems.qfedtd_mdp, ("num_agents", "num_states", "dim")),
 }
@@ -100,32 +113,49 @@ CASES = [(f, p) for f, (_, params) in FACTORIES.items() for p in params]
 
 
 @FEW
-@given(case=st.sampled_from(CASES),
-       value=st.one_of(st.booleans(), st.integers(max_value=0), st.integers(min_value=BIG),
-                       st.just(2**70), st.just(np.int64(2**62))))
+@given(
+    case=st.sampled_from(CASES),
+    value=st.one_of(
+        st.booleans(),
+        st.integers(max_value=0),
+        st.integers(min_value=BIG),
+        st.just(2**70),
+        st.just(np.int64(2**62)),
+    ),
+)
 def test_factory_integers_out_of_range_name_the_parameter(case, value):
     factory, param = case
     make = FACTORIES[factory][0]
-    raises_one_line(lambda: make(jax.random.key(0), **{param: value}), param,
-                    f"expected an integer in [1, {BIG - 1}]")
+    raises_one_line(
+        lambda: make(jax.random.key(0), **{param: value}), param, f"expected an integer in [1, {BIG - 1}]"
+    )
 
 
-@pytest.mark.parametrize("make,param", [
-    (lambda: fj.problems.garnet(jax.random.key(0), num_agents=2**22), "num_agents"),
-    (lambda: fj.problems.garnet(jax.random.key(0), num_states=50_000, dim=2), "num_states"),
-    (lambda: fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=2**23), "num_agents"),
-    (lambda: fj.problems.random_gaussian_lsa(jax.random.key(0), num_agents=2**30), "num_agents"),
-    (lambda: fj.problems.random_gaussian_lsa(jax.random.key(0), dim=50_000), "dim"),
-])
+@pytest.mark.parametrize(
+    "make,param",
+    [
+        (lambda: fj.problems.garnet(jax.random.key(0), num_agents=2**22), "num_agents"),
+        (lambda: fj.problems.garnet(jax.random.key(0), num_states=50_000, dim=2), "num_states"),
+        (lambda: fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=2**23), "num_agents"),
+        (lambda: fj.problems.random_gaussian_lsa(jax.random.key(0), num_agents=2**30), "num_agents"),
+        (lambda: fj.problems.random_gaussian_lsa(jax.random.key(0), dim=50_000), "dim"),
+    ],
+)
 def test_tables_beyond_int32_indexing_name_the_size(make, param):
     raises_one_line(make, param, "more than 2^31 - 1")
 
 
 def test_branching_above_num_states_names_the_one_changed():
-    raises_one_line(lambda: fj.problems.garnet(jax.random.key(0), num_states=1, dim=1), "num_states",
-                    "expected branching <= num_states")
-    raises_one_line(lambda: fj.problems.garnet(jax.random.key(0), branching=31), "branching",
-                    "expected branching <= num_states")
+    raises_one_line(
+        lambda: fj.problems.garnet(jax.random.key(0), num_states=1, dim=1),
+        "num_states",
+        "expected branching <= num_states",
+    )
+    raises_one_line(
+        lambda: fj.problems.garnet(jax.random.key(0), branching=31),
+        "branching",
+        "expected branching <= num_states",
+    )
 
 
 REALS = [
@@ -152,30 +182,42 @@ def test_bools_are_not_numbers(case, value):
 # server optimizers
 
 SHRINK = optax.GradientTransformation(lambda params: (), lambda u, state, params=None: (u[:1], state))
-GROW_STATE = optax.GradientTransformation(lambda params: (params,),
-                                          lambda u, state, params=None: (-u, (state[0][:1],)))
+GROW_STATE = optax.GradientTransformation(
+    lambda params: (params,), lambda u, state, params=None: (-u, (state[0][:1],))
+)
 
 
-@pytest.mark.parametrize("server,says", [
-    (SHRINK, "its update must have the iterate's shape and dtype"),
-    (GROW_STATE, "a state with the structure, shapes and dtypes"),
-])
+@pytest.mark.parametrize(
+    "server,says",
+    [
+        (SHRINK, "its update must have the iterate's shape and dtype"),
+        (GROW_STATE, "a state with the structure, shapes and dtypes"),
+    ],
+)
 def test_server_optimizer_of_the_wrong_shape_is_refused(server, says):
     raises_one_line(lambda: fj.fedlsa(0.1, 2, server_optimizer=server), "server_optimizer", says)
     raises_one_line(lambda: fj.optimizer(server), "server_optimizer", says)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: fj.scafflsa(0.1, 2, server_optimizer=optax.sgd(-0.5)),
-    lambda: fj.fedlsa(0.1, 2, server_optimizer=optax.adam(-0.01)),
-    lambda: fj.fedlsa(0.1, 2, server_optimizer=optax.scale_by_adam()),  # no -lr scaling: it ascends
-    lambda: fj.optimizer(optax.sgd, learning_rate=-1.0, momentum=0.5),
-], ids=["sgd", "adam", "scale_by_adam", "factory"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: fj.scafflsa(0.1, 2, server_optimizer=optax.sgd(-0.5)),
+        lambda: fj.fedlsa(0.1, 2, server_optimizer=optax.adam(-0.01)),
+        lambda: fj.fedlsa(0.1, 2, server_optimizer=optax.scale_by_adam()),  # no -lr scaling: it ascends
+        lambda: fj.optimizer(optax.sgd, learning_rate=-1.0, momentum=0.5),
+    ],
+    ids=["sgd", "adam", "scale_by_adam", "factory"],
+)
 def test_server_optimizer_that_ascends_is_refused(make):
     raises_one_line(make, "server_optimizer", "learning rate >= 0", "away from the aggregate")
-    for good in (optax.sgd(0.5), optax.sgd(1.5, momentum=0.9), optax.adam(0.01),
-                 optax.adamw(1e-3, weight_decay=0.1),
-                 optax.sgd(optax.linear_schedule(0.0, 1.0, 10))):  # a warm-up from 0 passes
+    for good in (
+        optax.sgd(0.5),
+        optax.sgd(1.5, momentum=0.9),
+        optax.adam(0.01),
+        optax.adamw(1e-3, weight_decay=0.1),
+        optax.sgd(optax.linear_schedule(0.0, 1.0, 10)),
+    ):  # a warm-up from 0 passes
         fj.scafflsa(0.1, 2, server_optimizer=good)
 
 
@@ -183,23 +225,35 @@ def test_server_optimizer_that_ascends_is_refused(make):
 # the command line: the option that set the parameter
 
 
-@pytest.mark.parametrize("argv,says", [
-    (["--states", "1"], "--states=1 is invalid: expected branching <= num_states"),
-    (["--states", "50000"], "--states=50000 is invalid: num_agents x num_states^2"),
-    (["--step-size", "-1"], "--step-size=-1.0 is invalid: expected a finite real number in (0.0"),
-    (["--problem", "gaussian", "--noise-A", "-1"], "--noise-A=-1.0 is invalid: noise levels must be >= 0"),
-    (["--states", "5"],
-     "--dim=8 (its default with --problem garnet) is invalid: expected dim <= num_states=5"),
-    (["--schedule", "inverse-time", "--decay-steps", "1e-300"],
-     "--decay-steps=1e-300 is invalid: underflows"),
-])
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--states", "1"], "--states=1 is invalid: expected branching <= num_states"),
+        (["--states", "50000"], "--states=50000 is invalid: num_agents x num_states^2"),
+        (["--step-size", "-1"], "--step-size=-1.0 is invalid: expected a finite real number in (0.0"),
+        (
+            ["--problem", "gaussian", "--noise-A", "-1"],
+            "--noise-A=-1.0 is invalid: noise levels must be >= 0",
+        ),
+        (
+            ["--states", "5"],
+            "--dim=8 (its default with --problem garnet) is invalid: expected dim <= num_states=5",
+        ),
+        (
+            ["--schedule", "inverse-time", "--decay-steps", "1e-300"],
+            "--decay-steps=1e-300 is invalid: underflows",
+        ),
+    ],
+)
 def test_cli_errors_name_the_option_not_the_library_parameter(tmp_path, capsys, argv, says):
     err = cli_error(capsys, "run", *argv, "--out", str(tmp_path))
     assert err.startswith("fedsa-jax: error: ") and says in err, err
 
 
-@pytest.mark.parametrize("option,value", [("--decay-steps", "0"), ("--decay-steps", "-100"),
-                                          ("--server-lr", "-1"), ("--server-lr", "0")])
+@pytest.mark.parametrize(
+    "option,value",
+    [("--decay-steps", "0"), ("--decay-steps", "-100"), ("--server-lr", "-1"), ("--server-lr", "0")],
+)
 def test_cli_positive_options(tmp_path, capsys, option, value):
     extra = ["--schedule", "inverse-time"] if option == "--decay-steps" else ["--server-optimizer", "sgd"]
     err = cli_error(capsys, "run", *extra, option, value, "--out", str(tmp_path))
@@ -217,19 +271,22 @@ def test_cli_qfedtd_local_steps(tmp_path, capsys):
     assert "--local-steps=5 is invalid: it is read only with algorithms with local steps" in err, err
 
 
-@pytest.mark.parametrize("argv,option", [
-    (["--quantizer", "qsgd", "--bits", "5"], "--bits"),
-    (["--range", "1.5"], "--range"),
-    (["--levels", "3"], "--levels"),
-    (["--quantizer", "qsgd", "--k", "2"], "--k"),
-    (["--decay-steps", "10"], "--decay-steps"),
-    (["--algorithms", "fedlsa", "--comm-prob", "0.5"], "--comm-prob"),
-    (["--algorithms", "qfedtd", "--skip", "2"], "--skip"),
-    (["--problem", "gaussian", "--states", "4"], "--states"),
-    (["--problem", "gaussian", "--sampling", "markov"], "--sampling"),
-    (["--noise-b", "0.3"], "--noise-b"),
-    (["--problem", "qfedtd-mdp", "--heterogeneity", "0.5"], "--heterogeneity"),
-])
+@pytest.mark.parametrize(
+    "argv,option",
+    [
+        (["--quantizer", "qsgd", "--bits", "5"], "--bits"),
+        (["--range", "1.5"], "--range"),
+        (["--levels", "3"], "--levels"),
+        (["--quantizer", "qsgd", "--k", "2"], "--k"),
+        (["--decay-steps", "10"], "--decay-steps"),
+        (["--algorithms", "fedlsa", "--comm-prob", "0.5"], "--comm-prob"),
+        (["--algorithms", "qfedtd", "--skip", "2"], "--skip"),
+        (["--problem", "gaussian", "--states", "4"], "--states"),
+        (["--problem", "gaussian", "--sampling", "markov"], "--sampling"),
+        (["--noise-b", "0.3"], "--noise-b"),
+        (["--problem", "qfedtd-mdp", "--heterogeneity", "0.5"], "--heterogeneity"),
+    ],
+)
 def test_cli_options_nothing_reads_are_refused(tmp_path, capsys, argv, option):
     err = cli_error(capsys, "run", *argv, "--out", str(tmp_path))
     pattern = rf"error: {option}=\S+ is invalid: it is read only with .+; drop {option}$"
@@ -238,8 +295,10 @@ def test_cli_options_nothing_reads_are_refused(tmp_path, capsys, argv, option):
 
 def test_sweep_total_local_steps_below_h_is_refused_before_running(tmp_path, capsys):
     cfg = tmp_path / "s.toml"
-    cfg.write_text("[run]\ntotal_local_steps = 5\nseeds = 2\n[grid]\nagents = 2\nstates = 4\ndim = 2\n"
-                   "local_steps = [2, 10]\n")
+    cfg.write_text(
+        "[run]\ntotal_local_steps = 5\nseeds = 2\n[grid]\nagents = 2\nstates = 4\ndim = 2\n"
+        "local_steps = [2, 10]\n"
+    )
     err = cli_error(capsys, "sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-plot")
     assert "run.total_local_steps=5 is invalid" in err and "H = 10" in err
     assert "expected total_local_steps >= H" in err

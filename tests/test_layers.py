@@ -57,7 +57,9 @@ def test_no_function_level_import_of_the_package():
         for node in ast.walk(tree):
             if id(node) in top or not isinstance(node, ast.Import | ast.ImportFrom):
                 continue
-            targets = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            targets = (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            )
             if any(t == "fedsa_jax" or t.startswith("fedsa_jax.") for t in targets):
                 found.append(f"{name}:{node.lineno}")
     assert not found, found
@@ -80,6 +82,11 @@ print("\\n".join(failed))
 def test_each_module_imports_first():
     """Each module as the first of the package to load (one process: numpy and JAX stay loaded, the
     package's modules are dropped before each import)."""
-    out = subprocess.run([sys.executable, "-c", IMPORT_EACH_FIRST, *_modules()], capture_output=True,
-                         text=True, check=True, cwd=PACKAGE.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_EACH_FIRST, *_modules()],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=PACKAGE.parent,
+    )
     assert out.stdout.strip() == "", out.stdout

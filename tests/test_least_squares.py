@@ -30,16 +30,26 @@ def ls3():
 def test_systems_match_numpy(ls3):
     X, y, p = ls3
     assert (p.num_agents, p.dim, p.dtype) == (3, 3, np.float64)
-    assert p.describe() == {"family": "least_squares", "num_agents": 3, "dim": 3, "rows_per_agent": [7, 12, 4]}
+    assert p.describe() == {
+        "family": "least_squares",
+        "num_agents": 3,
+        "dim": 3,
+        "rows_per_agent": [7, 12, 4],
+    }
     for c in range(3):
         n = len(y[c])
         np.testing.assert_allclose(p.A_bar[c], X[c].T @ X[c] / n, rtol=1e-13)
         np.testing.assert_allclose(p.b_bar[c], X[c].T @ y[c] / n, rtol=1e-13)
-        np.testing.assert_allclose(p.local_theta_star[c], np.linalg.lstsq(X[c], y[c], rcond=None)[0], rtol=1e-10)
+        np.testing.assert_allclose(
+            p.local_theta_star[c], np.linalg.lstsq(X[c], y[c], rcond=None)[0], rtol=1e-10
+        )
     # theta_star minimises sum_c |X_c theta - y_c|^2 / n_c: least squares on rows scaled by 1/sqrt(n_c)
     w = [1 / np.sqrt(len(t)) for t in y]
-    pooled = np.linalg.lstsq(np.concatenate([x * s for x, s in zip(X, w)]),
-                             np.concatenate([t * s for t, s in zip(y, w)]), rcond=None)[0]
+    pooled = np.linalg.lstsq(
+        np.concatenate([x * s for x, s in zip(X, w)]),
+        np.concatenate([t * s for t, s in zip(y, w)]),
+        rcond=None,
+    )[0]
     np.testing.assert_allclose(p.theta_star, pooled, rtol=1e-10)
     # the mean recursion and FedLSA's closed-form bias read the same systems
     bias = fj.theory.fedlsa_bias(p, 0.1, 3)
@@ -87,7 +97,9 @@ def test_exact_mse_matches_enumeration(case):
     X, y = data((2, 3), 2, seed=4)
     p = fj.problems.least_squares(X, y)
     # per agent, each row (x, t) with probability 1/n_c: A(z) = x x^T, b(z) = t x
-    support = [(np.full(len(t), 1 / len(t)), np.einsum("ki,kj->kij", xs, xs), t[:, None] * xs) for xs, t in zip(X, y)]
+    support = [
+        (np.full(len(t), 1 / len(t)), np.einsum("ki,kj->kij", xs, xs), t[:, None] * xs) for xs, t in zip(X, y)
+    ]
     alg = ALGORITHMS[case]()
     theta0 = np.array([0.5, -1.0])
     got = fj.theory.exact_mse(p, alg, 4, theta0=theta0)
@@ -110,8 +122,9 @@ def test_explicit_support_equals_rank_one(ls3):
     np.testing.assert_allclose(fj.theory.exact_mse(q, alg, 6), fj.theory.exact_mse(p, alg, 6), rtol=1e-12)
 
 
-@pytest.mark.parametrize("make", [lambda eta: fj.fedlsa(eta, 3), lambda eta: fj.scafflsa(eta, 3)],
-                         ids=["fedlsa", "scafflsa"])
+@pytest.mark.parametrize(
+    "make", [lambda eta: fj.fedlsa(eta, 3), lambda eta: fj.scafflsa(eta, 3)], ids=["fedlsa", "scafflsa"]
+)
 def test_exact_mse_matches_monte_carlo(ls3, make):
     _, _, p = ls3
     eta, T, n = 0.1, 24, 4000
@@ -141,7 +154,10 @@ BAD = [
     ("targets[0]", lambda: fj.problems.least_squares(X2, [Y2[0][:, None], Y2[1]])),  # 2-d
     ("features[1]", lambda: fj.problems.least_squares([X2[0], np.zeros((0, 2))], [Y2[0], np.zeros(0)])),
     ("features[1]", lambda: fj.problems.least_squares(RAGGED, [np.ones(3), np.ones(2)])),  # d differs
-    ("features", lambda: fj.problems.least_squares([np.ones((3, 2)), np.ones((4, 2))], [np.ones(3), np.ones(4)])),
+    (
+        "features",
+        lambda: fj.problems.least_squares([np.ones((3, 2)), np.ones((4, 2))], [np.ones(3), np.ones(4)]),
+    ),
     ("features", lambda: fj.problems.least_squares([], [])),
     ("features[0]", lambda: fj.problems.least_squares(np.ones(3), np.ones(3))),  # not a list of 2-d arrays
     ("features", lambda: fj.problems.least_squares(5, [1.0])),
@@ -157,5 +173,7 @@ def test_bad_input(param, make):
 
 
 def test_singular_message_names_features():
-    with pytest.raises(ValueError, match=r"features='list of 2 arrays' is invalid: .*singular.*full column rank"):
+    with pytest.raises(
+        ValueError, match=r"features='list of 2 arrays' is invalid: .*singular.*full column rank"
+    ):
         fj.problems.least_squares([np.ones((3, 2)), np.ones((4, 2))], [np.ones(3), np.ones(4)])

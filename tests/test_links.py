@@ -69,6 +69,7 @@ def assert_refused(err, path, what="a symbolic link"):
 
 # ----------------------------------------------------------------------------------------------- locks
 
+
 @needs_locks
 @pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "hard link", "fifo"])
 def test_a_planted_lock_file_is_refused_and_the_victim_untouched(tmp_path, victim, kind):
@@ -77,8 +78,12 @@ def test_a_planted_lock_file_is_refused_and_the_victim_untouched(tmp_path, victi
     with pytest.raises(ValueError) as err:
         with _io.file_lock(lock):
             raise AssertionError("locked through a planted file")
-    what = {"symlink": "a symbolic link", "dangling symlink": "a symbolic link", "hard link": "a hard link",
-            "fifo": "not a regular file"}[kind]
+    what = {
+        "symlink": "a symbolic link",
+        "dangling symlink": "a symbolic link",
+        "hard link": "a hard link",
+        "fifo": "not a regular file",
+    }[kind]
     assert_refused(err, lock, what)
     assert_untouched(victim, kind)
     assert os.path.lexists(lock)  # refused, left for its owner to look at
@@ -109,6 +114,7 @@ def test_a_sweep_lock_link_is_refused(tiny, tmp_path, victim):
 
 # ------------------------------------------------------------------------------------------ temporaries
 
+
 @pytest.mark.parametrize("kind", ["symlink", "dangling symlink"])
 def test_a_link_named_like_a_temporary_is_never_written_through(tmp_path, victim, kind, monkeypatch):
     """``O_EXCL``: a link at the temporary's name is an existing file; the write takes another name."""
@@ -133,6 +139,7 @@ def test_removing_a_stale_temporary_link_removes_the_link_only(tmp_path, victim)
 
 
 # ------------------------------------------------------------------------------- checkpoints and results
+
 
 def test_a_checkpoint_file_that_is_a_link(tiny, tmp_path, victim):
     """A link to another file is read (following a link changes nothing), found not to be a checkpoint
@@ -167,15 +174,40 @@ def test_the_command_line_writes_no_result_through_a_link(tmp_path, victim):
     out = tmp_path / "out"
     out.mkdir()
     (out / "result_fedlsa.npz").symlink_to(victim)
-    assert cli.main(["run", "--algorithms", "fedlsa", "--agents", "2", "--states", "4", "--dim", "2",
-                     "--local-steps", "2", "--rounds", "3", "--seeds", "3", "--dtype", "float64", "--no-plot",
-                     "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "run",
+                "--algorithms",
+                "fedlsa",
+                "--agents",
+                "2",
+                "--states",
+                "4",
+                "--dim",
+                "2",
+                "--local-steps",
+                "2",
+                "--rounds",
+                "3",
+                "--seeds",
+                "3",
+                "--dtype",
+                "float64",
+                "--no-plot",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert_untouched(victim)
     assert not any(p.is_symlink() for p in out.iterdir())
     assert fj.load(out / "result_fedlsa.npz").config["num_seeds"] == 3
 
 
 # ----------------------------------------------------------------------------------- bounded messages
+
 
 def test_exact_mse_names_the_sizes_of_a_state_too_large_before_building_it():
     """N = 2000 agents, d = 2: SCAFFLSA's exact state has 8003 coordinates (a 512 MB covariance)."""
@@ -190,28 +222,41 @@ def test_exact_mse_names_the_sizes_of_a_state_too_large_before_building_it():
     message = str(err.value)
     assert len(message) < 500, message[:1000]
     assert "problem='N=2000, d=2' is invalid" in message and "8003 coordinates" in message
-    assert "2000 x 2 (xi)" in message and "2000 x 2 (loc)" in message and "MAX_AUGMENTED_DIM = 2000" in message
+    assert (
+        "2000 x 2 (xi)" in message and "2000 x 2 (loc)" in message and "MAX_AUGMENTED_DIM = 2000" in message
+    )
     assert peak < 64e6, peak  # refused before building anything: one 8003 x 8003 float64 matrix is 512 MB
 
 
 names = st.from_regex(r"[a-z_][a-z0-9_]{0,30}(\[[0-9]{1,4}\])?", fullmatch=True)
 values = st.one_of(
-    st.text(max_size=3000), st.binary(max_size=3000), st.integers(), st.integers(min_value=10**4400),
-    st.floats(), st.lists(st.integers(), max_size=3000), st.dictionaries(st.text(max_size=20), st.integers()),
+    st.text(max_size=3000),
+    st.binary(max_size=3000),
+    st.integers(),
+    st.integers(min_value=10**4400),
+    st.floats(),
+    st.lists(st.integers(), max_size=3000),
+    st.dictionaries(st.text(max_size=20), st.integers()),
     st.lists(st.one_of(st.integers(), st.lists(st.integers(), min_size=2, max_size=3)), max_size=50),
-    st.tuples(st.text(max_size=2000), st.none()), st.integers(0, 5000).map(np.zeros),
+    st.tuples(st.text(max_size=2000), st.none()),
+    st.integers(0, 5000).map(np.zeros),
 )
 
 
 @settings(max_examples=30, deadline=None)
-@given(name=names, value=values, allowed=st.text(st.characters(blacklist_categories=("Cc", "Zl", "Zp")),
-                                                  max_size=2000))
+@given(
+    name=names,
+    value=values,
+    allowed=st.text(st.characters(blacklist_categories=("Cc", "Zl", "Zp")), max_size=2000),
+)
 def test_validation_messages_are_bounded_and_name_the_parameter(name, value, allowed):
     with pytest.raises(ValueError) as err:
         _validate.fail(name, value, allowed)
     message = str(err.value)
     assert len(message) <= 500 and "\n" not in message, message
     assert message.startswith(f"{name}=") and " is invalid: " in message
-    shown_whole = isinstance(value, (str, bytes, float, dict)) or (isinstance(value, int) and abs(value) < 10**100)
+    shown_whole = isinstance(value, (str, bytes, float, dict)) or (
+        isinstance(value, int) and abs(value) < 10**100
+    )
     if shown_whole and len(repr(value)) <= 100:
         assert message.startswith(f"{name}={value!r} is invalid: ")  # short values are shown whole

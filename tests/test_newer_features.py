@@ -43,8 +43,9 @@ from reference import (
 import fedsa_jax as fj
 
 
-def noise_free_rounds(problem, name, eta, H, T, theta0, server=None, coins=None, p=1.0,
-                      cv_denominator=np.sum):
+def noise_free_rounds(
+    problem, name, eta, H, T, theta0, server=None, coins=None, p=1.0, cv_denominator=np.sum
+):
     """FedLSA / SCAFFLSA / Scaffnew on the mean system ``A_c(Z) = A_bar[c]``, ``b_c(Z) = b_bar[c]``
     in numpy (float64, theta coordinates): ``(theta_0..theta_T (T + 1, d), drift (T + 1,))``
     with ``drift[t] = mean_c |theta^c - theta_t|^2`` for the agents' iterates at the end of round
@@ -149,8 +150,9 @@ def test_richardson_runs_the_doubled_schedule_at_every_step(het_gaussian):
     nested = fj.richardson(fj.averaged(fj.scafflsa(sched, H), burn_in=1))
     doubled = nested.config.doubled.config.inner.config.step_size
     np.testing.assert_allclose(np.asarray(doubled(k)), 2 * np.asarray(sched(k)), rtol=1e-15)
-    np.testing.assert_allclose(np.asarray(nested.config.inner.config.inner.config.step_size(k)),
-                               np.asarray(sched(k)), rtol=1e-15)
+    np.testing.assert_allclose(
+        np.asarray(nested.config.inner.config.inner.config.step_size(k)), np.asarray(sched(k)), rtol=1e-15
+    )
     key, n = jax.random.key(5), 3
     rr = step_trajectories(het_gaussian, fj.richardson(fj.scafflsa(sched, H)), key, T, n, THETA0)
     plain = step_trajectories(het_gaussian, fj.scafflsa(sched, H), key, T, n, THETA0)

@@ -31,38 +31,62 @@ for _line, _k in zip(_dotted, exact):
     np.testing.assert_array_equal(_line.get_ydata(), exact[_k])
 """
 CHECKS = {
-    "00_quickstart.ipynb": [("fig = fj.plotting.plot_mse(results", f"""
+    "00_quickstart.ipynb": [
+        (
+            "fig = fj.plotting.plot_mse(results",
+            f"""
 res = results
 {_MC_VS_EXACT}
 _dashed = [line for line in fig.axes[0].lines if line.get_linestyle() == "--"]
 np.testing.assert_allclose(_dashed[0].get_ydata(), [np.sum(bias ** 2)] * 2, rtol=1e-12)
-"""), ("back = fj.load(path)", """
+""",
+        ),
+        (
+            "back = fj.load(path)",
+            """
 np.testing.assert_array_equal(back.mse_mean, results["SCAFFLSA"].mse_mean)
 np.testing.assert_array_equal(table["mse_q50"], back.mse_quantiles[:, 2])
 np.testing.assert_array_equal(table["round"], results["SCAFFLSA"].rounds)
-""")],
-    "01_heterogeneity_fedlsa_vs_scafflsa.ipynb": [("rows.append(", f"""
+""",
+        ),
+    ],
+    "01_heterogeneity_fedlsa_vs_scafflsa.ipynb": [
+        (
+            "rows.append(",
+            f"""
 for _h, _name, _mc, _sem, _exact, _bias in rows:
     assert abs(_mc - _exact) < {Z_TOL} * _sem, (_h, _name, _mc, _exact, _sem)
 _biases = [r[5] for r in rows if r[1] == "fedlsa"]
 assert all(a < b for a, b in zip(_biases, _biases[1:])), _biases  # every level is its own problem
-"""), ("curve = fj.theory.fedlsa_bias(", f"""
+""",
+        ),
+        (
+            "curve = fj.theory.fedlsa_bias(",
+            f"""
 _z = (res.theta_mean - star - curve[res.rounds])[1:] / res.theta_sem[1:]
 assert np.all(np.abs(_z) < {Z_TOL}), _z
 np.testing.assert_allclose(ax.lines[1].get_ydata(), np.linalg.norm(curve, axis=1), rtol=1e-12)
-""")],
+""",
+        ),
+    ],
     "02_quantization_and_erasures.ipynb": [
         ("for p in (0.2, 0.5, 1.0)", _MC_VS_EXACT),
         ("fj.channel.rand_k(k)", _MC_VS_EXACT),
-        ("x=\"bits_delivered\"", f"""
+        (
+            'x="bits_delivered"',
+            f"""
 for _k, _a in algs.items():
     _r = res[_k]
     np.testing.assert_array_equal(_r.bits_sent, _r.rounds * AGENTS * _a.bits_per_message(problem.dim))
     _sd = np.sqrt(AGENTS * _r.rounds[-1] * 0.6 * 0.4 / SEEDS) * _a.bits_per_message(problem.dim)
     assert abs(_r.bits_delivered[-1] - 0.6 * _r.bits_sent[-1]) < {Z_TOL} * _sd
-"""),
+""",
+        ),
     ],
-    "03_your_own_algorithm.ipynb": [("results[label] = fj.simulate(", """
+    "03_your_own_algorithm.ipynb": [
+        (
+            "results[label] = fj.simulate(",
+            """
 # FedAvgM with momentum 0 is FedLSA, seed by seed; the custom metric is the excess risk of the iterates
 _r = fj.simulate(jax.random.key(1), problem, fedavgm(eta, 0.0, H), ROUNDS, SEEDS)
 np.testing.assert_allclose(_r.final_theta, results["FedLSA"].final_theta, rtol=1e-10, atol=1e-12)
@@ -71,11 +95,19 @@ _risk = 0.5 * np.einsum("si,ij,sj->s", _e, np.asarray(problem.A_bar).mean(0), _e
 np.testing.assert_allclose(results["FedLSA"].metrics["excess_risk"].mean[-1], _risk.mean(), rtol=1e-10)
 _s = results["Scaffnew (p = 1/H)"]
 _sd = np.sqrt(problem.num_agents ** 2 * ROUNDS * H * (1 / H) * (1 - 1 / H) / SEEDS)
-assert abs(_s.communications[-1] - problem.num_agents * ROUNDS) < """ + f"{Z_TOL}" + """ * _sd
-"""), ("exact = {label: fj.theory.exact_mse(", f"""
+assert abs(_s.communications[-1] - problem.num_agents * ROUNDS) < """
+            + f"{Z_TOL}"
+            + """ * _sd
+""",
+        ),
+        (
+            "exact = {label: fj.theory.exact_mse(",
+            f"""
 res = {{k: results[k] for k in exact}}
 {_MC_VS_EXACT}
-""")],
+""",
+        ),
+    ],
 }
 
 
@@ -92,8 +124,9 @@ def test_notebook_runs(name, tmp_path):
     for marker, source in CHECKS[name]:
         at = next(i for i, c in enumerate(book.cells) if c.cell_type == "code" and marker in c.source)
         book.cells.insert(at + 1, nbformat.v4.new_code_cell(source))
-    nbclient.NotebookClient(book, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = [o for c in book.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook draws figures"

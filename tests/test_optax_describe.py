@@ -38,6 +38,7 @@ def rewritten_momentum(beta):
 
 def rewritten_linear(start, end, steps):
     """``optax.linear_schedule(start, end, steps)`` written otherwise."""
+
     def at(count):
         done = jnp.clip(count, 0, steps) / steps
         return (start - end) * (1 - done) + end
@@ -51,27 +52,39 @@ def described(problem, **options):
     return alg.describe(), run_code(problem, alg, ())
 
 
-@pytest.mark.parametrize("reference,rewritten", [
-    # a wrapper layer (another class); chain(t) for t; other closures and state
-    (lambda: optax.scale(-0.1), lambda: optax.with_extra_args_support(optax.scale(-0.1))),
-    (lambda: optax.sgd(0.1, momentum=0.9), lambda: optax.chain(optax.sgd(0.1, momentum=0.9))),
-    (lambda: optax.sgd(0.1, momentum=0.9), lambda: optax.chain(rewritten_momentum(0.9), optax.scale(-0.1))),
-], ids=["with_extra_args_support", "chain", "rewritten"])
+@pytest.mark.parametrize(
+    "reference,rewritten",
+    [
+        # a wrapper layer (another class); chain(t) for t; other closures and state
+        (lambda: optax.scale(-0.1), lambda: optax.with_extra_args_support(optax.scale(-0.1))),
+        (lambda: optax.sgd(0.1, momentum=0.9), lambda: optax.chain(optax.sgd(0.1, momentum=0.9))),
+        (
+            lambda: optax.sgd(0.1, momentum=0.9),
+            lambda: optax.chain(rewritten_momentum(0.9), optax.scale(-0.1)),
+        ),
+    ],
+    ids=["with_extra_args_support", "chain", "rewritten"],
+)
 def test_a_rewritten_private_closure_keeps_description_and_digest(tiny_td, reference, rewritten):
     """An optax transformation and one that computes the same through other private closures have
     the same description and the same code digest; the description names no private function."""
     a, b = described(tiny_td, server_optimizer=reference()), described(tiny_td, server_optimizer=rewritten())
     assert a == b
-    assert a[0]["server_optimizer"] == {"name": "optax.GradientTransformation",
-                                        "fingerprint": fj.optim.fingerprint(reference())}
+    assert a[0]["server_optimizer"] == {
+        "name": "optax.GradientTransformation",
+        "fingerprint": fj.optim.fingerprint(reference()),
+    }
 
 
 def test_a_rewritten_schedule_keeps_description_and_digest(tiny_td):
     """optax's linear schedule, the polynomial schedule of power 1 it is made of, the same behind
     ``join_schedules`` and rewritten: one description and one code digest."""
-    forms = [optax.linear_schedule(0.5, 0.01, 1000), optax.polynomial_schedule(0.5, 0.01, 1.0, 1000),
-             optax.join_schedules([optax.linear_schedule(0.5, 0.01, 1000)], []),
-             rewritten_linear(0.5, 0.01, 1000)]
+    forms = [
+        optax.linear_schedule(0.5, 0.01, 1000),
+        optax.polynomial_schedule(0.5, 0.01, 1.0, 1000),
+        optax.join_schedules([optax.linear_schedule(0.5, 0.01, 1000)], []),
+        rewritten_linear(0.5, 0.01, 1000),
+    ]
     out = [described(tiny_td, step_size=s) for s in forms]
     assert all(o == out[0] for o in out), out
     assert out[0][0]["step_size"]["schedule"]["name"] == "optax schedule"
@@ -84,9 +97,11 @@ def test_a_rewritten_schedule_keeps_description_and_digest(tiny_td):
 def test_the_description_follows_the_learning_rate_not_the_closures(tiny_td, lr1, lr2):
     """Bare (as optax writes it or rewritten) or from the factory, a transformation with another
     learning rate is described, and digested, differently; with the same one, identically."""
-    forms = (lambda lr: optax.sgd(lr, momentum=0.9),
-             lambda lr: optax.chain(rewritten_momentum(0.9), optax.scale(-lr)),
-             lambda lr: fj.optimizer(optax.adam, learning_rate=lr))
+    forms = (
+        lambda lr: optax.sgd(lr, momentum=0.9),
+        lambda lr: optax.chain(rewritten_momentum(0.9), optax.scale(-lr)),
+        lambda lr: fj.optimizer(optax.adam, learning_rate=lr),
+    )
     out = [[described(tiny_td, server_optimizer=make(lr)) for lr in (lr1, lr2)] for make in forms]
     assert out[0] == out[1]
     for a, b in out:
@@ -101,16 +116,24 @@ def test_factories_are_described_by_public_name_and_hyperparameters(tiny_td):
     hyperparameters; a hyperparameter that is a schedule is described by its behaviour."""
     desc, _ = described(tiny_td, server_optimizer=fj.optimizer(optax.adam, learning_rate=0.01, b1=0.8))
     assert desc["server_optimizer"] == {"name": "optax.adam", "learning_rate": 0.01, "b1": 0.8}
-    sched = fj.schedule(optax.polynomial_schedule, init_value=0.5, end_value=0.01, power=1.0,
-                        transition_steps=100)
+    sched = fj.schedule(
+        optax.polynomial_schedule, init_value=0.5, end_value=0.01, power=1.0, transition_steps=100
+    )
     desc, _ = described(tiny_td, step_size=sched)
-    assert desc["step_size"]["schedule"] == {"name": "optax.polynomial_schedule", "init_value": 0.5,
-                                             "end_value": 0.01, "power": 1.0, "transition_steps": 100}
+    assert desc["step_size"]["schedule"] == {
+        "name": "optax.polynomial_schedule",
+        "init_value": 0.5,
+        "end_value": 0.01,
+        "power": 1.0,
+        "transition_steps": 100,
+    }
     lr = fj.optimizer(optax.sgd, learning_rate=optax.linear_schedule(0.1, 0.01, 100))
     again = fj.optimizer(optax.sgd, learning_rate=rewritten_linear(0.1, 0.01, 100))
     desc, code = described(tiny_td, server_optimizer=lr)
     assert desc["server_optimizer"]["learning_rate"] == {
-        "name": "optax schedule", "fingerprint": fj.optim.fingerprint(optax.linear_schedule(0.1, 0.01, 100))}
+        "name": "optax schedule",
+        "fingerprint": fj.optim.fingerprint(optax.linear_schedule(0.1, 0.01, 100)),
+    }
     assert described(tiny_td, server_optimizer=again) == (desc, code)
 
 

@@ -37,6 +37,7 @@ def decay(k):
 
 def final_thetas(problem, alg, key, T, n):
     """Every seed's theta_T from the algorithm's own init and step (one small compiled loop)."""
+
     def one(k):
         state = alg.init(k, problem, jnp.zeros(problem.dim, problem.dtype))
         state = jax.lax.fori_loop(0, T, lambda t, s: alg.step(jax.random.fold_in(k, t), s, problem)[0], state)
@@ -63,8 +64,10 @@ def test_constant_schedule_and_sgd_one_equal_the_plain_algorithm(td2, name):
     np.testing.assert_allclose(sgd, plain, rtol=1e-12, atol=1e-13)
     assert make(lambda k: 0.3).describe()["step_size"]["schedule"]["name"].endswith("<lambda>")
     desc = make(0.3, server_optimizer=optax.sgd(1.0)).describe()["server_optimizer"]
-    assert desc == {"name": "optax.GradientTransformation",
-                    "fingerprint": fj.optim.fingerprint(optax.scale(-1.0))}  # what optax.sgd(1.0) does
+    assert desc == {
+        "name": "optax.GradientTransformation",
+        "fingerprint": fj.optim.fingerprint(optax.scale(-1.0)),
+    }  # what optax.sgd(1.0) does
 
 
 def test_averaging_is_the_running_mean_seed_by_seed(het_gaussian):
@@ -85,7 +88,9 @@ def test_averaging_is_the_running_mean_seed_by_seed(het_gaussian):
         expected = iterates[-1] if t <= b else np.mean(iterates[b:], axis=0)
         np.testing.assert_allclose(np.asarray(s_avg.theta), expected, rtol=1e-13, atol=1e-14)
         np.testing.assert_array_equal(np.asarray(s_avg.inner.theta), iterates[-1])
-    assert np.max(np.abs(np.asarray(s_avg.theta) - iterates[-1])) > 1e-3  # the average is not the last iterate
+    assert (
+        np.max(np.abs(np.asarray(s_avg.theta) - iterates[-1])) > 1e-3
+    )  # the average is not the last iterate
 
 
 def test_last_iterate_metric_and_configuration(het_gaussian):
@@ -110,11 +115,15 @@ def test_sweep_over_a_schedule_scale_compiles_once(td2):
     fj.simulate(key, td2, alg(0.3), 4, 3)
     before = sim_mod._num_traces
     a = fj.simulate(key, td2, alg(0.2), 4, 3)
-    b = fj.simulate(key, td2, fj.fedlsa(fj.schedule(fj.optim.inverse_time, eta0=0.2, k0=10.0, scale=1.0), 2), 4, 3)
+    b = fj.simulate(
+        key, td2, fj.fedlsa(fj.schedule(fj.optim.inverse_time, eta0=0.2, k0=10.0, scale=1.0), 2), 4, 3
+    )
     assert sim_mod._num_traces == before
     np.testing.assert_array_equal(a.final_theta, b.final_theta)
     # the optimizer's float hyperparameters are traced too
-    opt = lambda lr: fj.fedlsa(0.3, 2, server_optimizer=fj.optimizer(optax.sgd, learning_rate=lr, momentum=0.5))
+    opt = lambda lr: fj.fedlsa(
+        0.3, 2, server_optimizer=fj.optimizer(optax.sgd, learning_rate=lr, momentum=0.5)
+    )
     fj.simulate(key, td2, opt(1.0), 4, 3)
     before = sim_mod._num_traces
     fj.simulate(key, td2, opt(0.5), 4, 3)
@@ -149,8 +158,12 @@ def test_exact_theory_matches_enumeration(td2, case):
     alg = build(name, step, opt, burn_in, H)
     theta0 = np.array([0.7, -0.4])
     etas = [[step(t * H + h) if callable(step) else step for h in range(H)] for t in range(T)]
-    mean_ref, mse_ref = enumerated_mse(td2, name, etas, H, T, theta0, server=opt, burn_in=burn_in, with_mean=True)
-    np.testing.assert_allclose(fj.theory.exact_mean(td2, alg, T, theta0=theta0), mean_ref, rtol=1e-10, atol=1e-12)
+    mean_ref, mse_ref = enumerated_mse(
+        td2, name, etas, H, T, theta0, server=opt, burn_in=burn_in, with_mean=True
+    )
+    np.testing.assert_allclose(
+        fj.theory.exact_mean(td2, alg, T, theta0=theta0), mean_ref, rtol=1e-10, atol=1e-12
+    )
     np.testing.assert_allclose(fj.theory.exact_mse(td2, alg, T, theta0=theta0), mse_ref, rtol=1e-10)
     # power: the plain algorithm's curve is elsewhere
     plain = fj.theory.exact_mse(td2, getattr(fj, name)(0.4, H), T, theta0=theta0)
@@ -173,7 +186,9 @@ def test_server_momentum_mean_against_a_hand_recursion(het_gaussian):
         m = (e - a) + beta * m
         e = e - lr * m
         ref.append(e + star)
-    np.testing.assert_allclose(fj.theory.exact_mean(het_gaussian, alg, T), np.asarray(ref), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        fj.theory.exact_mean(het_gaussian, alg, T), np.asarray(ref), rtol=1e-10, atol=1e-12
+    )
 
 
 MC_CASES = {
@@ -181,14 +196,18 @@ MC_CASES = {
     "scafflsa_momentum": lambda: fj.scafflsa(0.15, 2, server_optimizer=optax.sgd(0.8, momentum=0.5)),
     "scafflsa_averaged": lambda: fj.averaged(fj.scafflsa(0.2, 2), burn_in=4),
     "scaffnew_momentum": lambda: fj.scaffnew(0.15, 0.5, 2, server_optimizer=optax.sgd(0.9, momentum=0.3)),
-    "qfedtd_decay_erasures": lambda: fj.qfedtd(optax.polynomial_schedule(0.5, 0.05, 1.0, 30),
-                                               fj.channel.rand_k(2), success_prob=0.7),
+    "qfedtd_decay_erasures": lambda: fj.qfedtd(
+        optax.polynomial_schedule(0.5, 0.05, 1.0, 30), fj.channel.rand_k(2), success_prob=0.7
+    ),
 }
 
 
 # the issue's three (decaying step, server momentum, averaging) on both families; the others on one
-MC_RUNS = [(case, family) for case in ("fedlsa_decay", "scafflsa_momentum", "scafflsa_averaged")
-           for family in ("gaussian", "td")] + [("scaffnew_momentum", "gaussian"), ("qfedtd_decay_erasures", "td")]
+MC_RUNS = [
+    (case, family)
+    for case in ("fedlsa_decay", "scafflsa_momentum", "scafflsa_averaged")
+    for family in ("gaussian", "td")
+] + [("scaffnew_momentum", "gaussian"), ("qfedtd_decay_erasures", "td")]
 
 
 @pytest.mark.parametrize("case,family", MC_RUNS)
@@ -214,8 +233,11 @@ def test_richardson_mean(het_gaussian):
     base = fj.averaged(fj.fedlsa(eta, H), burn_in=100)
     rr = fj.richardson(base)
     exact = fj.theory.exact_mean(het_gaussian, rr, T)
-    np.testing.assert_allclose(exact, 2 * fj.theory.exact_mean(het_gaussian, base, T)
-                               - fj.theory.exact_mean(het_gaussian, fj.averaged(fj.fedlsa(2 * eta, H), 100), T))
+    np.testing.assert_allclose(
+        exact,
+        2 * fj.theory.exact_mean(het_gaussian, base, T)
+        - fj.theory.exact_mean(het_gaussian, fj.averaged(fj.fedlsa(2 * eta, H), 100), T),
+    )
     star = np.asarray(het_gaussian.theta_star)
     bias = fj.theory.fedlsa_bias(het_gaussian, eta, H)
     assert np.linalg.norm(exact[-1] - star) < 0.1 * np.linalg.norm(bias)
@@ -240,7 +262,9 @@ def test_bad_inputs_raise_before_compiling(td2):
         fj.simulate(key, td2, fj.fedlsa(lambda k: jnp.nan * k, 2), 5, 3)
     with pytest.raises(ValueError, match=r"step_size=.*must map an integer count to a real scalar"):
         fj.fedlsa(lambda k: jnp.ones(2) * 0.1, 2)
-    with pytest.raises(ValueError, match=r"step_size='0.1' is invalid: expected a real number > 0 or an optax"):
+    with pytest.raises(
+        ValueError, match=r"step_size='0.1' is invalid: expected a real number > 0 or an optax"
+    ):
         fj.fedlsa("0.1", 2)
     with pytest.raises(ValueError, match=r"burn_in=-1 is invalid: expected an integer >= 0"):
         fj.averaged(fj.fedlsa(0.1, 2), burn_in=-1)
@@ -267,6 +291,7 @@ def test_bad_inputs_raise_before_compiling(td2):
 def test_descriptions_tell_schedules_and_optimizers_apart():
     """Checkpoint fingerprints hash the description: same-named functions with other bodies or captured
     numbers must describe differently; equal ones equally."""
+
     def make(c):
         return lambda k: c / (1.0 + k)
 

@@ -13,8 +13,16 @@ def problem():
     return fj.problems.garnet(jax.random.key(0), num_agents=3, num_states=5, dim=2)
 
 
-FIELDS = ("rounds", "mse_mean", "mse_sem", "theta_mean", "num_diverged", "mse_quantiles", "final_theta",
-          "seed_mse")
+FIELDS = (
+    "rounds",
+    "mse_mean",
+    "mse_sem",
+    "theta_mean",
+    "num_diverged",
+    "mse_quantiles",
+    "final_theta",
+    "seed_mse",
+)
 
 
 def assert_same(a, b):
@@ -29,15 +37,39 @@ def assert_same(a, b):
 def test_grouped_options_run_as_the_flat_keywords(problem, tmp_path):
     alg = fj.fedlsa(0.2, 2)
     seen_flat, seen_grouped = [], []
-    flat = fj.simulate(3, problem, alg, 7, 5, record_every=2, metrics=["client_drift"], keep_seeds=2,
-                       quantiles=False, on_record=seen_flat.append, seed_batch_size=3, chunk_rounds=4,
-                       checkpoint_dir=tmp_path / "a", progress=False)
+    flat = fj.simulate(
+        3,
+        problem,
+        alg,
+        7,
+        5,
+        record_every=2,
+        metrics=["client_drift"],
+        keep_seeds=2,
+        quantiles=False,
+        on_record=seen_flat.append,
+        seed_batch_size=3,
+        chunk_rounds=4,
+        checkpoint_dir=tmp_path / "a",
+        progress=False,
+    )
     grouped = fj.simulate(
-        3, problem, alg, 7, 5,
-        recording=fj.Recording(record_every=2, metrics=["client_drift"], keep_seeds=2, quantiles=False,
-                               on_record=seen_grouped.append),
-        execution=fj.Execution(seed_batch_size=3, chunk_rounds=4, checkpoint_dir=tmp_path / "b",
-                               progress=False))
+        3,
+        problem,
+        alg,
+        7,
+        5,
+        recording=fj.Recording(
+            record_every=2,
+            metrics=["client_drift"],
+            keep_seeds=2,
+            quantiles=False,
+            on_record=seen_grouped.append,
+        ),
+        execution=fj.Execution(
+            seed_batch_size=3, chunk_rounds=4, checkpoint_dir=tmp_path / "b", progress=False
+        ),
+    )
     assert_same(flat, grouped)
     assert flat.config["execution"]["seed_batch_size"] == 3 and flat.config["keep_seeds"] == 2
     assert [r.rounds.tolist() for r in seen_grouped] == [r.rounds.tolist() for r in seen_flat]
@@ -55,8 +87,9 @@ def test_a_group_and_its_own_flat_keyword_are_refused_together(problem):
     with pytest.raises(ValueError, match=r"^memory_budget=0 is invalid"):
         fj.simulate(0, problem, alg, 4, 2, execution=fj.Execution(memory_budget=0))
     # a flat keyword of the other group, or one left at its default, goes with a group
-    res = fj.simulate(0, problem, alg, 4, 2, record_every=1, seed_batch_size=1,
-                      recording=fj.Recording(record_every=2))
+    res = fj.simulate(
+        0, problem, alg, 4, 2, record_every=1, seed_batch_size=1, recording=fj.Recording(record_every=2)
+    )
     assert res.rounds.tolist() == [0, 2, 4] and res.config["execution"]["num_batches"] == 2
 
 

@@ -42,8 +42,16 @@ def test_float32_tiny_step_sizes_match_the_exact_error_recursion(eta):
     the built-in algorithms iterate on the error, so float32 stays within Monte Carlo error."""
     T, n = 100_000, 128
     p32 = _problem("float32")
-    res = fj.simulate(jax.random.key(0), p32, fj.fedlsa(eta, 1), T, n, theta0=np.array([3.0, -4.0]),
-                      record_every=T // 4, quantiles=False)
+    res = fj.simulate(
+        jax.random.key(0),
+        p32,
+        fj.fedlsa(eta, 1),
+        T,
+        n,
+        theta0=np.array([3.0, -4.0]),
+        record_every=T // 4,
+        quantiles=False,
+    )
     exact = error_recursion(_problem("float64"), eta, T, set(res.rounds.tolist()))
     assert res.mse_mean[0] == 0.0 and res.mse_sem[0] == 0.0  # every seed starts at theta_star exactly
     z = (res.mse_mean[1:] - exact[1:]) / res.mse_sem[1:]
@@ -55,10 +63,13 @@ def test_float32_tiny_step_sizes_match_the_exact_error_recursion(eta):
 def test_refused_dtypes_name_the_argument(dt):
     A = np.stack([np.eye(2)] * 3)
     with pytest.raises(ValueError, match=r"A_bar=.*dtype.*float32 or float64"):
-        fj.problems.gaussian_lsa(np.asarray(A).astype(dt) if dt is not np.str_ else A.astype(str), np.ones((3, 2)))
+        fj.problems.gaussian_lsa(
+            np.asarray(A).astype(dt) if dt is not np.str_ else A.astype(str), np.ones((3, 2))
+        )
     with pytest.raises(ValueError, match=r"features\[0\]=.*float32 or float64"):
-        fj.problems.least_squares([np.ones((3, 2)).astype(dt) if dt is not np.str_ else np.ones((3, 2)).astype(str)],
-                                  [np.ones(3)])
+        fj.problems.least_squares(
+            [np.ones((3, 2)).astype(dt) if dt is not np.str_ else np.ones((3, 2)).astype(str)], [np.ones(3)]
+        )
 
 
 def test_integer_arrays_are_converted():

@@ -71,7 +71,9 @@ def test_user_problem_runs_through_simulate_and_theory():
     assert res.config["problem"] == {"family": "scalar", "num_agents": 2}
     # FedLSA's bias: the limit mean is theta_star + fedlsa_bias, not theta_star
     bias = fj.theory.fedlsa_bias(p, 0.2, 2)
-    np.testing.assert_allclose(fj.theory.exact_mean(p, alg, 400)[-1] - np.asarray(p.theta_star), bias, rtol=1e-10)
+    np.testing.assert_allclose(
+        fj.theory.exact_mean(p, alg, 400)[-1] - np.asarray(p.theta_star), bias, rtol=1e-10
+    )
     assert abs(bias[0]) > 1e-3
     # continuous noise and no finite_support(): exact_mse says what it covers
     with pytest.raises(ValueError, match=r"problem='Scalar' is invalid: .*finite_support\(\)"):
@@ -87,11 +89,23 @@ def test_missing_members():
             return {}
 
     missing = fj.problems.missing_members(Partial())
-    assert missing == ["num_agents", "dim", "dtype", "agent_params", "init_sampler", "randomness", "observe",
-                       "direction", "theta_star", "local_theta_star"]
+    assert missing == [
+        "num_agents",
+        "dim",
+        "dtype",
+        "agent_params",
+        "init_sampler",
+        "randomness",
+        "observe",
+        "direction",
+        "theta_star",
+        "local_theta_star",
+    ]
     assert fj.problems.missing_members(object()) == list(REQUIRED_MEMBERS)
     assert not isinstance(Partial(), fj.problems.Problem)
-    with pytest.raises(ValueError, match=r"problem='Partial' is invalid: not a problem: it lacks num_agents, dim"):
+    with pytest.raises(
+        ValueError, match=r"problem='Partial' is invalid: not a problem: it lacks num_agents, dim"
+    ):
         fj.problems.expected(Partial())
 
 
@@ -130,7 +144,9 @@ def test_expected_problem_is_the_mean_path(het_gaussian):
     assert np.all(res.mse_sem == 0.0)  # identical seeds: exactly 0
     mean = fj.theory.exact_mean(p, alg, T, theta0=theta0)
     np.testing.assert_allclose(res.theta_mean, mean[res.rounds], rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(res.mse_mean, fj.theory.exact_mse(p, alg, T, theta0=theta0)[res.rounds], rtol=1e-12)
+    np.testing.assert_allclose(
+        res.mse_mean, fj.theory.exact_mse(p, alg, T, theta0=theta0)[res.rounds], rtol=1e-12
+    )
     for alg in (fj.fedlsa(0.2, 4), fj.scafflsa(0.2, 4)):
         # zero noise: the exact MSE is the squared distance of the exact mean
         mean = fj.theory.exact_mean(p, alg, T, theta0=theta0)

@@ -176,23 +176,30 @@ class _ScannedGaussian(fj.problems.GaussianLSA):
 def test_gaussian_laid_out_steps_equal_the_scan(het_gaussian, case):
     """The Gaussian local steps in their own layout (agents leading, seeds last, in a custom
     batching rule) are the scan of ``error_direction``: same iterates, seed by seed, to rounding."""
-    scanned = _ScannedGaussian(**{f.name: getattr(het_gaussian, f.name) for f in dataclasses.fields(het_gaussian)})
+    scanned = _ScannedGaussian(
+        **{f.name: getattr(het_gaussian, f.name) for f in dataclasses.fields(het_gaussian)}
+    )
     assert scanned.error_local_steps(*([None] * 5)) is None
     theta0 = np.ones(het_gaussian.dim)
     if case == "sweep":  # a vmap over configurations: a third batch level
         configs = fj.grid(step_size=[0.05, 0.1])
         build = lambda p: lambda c: (p, fj.fedlsa(c["step_size"], 4))  # noqa: E731
-        runs = [fj.sweep(jax.random.key(2), configs, build(p), 6, 8, theta0=theta0, progress=False)
-                for p in (het_gaussian, scanned)]
+        runs = [
+            fj.sweep(jax.random.key(2), configs, build(p), 6, 8, theta0=theta0, progress=False)
+            for p in (het_gaussian, scanned)
+        ]
         results = [[e.result for e in r] for r in runs]
     else:
         if case == "fedlsa":
             alg = fj.fedlsa(0.1, 5)
         else:
-            alg = fj.scafflsa(optax.exponential_decay(0.1, 5, 0.9), 5,
-                              server_optimizer=optax.sgd(1.0, momentum=0.5))
-        results = [[fj.simulate(jax.random.key(2), p, alg, 6, 8, theta0, keep_seeds=8)]
-                   for p in (het_gaussian, scanned)]
+            alg = fj.scafflsa(
+                optax.exponential_decay(0.1, 5, 0.9), 5, server_optimizer=optax.sgd(1.0, momentum=0.5)
+            )
+        results = [
+            [fj.simulate(jax.random.key(2), p, alg, 6, 8, theta0, keep_seeds=8)]
+            for p in (het_gaussian, scanned)
+        ]
     for fast, slow in zip(*results):
         np.testing.assert_allclose(fast.theta_mean, slow.theta_mean, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(fast.seed_mse, slow.seed_mse, rtol=1e-12, atol=1e-14)

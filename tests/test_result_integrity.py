@@ -77,8 +77,12 @@ def test_a_metric_named_with_double_underscores_reloads_and_so_do_older_files(sa
     rename(res, "a__b").save(tmp_path / "r.npz")
     assert_same(rename(res, "a__b"), fj.load(tmp_path / "r.npz"))
     # a file written before counts, quantiles, kept seeds and metrics were recorded still loads
-    old = {k: v for k, v in arrays.items() if k not in ("communications", "messages_delivered", "samples",
-                                                        "mse_quantiles", "seed_mse") and "metric" not in k}
+    old = {
+        k: v
+        for k, v in arrays.items()
+        if k not in ("communications", "messages_delivered", "samples", "mse_quantiles", "seed_mse")
+        and "metric" not in k
+    }
     config = {k: v for k, v in _config(arrays).items() if k not in ("metrics", "keep_seeds")}
     np.savez(tmp_path / "old.npz", **{**old, "config_json": np.array(json.dumps(config))})
     back = fj.load(tmp_path / "old.npz")
@@ -87,9 +91,15 @@ def test_a_metric_named_with_double_underscores_reloads_and_so_do_older_files(sa
 
 
 @settings(max_examples=30, deadline=None)
-@given(name=st.one_of(
-    st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,110}", fullmatch=True), st.text(max_size=12),
-    st.sampled_from(["x__mean", "A__B__sem", "a_", "b___", "mse", "metric__c", "q__seeds__", "_a", "a-b"])))
+@given(
+    name=st.one_of(
+        st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,110}", fullmatch=True),
+        st.text(max_size=12),
+        st.sampled_from(
+            ["x__mean", "A__B__sem", "a_", "b___", "mse", "metric__c", "q__seeds__", "_a", "a-b"]
+        ),
+    )
+)
 @example(name="a__b")
 def test_every_accepted_metric_name_round_trips_and_others_are_refused_before_compiling(saved, problem, name):
     res, path, _ = saved
@@ -108,14 +118,20 @@ def test_every_accepted_metric_name_round_trips_and_others_are_refused_before_co
     assert_same(renamed, fj.load(out))
 
 
-@pytest.mark.parametrize("fn,says", [
-    (lambda s, p: 1 / 0, "it raised ZeroDivisionError: division by zero"),
-    (lambda s, p: "x", "returned a str"),
-    (lambda s: 1.0, "it raised TypeError"),
-    (lambda s, p: (_ for _ in ()).throw(RuntimeError("line one\nline two")),
-     "it raised RuntimeError: line one"),
-    (lambda s, p: bool(s.theta[0] > 0), "it raised TracerBoolConversionError"),
-], ids=["raises", "string", "arity", "multi-line", "python-if"])
+@pytest.mark.parametrize(
+    "fn,says",
+    [
+        (lambda s, p: 1 / 0, "it raised ZeroDivisionError: division by zero"),
+        (lambda s, p: "x", "returned a str"),
+        (lambda s: 1.0, "it raised TypeError"),
+        (
+            lambda s, p: (_ for _ in ()).throw(RuntimeError("line one\nline two")),
+            "it raised RuntimeError: line one",
+        ),
+        (lambda s, p: bool(s.theta[0] > 0), "it raised TracerBoolConversionError"),
+    ],
+    ids=["raises", "string", "arity", "multi-line", "python-if"],
+)
 def test_metrics_that_raise_or_return_non_scalars_are_one_line_errors_naming_them(problem, fn, says):
     with pytest.raises(ValueError, match=r"^metrics\['m'\]='m' is invalid: ") as err:
         fj.simulate(1, problem, fj.fedlsa(0.1, 2), 3, 4, metrics={"m": fn})
@@ -150,8 +166,10 @@ DAMAGES = {  # label -> (arrays -> arrays, what the message says)
     "empty config": (_set(config_json=lambda a: np.array("{}")), "config_json has no dict 'problem'"),
     "config not a string": (_set(config_json=lambda a: np.arange(3)), "config_json is an array of int"),
     "num_rounds a string": (lambda a: _with_config(a, num_rounds="3"), "config_json's 'num_rounds' is '3'"),
-    "no record_every": (_set(config_json=lambda a: _json(_without(_config(a), "record_every"))),
-                        "config_json has no int 'record_every'"),
+    "no record_every": (
+        _set(config_json=lambda a: _json(_without(_config(a), "record_every"))),
+        "config_json has no int 'record_every'",
+    ),
     "dtype float16": (lambda a: _with_config(a, dtype="float16"), "'dtype' is 'float16'"),
     "short mse_mean": (_set(mse_mean=lambda a: a["mse_mean"][:2]), "mse_mean has shape (2,), expected (4,)"),
     "long num_diverged": (_set(num_diverged=lambda a: np.zeros(61, int)), "num_diverged has shape (61,)"),
@@ -170,9 +188,11 @@ DAMAGES = {  # label -> (arrays -> arrays, what the message says)
     "short metric": (_set(metric__m1__mean=lambda a: a["mse_mean"][:1]), "metric__m1__mean has shape"),
     "counts half there": (lambda a: _without(a, "samples"), "no 'samples' array"),
     "no counts, no bits_per_message": (
-        lambda a: _without(_with_config(a, bits_per_message=None), "communications", "messages_delivered",
-                           "samples"),
-        "'bits_per_message'"),
+        lambda a: _without(
+            _with_config(a, bits_per_message=None), "communications", "messages_delivered", "samples"
+        ),
+        "'bits_per_message'",
+    ),
 }
 
 
@@ -252,8 +272,11 @@ def test_grids_above_max_grid_are_refused_before_expanding(monkeypatch):
 
     monkeypatch.setattr(sweep_mod, "itertools", SimpleNamespace(product=never))
     axes = {f"a{i}": list(range(10)) for i in range(10)}  # 10^10 configurations
-    with pytest.raises(ValueError, match=r"^grid of 10000000000 configurations \(10 a0 x 10 a1 x .*\) is "
-                                         r"invalid: more than MAX_GRID = 100000; .*fj.sweep.MAX_GRID = N"):
+    with pytest.raises(
+        ValueError,
+        match=r"^grid of 10000000000 configurations \(10 a0 x 10 a1 x .*\) is "
+        r"invalid: more than MAX_GRID = 100000; .*fj.sweep.MAX_GRID = N",
+    ):
         fj.grid(**axes)
     with pytest.raises(ValueError, match=r"^grid of 100001 configurations"):
         fj.grid(a=list(range(100_001)), b=1)
@@ -271,8 +294,13 @@ def test_cli_refuses_grids_above_the_limit_before_anything_runs(tmp_path, capsys
     out = tmp_path / "out"
     assert cli.main(["sweep", str(cfg), "--out", str(out), "--max-grid", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("fedsa-jax: error: grid of 3 configurations (3 step_size) is invalid: more than "
-                          "MAX_GRID = 2;") and err.count("\n") == 1 and not list(out.glob("*.npz")), err
+    assert (
+        err.startswith(
+            "fedsa-jax: error: grid of 3 configurations (3 step_size) is invalid: more than MAX_GRID = 2;"
+        )
+        and err.count("\n") == 1
+        and not list(out.glob("*.npz"))
+    ), err
     keys = ("agents", "dim", "local_steps", "skip", "problem_seed", "states", "bits")
     cfg.write_text("[run]\nrounds = 3\n[grid]\n" + "".join(f"{k} = {list(range(1, 11))}\n" for k in keys))
     assert cli.main(["sweep", str(cfg), "--out", str(out)]) == 2
@@ -280,7 +308,7 @@ def test_cli_refuses_grids_above_the_limit_before_anything_runs(tmp_path, capsys
     assert "grid of 10000000 configurations" in err and "MAX_GRID = 100000" in err and "--max-grid N" in err
 
 
-PLUGINS = '''
+PLUGINS = """
 import sys
 
 import fedsa_jax as fj
@@ -292,7 +320,7 @@ def exits(step_size, num_local_steps):
 
 def fine(step_size, num_local_steps):
     return fj.fedlsa(step_size, num_local_steps)
-'''
+"""
 
 
 @pytest.fixture
@@ -308,7 +336,8 @@ def plugin_folder(tmp_path, monkeypatch):
 def test_a_sweep_file_naming_a_plugin_needs_allow_plugins(plugin_folder, capsys):
     marker = plugin_folder / "PWNED"
     (plugin_folder / "grid.toml").write_text(
-        f'[run]\nrounds = 2\n[grid]\nalgorithm = "os:system"\n[params]\ncommand = "touch {marker}"\n')
+        f'[run]\nrounds = 2\n[grid]\nalgorithm = "os:system"\n[params]\ncommand = "touch {marker}"\n'
+    )
     assert cli.main(["sweep", "grid.toml", "--out", "o", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fedsa-jax: error: grid.algorithm='os:system' is invalid: ")
@@ -319,14 +348,22 @@ def test_a_sweep_file_naming_a_plugin_needs_allow_plugins(plugin_folder, capsys)
     assert "grid.algorithm='absent_module_ri:f' is invalid: no module named" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,says", [
-    (["run", "--algorithms", "plugins_ri:exits"],
-     "--algorithms='plugins_ri:exits' is invalid: "
-     "plugins_ri:exits(step_size=0.05, num_local_steps=1000) "
-     "raised SystemExit: 0"),
-    (["run", "--algorithms", "exits_on_import_ri:f"], "importing 'exits_on_import_ri' raised SystemExit: 0"),
-    (["sweep", "grid.toml", "--allow-plugins"], "grid.algorithm='plugins_ri:exits' is invalid: "),
-])
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (
+            ["run", "--algorithms", "plugins_ri:exits"],
+            "--algorithms='plugins_ri:exits' is invalid: "
+            "plugins_ri:exits(step_size=0.05, num_local_steps=1000) "
+            "raised SystemExit: 0",
+        ),
+        (
+            ["run", "--algorithms", "exits_on_import_ri:f"],
+            "importing 'exits_on_import_ri' raised SystemExit: 0",
+        ),
+        (["sweep", "grid.toml", "--allow-plugins"], "grid.algorithm='plugins_ri:exits' is invalid: "),
+    ],
+)
 def test_a_plugin_that_exits_is_an_error_not_a_silent_exit(plugin_folder, capsys, argv, says):
     (plugin_folder / "grid.toml").write_text('[run]\nrounds = 2\n[grid]\nalgorithm = "plugins_ri:exits"\n')
     assert cli.main([*argv, "--out", "o"]) == 2

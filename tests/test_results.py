@@ -57,8 +57,15 @@ def test_table_and_csv(run, tmp_path):
     table = res.table()
     R, d = len(res.rounds), res.theta_mean.shape[1]
     assert all(len(v) == R for v in table.values())
-    assert list(table)[:7] == ["round", "communications", "samples", "bits_sent", "bits_delivered", "mse_mean",
-                               "mse_sem"]
+    assert list(table)[:7] == [
+        "round",
+        "communications",
+        "samples",
+        "bits_sent",
+        "bits_delivered",
+        "mse_mean",
+        "mse_sem",
+    ]
     np.testing.assert_array_equal(table["communications"], res.rounds * 3)
     np.testing.assert_array_equal(table["samples"], res.rounds * 3 * 3)
     np.testing.assert_array_equal(table["mse_q95"], res.mse_quantiles[:, 4])
@@ -97,8 +104,9 @@ def test_plot_mse(run, x, band):
     # the exact curve lands on the same x axis: its point at recorded round t is at the result's x
     assert exact_line.get_linestyle() == ":" and exact_line.get_label() == "exact"
     # (delivered bits are random: the curve uses their average rate, within 2 % of each recorded value)
-    np.testing.assert_allclose(exact_line.get_xdata()[res.rounds], getattr(res, x),
-                               rtol=0.02 if x == "bits_delivered" else 1e-12)
+    np.testing.assert_allclose(
+        exact_line.get_xdata()[res.rounds], getattr(res, x), rtol=0.02 if x == "bits_delivered" else 1e-12
+    )
     np.testing.assert_array_equal(exact_line.get_ydata()[res.rounds], exact[res.rounds])
     assert len(ax.collections) == {"sem": 1, "quantiles": 2, None: 0}[band]
     assert ax.get_xscale() == ("log" if x.startswith("bits") else "linear")
@@ -133,7 +141,10 @@ def test_quantiles_off_and_default(run):
     assert np.all(np.isnan(off.mse_quantiles)) and off.config["quantiles"] is False
     np.testing.assert_array_equal(off.mse_mean, res.mse_mean)  # nothing else changes
     assert res.config["quantiles"] is True
-    assert fj.simulate(0, problem, alg, 20_000, 2, record_every=1, chunk_rounds=20_000).config["quantiles"] is False
+    assert (
+        fj.simulate(0, problem, alg, 20_000, 2, record_every=1, chunk_rounds=20_000).config["quantiles"]
+        is False
+    )
     with pytest.raises(ValueError, match="quantiles='yes' is invalid"):
         fj.simulate(0, problem, alg, 2, 2, quantiles="yes")
     with pytest.raises(ValueError, match="quantiles=1 is invalid"):
@@ -160,8 +171,32 @@ def test_cli_quantile_band_forces_quantiles(tmp_path, monkeypatch):
     sim_mod = importlib.import_module("fedsa_jax._run")
     monkeypatch.setattr(sim_mod, "QUANTILE_MAX_RECORDS", 2)  # so the default would be off
     out = tmp_path / "run"
-    assert cli.main(["run", "--agents", "2", "--local-steps", "2", "--rounds", "5", "--seeds", "8", "--states", "5",
-                     "--dim", "2", "--band", "quantiles", "--algorithms", "fedlsa", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "run",
+                "--agents",
+                "2",
+                "--local-steps",
+                "2",
+                "--rounds",
+                "5",
+                "--seeds",
+                "8",
+                "--states",
+                "5",
+                "--dim",
+                "2",
+                "--band",
+                "quantiles",
+                "--algorithms",
+                "fedlsa",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert not np.any(np.isnan(fj.load(out / "result_fedlsa.npz").mse_quantiles))
 
 

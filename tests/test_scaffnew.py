@@ -29,7 +29,12 @@ def td3(tiny_td):
 @pytest.mark.parametrize("case", ["gaussian", "td_generative", "td_markov_skip2"])
 def test_matches_numpy_loop_and_counts_its_coins(het_gaussian, tiny_td, case):
     if case == "gaussian":
-        problem, alg, loop, theta0 = het_gaussian, fj.scaffnew(0.1, 0.4, 3), gaussian_loop, np.array([1.0, -1.0, 0.5])
+        problem, alg, loop, theta0 = (
+            het_gaussian,
+            fj.scaffnew(0.1, 0.4, 3),
+            gaussian_loop,
+            np.array([1.0, -1.0, 0.5]),
+        )
     else:
         P, r, Phi = tiny_td
         markov = case == "td_markov_skip2"
@@ -42,13 +47,17 @@ def test_matches_numpy_loop_and_counts_its_coins(het_gaussian, tiny_td, case):
     np.testing.assert_allclose(res.theta_mean, refs.mean(0), rtol=1e-12, atol=1e-13)
     # N messages per coin = 1, against the reference's coins seed by seed (the result holds their mean)
     N, H = problem.num_agents, alg.num_local_steps
-    coins = np.array([[scaffnew_coins(key, s, t, H, alg.config.comm_prob).sum() for t in range(T)] for s in range(n)])
+    coins = np.array(
+        [[scaffnew_coins(key, s, t, H, alg.config.comm_prob).sum() for t in range(T)] for s in range(n)]
+    )
     assert 0 < coins.sum() < n * T * H  # both outcomes occur
     sent = np.concatenate([np.zeros((n, 1)), np.cumsum(N * coins, axis=1)], axis=1)
     np.testing.assert_allclose(res.communications, sent.mean(0), rtol=1e-15)
     np.testing.assert_array_equal(res.messages_delivered, res.communications)
     np.testing.assert_allclose(res.bits_sent, res.communications * 32 * problem.dim, rtol=1e-15)
-    np.testing.assert_array_equal(res.samples, res.rounds * N * H * alg.skip)  # Markov: skip steps per kept one
+    np.testing.assert_array_equal(
+        res.samples, res.rounds * N * H * alg.skip
+    )  # Markov: skip steps per kept one
     if case == "gaussian":  # comm_prob is a traced leaf: another value runs the same kernel
         before = sim_mod._num_traces
         other = fj.simulate(key, problem, fj.scaffnew(0.1, 0.9, 3), T, n, theta0=theta0)
@@ -69,12 +78,17 @@ def test_every_step_communicates_when_p_is_one(het_gaussian):
     np.testing.assert_array_equal(a.communications, b.communications)
     # H = 4 in law: the exact recursions every 4th FedLSA round
     alg, H, T = fj.scaffnew(0.15, 1.0, 4), 4, 10
-    np.testing.assert_allclose(theory.exact_mean(het_gaussian, alg, T, theta0=theta0),
-                               theory.exact_mean(het_gaussian, fj.fedlsa(0.15, 1), H * T, theta0=theta0)[::H],
-                               rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(theory.exact_mse(het_gaussian, alg, T, theta0=theta0),
-                               theory.exact_mse(het_gaussian, fj.fedlsa(0.15, 1), H * T, theta0=theta0)[::H],
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        theory.exact_mean(het_gaussian, alg, T, theta0=theta0),
+        theory.exact_mean(het_gaussian, fj.fedlsa(0.15, 1), H * T, theta0=theta0)[::H],
+        rtol=1e-12,
+        atol=1e-14,
+    )
+    np.testing.assert_allclose(
+        theory.exact_mse(het_gaussian, alg, T, theta0=theta0),
+        theory.exact_mse(het_gaussian, fj.fedlsa(0.15, 1), H * T, theta0=theta0)[::H],
+        rtol=1e-12,
+    )
     # the control variates after one noise-free step from theta0
     quiet = fj.problems.gaussian_lsa(het_gaussian.A_bar, het_gaussian.b_bar, 0.0, 0.0)
     alg = fj.scaffnew(0.1, 1.0, 1)
@@ -119,7 +133,13 @@ def test_exact_recursions_against_coin_enumeration(het_gaussian):
 @pytest.mark.parametrize("case", ["gaussian", "td"])
 def test_monte_carlo_matches_exact_mean_and_mse(het_gaussian, td3, case):
     if case == "gaussian":
-        problem, alg, T, n, theta0 = het_gaussian, fj.scaffnew(0.15, 0.1, 4), 30, 4000, np.array([1.0, -1.0, 0.5])
+        problem, alg, T, n, theta0 = (
+            het_gaussian,
+            fj.scaffnew(0.15, 0.1, 4),
+            30,
+            4000,
+            np.array([1.0, -1.0, 0.5]),
+        )
     else:
         problem, alg, T, n, theta0 = td3, fj.scaffnew(1.0, 0.1, 5), 20, 40000, np.array([1.0, -1.0])
     res = fj.simulate(jax.random.key(7), problem, alg, T, n, theta0=theta0, record_every=2)
@@ -132,8 +152,9 @@ def test_monte_carlo_matches_exact_mean_and_mse(het_gaussian, td3, case):
     # power: the curve moves far more than the tolerance, and the coin's mixture matters (with p = 1
     # the same step size gives another mean)
     assert mse[0] - mse[-1] > 20 * Z_TOL * res.mse_sem[-1]
-    every_step = theory.exact_mean(problem, fj.scaffnew(alg.config.step_size, 1.0, alg.num_local_steps), T,
-                                   theta0=theta0)[res.rounds]
+    every_step = theory.exact_mean(
+        problem, fj.scaffnew(alg.config.step_size, 1.0, alg.num_local_steps), T, theta0=theta0
+    )[res.rounds]
     assert np.max(np.abs(res.theta_mean[1:] - every_step[1:]) / res.theta_sem[1:]) > 2 * Z_TOL
     # communications: N Binomial(T H, p) per seed
     N, H, p = problem.num_agents, alg.num_local_steps, alg.config.comm_prob
@@ -168,7 +189,9 @@ def test_no_heterogeneity_bias_and_control_variates_reach_their_floor(het_gaussi
     bias = theory.fedlsa_bias(het_gaussian, eta, H)
     assert np.linalg.norm(bias) > 1e-2  # a heterogeneous problem: FedLSA is biased
     np.testing.assert_allclose(theory.exact_mean(het_gaussian, alg, 200)[-1], star, rtol=1e-9, atol=1e-12)
-    res = fj.simulate(jax.random.key(9), het_gaussian, alg, T, n, record_every=5, metrics=["control_variate_error"])
+    res = fj.simulate(
+        jax.random.key(9), het_gaussian, alg, T, n, record_every=5, metrics=["control_variate_error"]
+    )
     assert np.max(np.abs(res.theta_mean[-1] - star) / res.theta_sem[-1]) < Z_TOL
     # power: FedLSA's limit (theta_star + bias, tests/test_algorithms.py) would be far outside that band
     assert np.max(np.abs(bias) / res.theta_sem[-1]) > 3 * Z_TOL
@@ -178,8 +201,17 @@ def test_no_heterogeneity_bias_and_control_variates_reach_their_floor(het_gaussi
     d, N = 3, 3
     xi = [slice(1 + d + c * d, 1 + d + (c + 1) * d) for c in range(N)]
     _, moments = theory._second_moments(het_gaussian, alg, T)
-    exact = np.array([np.mean([np.trace(S[xi[c], xi[c]]) - 2 * xi_star[c] @ S[0, xi[c]] + xi_star[c] @ xi_star[c]
-                               for c in range(N)]) for S in moments])[res.rounds]
+    exact = np.array(
+        [
+            np.mean(
+                [
+                    np.trace(S[xi[c], xi[c]]) - 2 * xi_star[c] @ S[0, xi[c]] + xi_star[c] @ xi_star[c]
+                    for c in range(N)
+                ]
+            )
+            for S in moments
+        ]
+    )[res.rounds]
     cv = res.metrics["control_variate_error"]
     assert cv.mean[0] == pytest.approx(exact[0], rel=1e-12)  # xi = 0 at start: mean_c |xi_c*|^2
     z = (cv.mean[1:] - exact[1:]) / cv.sem[1:]
@@ -221,19 +253,22 @@ def test_mean_stability_bound(het_gaussian):
         assert (dist[-1] > dist[0]) == grows
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(step_size=0.0), "step_size=0.0 is invalid"),
-    (dict(comm_prob=0.0), r"comm_prob=0.0 is invalid: expected a finite real number in \(0.0, 1.0\]"),
-    (dict(comm_prob=1.5), "comm_prob=1.5 is invalid"),
-    (dict(comm_prob=float("nan")), "comm_prob=nan is invalid"),
-    (dict(comm_prob="often"), "comm_prob='often' is invalid: expected a real number"),
-    (dict(num_local_steps=0), "num_local_steps=0 is invalid"),
-    (dict(num_local_steps=2.5), "num_local_steps=2.5 is invalid"),
-    (dict(skip=0), "skip=0 is invalid"),
-    (dict(success_prob=0.0), "success_prob=0.0 is invalid"),
-    (dict(quantizer="4 bits"), "quantizer='4 bits' is invalid"),
-    (dict(aggregation="mean"), "aggregation='mean' is invalid"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(step_size=0.0), "step_size=0.0 is invalid"),
+        (dict(comm_prob=0.0), r"comm_prob=0.0 is invalid: expected a finite real number in \(0.0, 1.0\]"),
+        (dict(comm_prob=1.5), "comm_prob=1.5 is invalid"),
+        (dict(comm_prob=float("nan")), "comm_prob=nan is invalid"),
+        (dict(comm_prob="often"), "comm_prob='often' is invalid: expected a real number"),
+        (dict(num_local_steps=0), "num_local_steps=0 is invalid"),
+        (dict(num_local_steps=2.5), "num_local_steps=2.5 is invalid"),
+        (dict(skip=0), "skip=0 is invalid"),
+        (dict(success_prob=0.0), "success_prob=0.0 is invalid"),
+        (dict(quantizer="4 bits"), "quantizer='4 bits' is invalid"),
+        (dict(aggregation="mean"), "aggregation='mean' is invalid"),
+    ],
+)
 def test_bad_inputs(kwargs, match):
     args = dict(step_size=0.1, comm_prob=0.5, num_local_steps=4) | kwargs
     with pytest.raises(ValueError, match=match):

@@ -72,7 +72,9 @@ def test_checkpoint_resume_after_a_crash(tmp_path, reference, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         scale_worker.simulate(checkpoint_dir=tmp_path, chunk_rounds=2, seed_batch_size=4)
     saved = _checkpoint.load(tmp_path)
-    assert int(saved["batch"]) == 0 and int(np.ravel(saved[last_carry_leaf(saved)])[0]) == 4  # 2 chunks of 2 rounds
+    assert (
+        int(saved["batch"]) == 0 and int(np.ravel(saved[last_carry_leaf(saved)])[0]) == 4
+    )  # 2 chunks of 2 rounds
     monkeypatch.setattr(sim_mod, "_advance", real)
     resumed = scale_worker.simulate(checkpoint_dir=tmp_path, chunk_rounds=2, seed_batch_size=4)
     same(resumed, scale_worker.simulate(seed_batch_size=4))
@@ -100,9 +102,12 @@ def test_configurations_share_a_checkpoint_folder(tmp_path, monkeypatch):
 
 
 def run_worker(*args, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, WORKER, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    env = dict(
+        os.environ, PYTHONPATH=str(Path(__file__).parent) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    return subprocess.run(
+        [sys.executable, WORKER, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def load(path):
@@ -130,9 +135,19 @@ def free_port():
 def test_two_processes_on_loopback_equal_one(tmp_path, reference):
     out = tmp_path / "hosts.npz"
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen([sys.executable, WORKER, "host", str(i), str(port), str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in (0, 1)]
+    env = dict(
+        os.environ, PYTHONPATH=str(Path(__file__).parent) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, "host", str(i), str(port), str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in (0, 1)
+    ]
     try:
         logs = [p.communicate(timeout=300) for p in procs]
     finally:
@@ -148,15 +163,35 @@ def test_two_processes_on_loopback_equal_one(tmp_path, reference):
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     ckpt = tmp_path / "ckpt"
     rounds = 6000  # long enough that the kill lands mid-run even on a fast machine
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, WORKER, "run", str(tmp_path / "killed.npz"), "--checkpoint", str(ckpt),
-                             "--chunk", "20", "--rounds", str(rounds)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    env = dict(
+        os.environ, PYTHONPATH=str(Path(__file__).parent) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            WORKER,
+            "run",
+            str(tmp_path / "killed.npz"),
+            "--checkpoint",
+            str(ckpt),
+            "--chunk",
+            "20",
+            "--rounds",
+            str(rounds),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     deadline = time.time() + 240
     try:
         while time.time() < deadline:  # wait for a checkpoint from the middle of the run
             saved = _checkpoint.load(ckpt) if _checkpoint.paths(ckpt) else None
-            if saved is not None and "carry0" in saved and int(np.ravel(saved[last_carry_leaf(saved)])[0]) >= 200:
+            if (
+                saved is not None
+                and "carry0" in saved
+                and int(np.ravel(saved[last_carry_leaf(saved)])[0]) >= 200
+            ):
                 break
             time.sleep(0.05)
         else:

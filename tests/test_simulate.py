@@ -86,13 +86,27 @@ def test_save_load_round_trip(garnet, tmp_path):
     res.save(path)
     assert os.listdir(path.parent) == ["r.npz"]  # no temporary file left behind
     back = fj.load(path)
-    for field in ("rounds", "mse_mean", "mse_sem", "theta_mean", "theta_sem", "num_diverged", "final_theta",
-                  "bits_sent", "bits_delivered", "mse_quantiles"):
+    for field in (
+        "rounds",
+        "mse_mean",
+        "mse_sem",
+        "theta_mean",
+        "theta_sem",
+        "num_diverged",
+        "final_theta",
+        "bits_sent",
+        "bits_delivered",
+        "mse_quantiles",
+    ):
         np.testing.assert_array_equal(getattr(back, field), getattr(res, field))
     assert back.config == json.loads(json.dumps(res.config))
     cfg = back.config
     assert cfg["algorithm"] == {
-        "algorithm": "scafflsa", "step_size": 0.5, "num_local_steps": 2, "skip": 1, "server_optimizer": None,
+        "algorithm": "scafflsa",
+        "step_size": 0.5,
+        "num_local_steps": 2,
+        "skip": 1,
+        "server_optimizer": None,
         "channel": {"aggregation": "divide_by_n", "quantizer": {"kind": "identity"}, "success_prob": 1.0},
     }
     assert cfg["bits_per_message"] == 32 * 2
@@ -129,7 +143,9 @@ def test_peak_host_memory_flat_in_rounds():
     import sys
 
     def peak(T):
-        out = subprocess.run([sys.executable, "-c", PEAK_RSS, str(T)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", PEAK_RSS, str(T)], capture_output=True, text=True, check=True
+        )
         return int(out.stdout.split()[-1]) * 1024  # ru_maxrss is in KiB on Linux
 
     # Keeping every seed's trajectory would take 2000 seeds x d=10 x T rounds x 4 bytes:
@@ -142,5 +158,7 @@ def test_progress_bar(garnet, capsys):
     fj.simulate(jax.random.key(0), garnet, fj.fedlsa(0.5, 2), 30, 4, chunk_rounds=10, progress=True)
     err = capsys.readouterr().err
     assert "fedlsa" in err and "30/30" in err and "round/s" in err
-    fj.simulate(jax.random.key(0), garnet, fj.fedlsa(0.5, 2), 30, 4, chunk_rounds=10)  # not a terminal: silent
+    fj.simulate(
+        jax.random.key(0), garnet, fj.fedlsa(0.5, 2), 30, 4, chunk_rounds=10
+    )  # not a terminal: silent
     assert capsys.readouterr().err == ""

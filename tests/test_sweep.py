@@ -29,8 +29,12 @@ def build_for(problem):
 
 def test_grid():
     g = fj.grid(a=[1, 2], b="x", c=[True, False])
-    assert g == [{"a": 1, "b": "x", "c": True}, {"a": 1, "b": "x", "c": False},
-                 {"a": 2, "b": "x", "c": True}, {"a": 2, "b": "x", "c": False}]
+    assert g == [
+        {"a": 1, "b": "x", "c": True},
+        {"a": 1, "b": "x", "c": False},
+        {"a": 2, "b": "x", "c": True},
+        {"a": 2, "b": "x", "c": False},
+    ]
     with pytest.raises(ValueError, match="^a="):
         fj.grid(a=[])
 
@@ -96,13 +100,18 @@ def test_damaged_result_is_recomputed_with_a_warning(problem, tmp_path):
     assert [e.status for e in again] == ["loaded", "recomputed"]
     np.testing.assert_array_equal(again[1].result.final_theta, first[1].result.final_theta)
     assert fj.load(first[1].path).num_seeds == 5  # replaced by a good file
-    assert [r["status"] for r in json.loads((tmp_path / "sweep.json").read_text())] == ["loaded", "recomputed"]
+    assert [r["status"] for r in json.loads((tmp_path / "sweep.json").read_text())] == [
+        "loaded",
+        "recomputed",
+    ]
 
 
 def test_shards_cover_the_grid_and_a_plain_run_collects_them(problem, tmp_path):
     configs = fj.grid(algorithm=["fedlsa", "scafflsa"], step_size=[0.2, 0.4], H=2)
-    parts = [fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path, shard=(k, 3))
-             for k in range(2)]  # shard 2 of 3 never ran
+    parts = [
+        fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path, shard=(k, 3))
+        for k in range(2)
+    ]  # shard 2 of 3 never ran
     assert [[configs.index(e.config) for e in p] for p in parts] == [[0, 3], [1]]
     assert not (tmp_path / "sweep.json").exists()  # shards leave the index to the collecting run
     listed = fj.sweep(jax.random.key(1), configs, build_for(problem), 4, 5, out_dir=tmp_path, compute=False)
@@ -133,11 +142,16 @@ def test_plot_sweep_draws_final_mse_against_the_richest_numeric_axis():
     from fedsa_jax.plotting import plot_sweep
 
     def entry(config, mse):
-        return SimpleNamespace(config=config, result=SimpleNamespace(mse_mean=np.array([1.0, mse]),
-                                                                     mse_sem=np.array([0.0, 0.01])))
+        return SimpleNamespace(
+            config=config,
+            result=SimpleNamespace(mse_mean=np.array([1.0, mse]), mse_sem=np.array([0.0, 0.01])),
+        )
 
-    entries = [entry({"algorithm": a, "step_size": s, "H": 10}, s * (1 if a == "fedlsa" else 2))
-               for a in ("fedlsa", "scafflsa") for s in (0.3, 0.1, 0.01)]
+    entries = [
+        entry({"algorithm": a, "step_size": s, "H": 10}, s * (1 if a == "fedlsa" else 2))
+        for a in ("fedlsa", "scafflsa")
+        for s in (0.3, 0.1, 0.01)
+    ]
     ax = plot_sweep(entries).axes[0]
     assert ax.get_xlabel() == "step_size" and ax.get_xscale() == "log"
     assert [c.get_label() for c in ax.containers] == ["algorithm=fedlsa", "algorithm=scafflsa"]  # H is fixed

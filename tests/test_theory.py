@@ -29,8 +29,9 @@ CASES = {
     "qfedtd": lambda: fj.qfedtd(0.6),
     "qfedtd_randk_erasures": lambda: fj.qfedtd(0.6, fj.channel.rand_k(1), success_prob=0.7),
     "qfedtd_received": lambda: fj.qfedtd(0.6, success_prob=0.5, aggregation="divide_by_received"),
-    "fedlsa_randk_received": lambda: fj.fedlsa(0.4, 2, quantizer=fj.channel.rand_k(1), success_prob=0.6,
-                                                aggregation="divide_by_received"),
+    "fedlsa_randk_received": lambda: fj.fedlsa(
+        0.4, 2, quantizer=fj.channel.rand_k(1), success_prob=0.6, aggregation="divide_by_received"
+    ),
 }
 
 
@@ -80,7 +81,9 @@ def test_weights_for_many_agents(het_gaussian):
 
     n, p = 3000, 0.3
     # closed form: E[1 / (1 + X)] = (1 - (1 - p)^(n+1)) / ((n + 1) p)
-    assert _binomial_inverse_mean(n, p, 1) == pytest.approx((1 - (1 - p) ** (n + 1)) / ((n + 1) * p), rel=1e-10)
+    assert _binomial_inverse_mean(n, p, 1) == pytest.approx(
+        (1 - (1 - p) ** (n + 1)) / ((n + 1) * p), rel=1e-10
+    )
     assert _binomial_inverse_mean(7, 0.4, 1) == pytest.approx((1 - 0.6**8) / (8 * 0.4), rel=1e-12)
     assert _binomial_inverse_mean(5, 1.0, 2, 2) == 1 / 49
     big = fj.problems.random_gaussian_lsa(jax.random.key(1), num_agents=1500, dim=1)
@@ -106,7 +109,9 @@ def test_fedlsa_per_round_bias(het_gaussian):
 def test_round_bias_vanishes_for_one_step_or_identical_agents(het_gaussian):
     assert np.linalg.norm(fj.theory.fedlsa_round_bias(het_gaussian, 0.1, 1)) < 1e-14
     A = np.asarray(het_gaussian.A_bar)[0]
-    same = fj.problems.gaussian_lsa(np.stack([A, A]), np.stack([np.ones(3), np.ones(3)]), noise_A=0.1, noise_b=0.1)
+    same = fj.problems.gaussian_lsa(
+        np.stack([A, A]), np.stack([np.ones(3), np.ones(3)]), noise_A=0.1, noise_b=0.1
+    )
     assert np.linalg.norm(fj.theory.fedlsa_round_bias(same, 0.1, 7)) < 1e-14
 
 
@@ -174,6 +179,8 @@ def test_theory_errors(tiny_td, het_gaussian):
         fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 2), 3, theta0=[1.0, 2.0])
     with pytest.raises(ValueError, match="num_rounds=-1 is invalid"):
         fj.theory.exact_mean(het_gaussian, fj.fedlsa(0.1, 2), -1)
-    periodic = fj.problems.federated_td(np.array([[[0.0, 1.0], [1.0, 0.0]]]), np.zeros((1, 2)), np.eye(2), 0.5)
+    periodic = fj.problems.federated_td(
+        np.array([[[0.0, 1.0], [1.0, 0.0]]]), np.zeros((1, 2)), np.eye(2), 0.5
+    )
     with pytest.raises(ValueError, match="did not mix"):
         fj.theory.mixing_time(periodic, max_steps=50)

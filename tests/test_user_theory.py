@@ -30,20 +30,26 @@ def fedavgm_theory(config, problem):
     y.add("velocity", carried=True)  # kept across rounds, starts at 0
     y.add("mean")  # scratch block: the aggregate
     b = float(config.momentum)
-    server = fj.theory.assign(y, velocity={"velocity": b, "mean": 1.0, "theta": -1.0},
-                              theta={"velocity": b, "mean": 1.0})
+    server = fj.theory.assign(
+        y, velocity={"velocity": b, "mean": 1.0, "theta": -1.0}, theta={"velocity": b, "mean": 1.0}
+    )
     send = fj.theory.broadcast(y)
 
     def round(t, etas):
-        return [send, *(fj.theory.local_step(y, eta) for eta in etas),
-                fj.theory.aggregate(y, fj.channel.channel(), into="mean"), server]
+        return [
+            send,
+            *(fj.theory.local_step(y, eta) for eta in etas),
+            fj.theory.aggregate(y, fj.channel.channel(), into="mean"),
+            server,
+        ]
 
     return fj.theory.Recursion(y, round, config.step_size, config.num_local_steps)
 
 
 def fedavgm(step_size, momentum, num_local_steps):
-    return fj.Algorithm(MyConfig(step_size, momentum, num_local_steps), "fedavgm", my_init, my_step,
-                        theory=fedavgm_theory)
+    return fj.Algorithm(
+        MyConfig(step_size, momentum, num_local_steps), "fedavgm", my_init, my_step, theory=fedavgm_theory
+    )
 
 
 # ------------------------------------------------------- relaxed FedLSA (README, "Your own algorithm")
@@ -75,16 +81,25 @@ def relaxed_theory(config, problem):
     send = fj.theory.broadcast(y)
 
     def round(t, etas):
-        return [send, *(fj.theory.local_step(y, eta) for eta in etas),
-                fj.theory.aggregate(y, config.channel, into="mean"), server]
+        return [
+            send,
+            *(fj.theory.local_step(y, eta) for eta in etas),
+            fj.theory.aggregate(y, config.channel, into="mean"),
+            server,
+        ]
 
     return fj.theory.Recursion(y, round, config.step_size, config.num_local_steps)
 
 
 def relaxed(beta, step_size, num_local_steps, **channel):
     base = fj.fedlsa(step_size, num_local_steps, **channel).config
-    return fj.Algorithm(RelaxedConfig(base.step_size, float(beta), base.channel, num_local_steps),
-                        "relaxed", fedlsa_init, relaxed_step, theory=relaxed_theory)
+    return fj.Algorithm(
+        RelaxedConfig(base.step_size, float(beta), base.channel, num_local_steps),
+        "relaxed",
+        fedlsa_init,
+        relaxed_step,
+        theory=relaxed_theory,
+    )
 
 
 # ---------------------------------------------------------------- tests
@@ -99,8 +114,9 @@ def problems(het_gaussian):
 ALGORITHMS = {
     "fedavgm": lambda eta: fedavgm(eta, 0.5, 3),
     "relaxed": lambda eta: relaxed(0.5, eta, 3),
-    "relaxed_lossy": lambda eta: relaxed(0.6, eta, 3, success_prob=0.7, quantizer=fj.channel.rand_k(2),
-                                         aggregation="divide_by_received"),
+    "relaxed_lossy": lambda eta: relaxed(
+        0.6, eta, 3, success_prob=0.7, quantizer=fj.channel.rand_k(2), aggregation="divide_by_received"
+    ),
 }
 
 
@@ -120,8 +136,9 @@ def test_user_algorithm_matches_monte_carlo(problems, family, name):
     z = (res.theta_mean[1:] - mean[1:]) / res.theta_sem[1:]
     assert np.max(np.abs(z)) < Z_TOL, z
     # power: FedLSA's exact curve (no momentum, no relaxation) lies far outside that band
-    plain = fj.theory.exact_mse(problem, fj.fedlsa(eta, 3, success_prob=alg.channel.success_prob), T,
-                                theta0=theta0)[res.rounds]
+    plain = fj.theory.exact_mse(
+        problem, fj.fedlsa(eta, 3, success_prob=alg.channel.success_prob), T, theta0=theta0
+    )[res.rounds]
     assert np.max(np.abs(res.mse_mean[1:] - plain[1:]) / res.mse_sem[1:]) > 3 * Z_TOL
 
 
@@ -132,22 +149,36 @@ def test_blocks_rebuild_the_built_in_recursion_exactly(het_gaussian):
     for description in (fedavgm_theory, relaxed_theory):
         assert len(inspect.getsource(description).splitlines()) <= 25
     channel = dict(success_prob=0.6, quantizer=fj.channel.rand_k(2))
-    for mine, ref in ((relaxed(1.0, 0.1, 3, **channel), fj.fedlsa(0.1, 3, **channel)),
-                      (fj.averaged(relaxed(1.0, 0.1, 3), 4), fj.averaged(fj.fedlsa(0.1, 3), 4))):
-        np.testing.assert_allclose(fj.theory.exact_mse(het_gaussian, mine, 10),
-                                   fj.theory.exact_mse(het_gaussian, ref, 10), rtol=1e-12)
-        np.testing.assert_allclose(fj.theory.exact_mean(het_gaussian, mine, 10),
-                                   fj.theory.exact_mean(het_gaussian, ref, 10), rtol=1e-12)
+    for mine, ref in (
+        (relaxed(1.0, 0.1, 3, **channel), fj.fedlsa(0.1, 3, **channel)),
+        (fj.averaged(relaxed(1.0, 0.1, 3), 4), fj.averaged(fj.fedlsa(0.1, 3), 4)),
+    ):
+        np.testing.assert_allclose(
+            fj.theory.exact_mse(het_gaussian, mine, 10),
+            fj.theory.exact_mse(het_gaussian, ref, 10),
+            rtol=1e-12,
+        )
+        np.testing.assert_allclose(
+            fj.theory.exact_mean(het_gaussian, mine, 10),
+            fj.theory.exact_mean(het_gaussian, ref, 10),
+            rtol=1e-12,
+        )
     # and the momentum of FedAvgM at 0 is FedLSA too
-    np.testing.assert_allclose(fj.theory.exact_mse(het_gaussian, fedavgm(0.1, 0.0, 3), 10),
-                               fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 3), 10), rtol=1e-12)
+    np.testing.assert_allclose(
+        fj.theory.exact_mse(het_gaussian, fedavgm(0.1, 0.0, 3), 10),
+        fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 3), 10),
+        rtol=1e-12,
+    )
 
 
 def test_an_algorithm_without_description_says_how_to_add_one(het_gaussian):
     bare = fj.Algorithm(MyConfig(0.1, 0.5, 2), "fedavgm", my_init, my_step)
     for exact in (fj.theory.exact_mean, fj.theory.exact_mse):
-        with pytest.raises(ValueError, match=r"algorithm='fedavgm' is invalid: has no exact moment "
-                                             r"description: pass theory=fn to fj.Algorithm.*Recursion"):
+        with pytest.raises(
+            ValueError,
+            match=r"algorithm='fedavgm' is invalid: has no exact moment "
+            r"description: pass theory=fn to fj.Algorithm.*Recursion",
+        ):
             exact(het_gaussian, bare, 3)
     with pytest.raises(ValueError, match="has no exact moment description"):
         fj.theory.exact_mse(het_gaussian, fj.averaged(bare), 3)

@@ -65,8 +65,14 @@ BAD = [
     ("num_rounds", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 0, 4)),
     ("num_seeds", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 0)),
     ("num_seeds", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 2**31)),
-    ("num_rounds", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 2**32, 4)),  # uint32 counter
-    ("record_every", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 2**30, 4)),  # 2**30 records
+    (
+        "num_rounds",
+        lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 2**32, 4),
+    ),  # uint32 counter
+    (
+        "record_every",
+        lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 2**30, 4),
+    ),  # 2**30 records
     ("record_every", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 4, record_every=6)),
     ("theta0", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 4, theta0=np.ones(3))),
     ("theta0", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 4, theta0=[np.nan, 0])),
@@ -75,8 +81,10 @@ BAD = [
     ("key", lambda: fj.simulate("abc", GOOD, fj.fedlsa(0.1, 1), 5, 4)),
     ("problem", lambda: fj.simulate(jax.random.key(0), object(), fj.fedlsa(0.1, 1), 5, 4)),
     ("algorithm", lambda: fj.simulate(jax.random.key(0), GOOD, "fedlsa", 5, 4)),
-    ("divergence_threshold", lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 4,
-                                                 divergence_threshold=0)),
+    (
+        "divergence_threshold",
+        lambda: fj.simulate(jax.random.key(0), GOOD, fj.fedlsa(0.1, 1), 5, 4, divergence_threshold=0),
+    ),
 ]
 
 
@@ -91,9 +99,13 @@ def test_bad_input_raises_before_compiling(param, make):
 
 
 def test_messages_name_value_and_range():
-    with pytest.raises(ValueError, match=r"step_size=-0\.1 is invalid: expected a finite real number in \(0\.0"):
+    with pytest.raises(
+        ValueError, match=r"step_size=-0\.1 is invalid: expected a finite real number in \(0\.0"
+    ):
         fj.fedlsa(-0.1, 3)
-    with pytest.raises(ValueError, match=r"sampling='offline' is invalid: expected one of 'generative', 'markov'"):
+    with pytest.raises(
+        ValueError, match=r"sampling='offline' is invalid: expected one of 'generative', 'markov'"
+    ):
         td(sampling="offline")
     with pytest.raises(ValueError, match="rbg"):
         fj.simulate(jax.random.key(0, impl="rbg"), GOOD, fj.fedlsa(0.1, 1), 5, 4)

@@ -158,8 +158,13 @@ COUNT_FIELDS = RoundInfo._fields[1:]  # what the driver sums
 
 
 def local_steps_config(
-    step_size: Any, num_local_steps: Any, skip: Any = 1, quantizer=None, success_prob: Any = 1.0,
-    aggregation: str = "divide_by_n", server_optimizer=None,
+    step_size: Any,
+    num_local_steps: Any,
+    skip: Any = 1,
+    quantizer=None,
+    success_prob: Any = 1.0,
+    aggregation: str = "divide_by_n",
+    server_optimizer=None,
 ) -> LocalStepsConfig:
     """Validated :class:`LocalStepsConfig` (``step_size``: a float or a schedule, ``server_optimizer``:
     None or optax, see :mod:`fedsa_jax.optim`)."""
@@ -170,7 +175,9 @@ def local_steps_config(
     return LocalStepsConfig(eta, channel(quantizer, success_prob, aggregation), H, k, opt)
 
 
-def server_update(key: jax.Array, theta: jax.Array, local: jax.Array, ch: Channel) -> tuple[jax.Array, Delivery]:
+def server_update(
+    key: jax.Array, theta: jax.Array, local: jax.Array, ch: Channel
+) -> tuple[jax.Array, Delivery]:
     """Aggregate the agents' model differences ``m_c = theta^c - theta`` over the uplink.
 
     Exact channel: ``theta + mean_c m_c = mean_c theta^c`` (computed as the mean).
@@ -186,8 +193,9 @@ def server_update(key: jax.Array, theta: jax.Array, local: jax.Array, ch: Channe
     return theta + aggregate(delivery), delivery
 
 
-def control_variate_update(xi: jax.Array, theta: jax.Array, local: jax.Array, delivery: Delivery, ch: Channel,
-                           denominator) -> jax.Array:
+def control_variate_update(
+    xi: jax.Array, theta: jax.Array, local: jax.Array, delivery: Delivery, ch: Channel, denominator
+) -> jax.Array:
     """Control variates ``xi (N, d)`` after a server step (SCAFFLSA, Scaffnew).
 
     Exact channel: ``xi_c <- xi_c + (theta - local_c) / denominator`` with ``theta`` the new

@@ -100,8 +100,9 @@ def theory_averaged(config: AveragedConfig, problem) -> moments.Recursion:
     ``v <- v + (theta - v) / (t - b)`` after round ``t > b``; v is reported after the burn-in."""
     inner = moments.recursion_of(config.inner, problem)
     if not isinstance(inner, moments.Recursion):
-        _validate.fail("algorithm", config.inner.name,
-                       f"exact recursions average one recursion, not {inner.what}")
+        _validate.fail(
+            "algorithm", config.inner.name, f"exact recursions average one recursion, not {inner.what}"
+        )
     y, b, scored = inner.state, config.burn_in, inner.scored
     avg, k = "avg", 1
     while avg in y:  # an average of an average
@@ -130,8 +131,13 @@ def averaged(algorithm: Algorithm, burn_in: int = 0) -> Algorithm:
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm to average")
     b = _validate.integer("burn_in", burn_in, 0)
-    return Algorithm(AveragedConfig(algorithm, b), f"averaged_{algorithm.name}", init_averaged, step_averaged,
-                     theory_averaged)
+    return Algorithm(
+        AveragedConfig(algorithm, b),
+        f"averaged_{algorithm.name}",
+        init_averaged,
+        step_averaged,
+        theory_averaged,
+    )
 
 
 @jax.tree_util.register_dataclass
@@ -168,8 +174,11 @@ def _map_step_size(algorithm: Algorithm, fn) -> Algorithm:
     config = algorithm.config
     if isinstance(config, _Wrapper):
         wrapper: Any = config  # every _Wrapper is a dataclass
-        fields = {f.name: _map_step_size(getattr(wrapper, f.name), fn)
-                  for f in dataclasses.fields(wrapper) if isinstance(getattr(wrapper, f.name), Algorithm)}
+        fields = {
+            f.name: _map_step_size(getattr(wrapper, f.name), fn)
+            for f in dataclasses.fields(wrapper)
+            if isinstance(getattr(wrapper, f.name), Algorithm)
+        }
         return dataclasses.replace(algorithm, config=dataclasses.replace(wrapper, **fields))
     eta = getattr(config, "step_size", None)
     if eta is None:
@@ -179,8 +188,9 @@ def _map_step_size(algorithm: Algorithm, fn) -> Algorithm:
 
 def scale_step_size(algorithm: Algorithm, factor: float) -> Algorithm:
     """``algorithm`` with its step size (or schedule) multiplied by ``factor``, through wrappers."""
-    return _map_step_size(algorithm,
-                          lambda eta: eta.scaled(factor) if hasattr(eta, "scaled") else eta * factor)
+    return _map_step_size(
+        algorithm, lambda eta: eta.scaled(factor) if hasattr(eta, "scaled") else eta * factor
+    )
 
 
 def with_step_size(algorithm: Algorithm, step_size: float) -> Algorithm:
@@ -192,10 +202,11 @@ def with_step_size(algorithm: Algorithm, step_size: float) -> Algorithm:
 def theory_richardson(config: RichardsonConfig, problem) -> moments.Combination:
     """``2 E[theta(eta)] - E[theta(2 eta)]``: a combination of the two runs' means (their second
     moments share the noise, so ``exact_mse`` does not cover it)."""
-    return moments.Combination(((2.0, config.inner), (-1.0, config.doubled)),
-                               "Richardson-Romberg extrapolation (its two runs share their noise)",
-                               "pass the algorithm it extrapolates (its 2 eta run must be stable: halve the "
-                               "bound)")
+    return moments.Combination(
+        ((2.0, config.inner), (-1.0, config.doubled)),
+        "Richardson-Romberg extrapolation (its two runs share their noise)",
+        "pass the algorithm it extrapolates (its 2 eta run must be stable: halve the bound)",
+    )
 
 
 def richardson(algorithm: Algorithm) -> Algorithm:
@@ -203,5 +214,10 @@ def richardson(algorithm: Algorithm) -> Algorithm:
     (module docstring), named ``"richardson_<name>"``; the counts reported are those of both runs."""
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm")
-    return Algorithm(RichardsonConfig(algorithm, scale_step_size(algorithm, 2.0)), f"richardson_{algorithm.name}",
-                     init_richardson, step_richardson, theory_richardson)
+    return Algorithm(
+        RichardsonConfig(algorithm, scale_step_size(algorithm, 2.0)),
+        f"richardson_{algorithm.name}",
+        init_richardson,
+        step_richardson,
+        theory_richardson,
+    )

@@ -64,8 +64,13 @@ class FedLSAState(NamedTuple):
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> FedLSAState:
     error = initial_error(problem, theta0)
-    return FedLSAState(problem.theta_star + error, error, init_samplers(key, problem), jnp.int32(0),
-                       optim.init_server(config, error))
+    return FedLSAState(
+        problem.theta_star + error,
+        error,
+        init_samplers(key, problem),
+        jnp.int32(0),
+        optim.init_server(config, error),
+    )
 
 
 def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsConfig):
@@ -75,8 +80,7 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     view = ErrorCoordinates(problem)
     local, sampler = run_agents(rand.obs, view, state.sampler, state.error, eta, config.skip)
     aggregate, delivery = server_update(rand.channel, state.error, local, config.channel)
-    error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate,
-                                         problem.theta_star)
+    error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate, problem.theta_star)
     state = FedLSAState(problem.theta_star + error, error, sampler, state.count + 1, opt_state)
     return state, round_info(local, error, delivery, config, problem)
 
@@ -91,8 +95,12 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
     send = moments.broadcast(y)
 
     def round(t, etas):
-        return [send, *(moments.local_step(y, float(eta)) for eta in etas),
-                moments.aggregate(y, config.channel, into=into), server]
+        return [
+            send,
+            *(moments.local_step(y, float(eta)) for eta in etas),
+            moments.aggregate(y, config.channel, into=into),
+            server,
+        ]
 
     return moments.Recursion(y, round, config.step_size, config.num_local_steps)
 
@@ -125,8 +133,9 @@ def fedlsa(
       >>> problem = fj.problems.garnet(jax.random.key(0), num_agents=4)
       >>> res = fj.simulate(jax.random.key(1), problem, fj.fedlsa(0.1, 10), 20, 64)
     """
-    config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
-                                server_optimizer)
+    config = local_steps_config(
+        step_size, num_local_steps, skip, quantizer, success_prob, aggregation, server_optimizer
+    )
     return Algorithm(config, "fedlsa", init, step, theory)
 
 
@@ -134,5 +143,12 @@ def _from_options(step_size, args, **channel) -> Algorithm:
     return fedlsa(step_size, args.local_steps, skip=args.skip, **channel)
 
 
-registry.register_algorithm("fedlsa", _from_options, options=(registry.LOCAL_STEPS, registry.SKIP),
-                            title="FedLSA", bias="fedlsa_bias", order=0, default=True)
+registry.register_algorithm(
+    "fedlsa",
+    _from_options,
+    options=(registry.LOCAL_STEPS, registry.SKIP),
+    title="FedLSA",
+    bias="fedlsa_bias",
+    order=0,
+    default=True,
+)

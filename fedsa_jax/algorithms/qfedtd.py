@@ -53,8 +53,13 @@ class QFedTDState(NamedTuple):
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> QFedTDState:
     error = initial_error(problem, theta0)
-    return QFedTDState(problem.theta_star + error, error, init_samplers(key, problem), jnp.int32(0),
-                       optim.init_server(config, error))
+    return QFedTDState(
+        problem.theta_star + error,
+        error,
+        init_samplers(key, problem),
+        jnp.int32(0),
+        optim.init_server(config, error),
+    )
 
 
 def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsConfig):
@@ -83,8 +88,13 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
     return QFedTDState(problem.theta_star + error, error, sampler, state.count + 1, opt_state), info
 
 
-def qfedtd(step_size: float, quantizer=None, success_prob: float = 1.0,
-           aggregation: str = "divide_by_n", server_optimizer=None) -> Algorithm:
+def qfedtd(
+    step_size: float,
+    quantizer=None,
+    success_prob: float = 1.0,
+    aggregation: str = "divide_by_n",
+    server_optimizer=None,
+) -> Algorithm:
     """QFedTD with server step ``alpha``, quantizer Q and success probability p.
 
     Args:

@@ -67,8 +67,14 @@ class SCAFFLSAState(NamedTuple):
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> SCAFFLSAState:
     error = initial_error(problem, theta0)
     xi = jnp.zeros((problem.num_agents, problem.dim), problem.dtype)
-    return SCAFFLSAState(problem.theta_star + error, error, xi, init_samplers(key, problem), jnp.int32(0),
-                         optim.init_server(config, error))
+    return SCAFFLSAState(
+        problem.theta_star + error,
+        error,
+        xi,
+        init_samplers(key, problem),
+        jnp.int32(0),
+        optim.init_server(config, error),
+    )
 
 
 def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStepsConfig):
@@ -80,9 +86,10 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
         rand.obs, ErrorCoordinates(problem), state.sampler, state.error, eta, config.skip, controls=state.xi
     )
     aggregate, delivery = server_update(rand.channel, state.error, local, config.channel)
-    xi = control_variate_update(state.xi, aggregate, local, delivery, config.channel, optim.round_step_sum(eta, H))
-    error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate,
-                                         problem.theta_star)
+    xi = control_variate_update(
+        state.xi, aggregate, local, delivery, config.channel, optim.round_step_sum(eta, H)
+    )
+    error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate, problem.theta_star)
     state = SCAFFLSAState(problem.theta_star + error, error, xi, sampler, state.count + 1, opt_state)
     return state, round_info(local, error, delivery, config, problem)
 
@@ -100,8 +107,9 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
 
     def round(t, etas):
         steps = [moments.local_step(y, float(eta), controls="xi") for eta in etas]
-        aggregate = moments.aggregate(y, config.channel, into=into, control_variates="xi",
-                                      denominator=float(np.sum(etas)))
+        aggregate = moments.aggregate(
+            y, config.channel, into=into, control_variates="xi", denominator=float(np.sum(etas))
+        )
         return [send, *steps, aggregate, server]
 
     return moments.Recursion(y, round, config.step_size, config.num_local_steps)
@@ -131,8 +139,9 @@ def scafflsa(
         ``theta_t - aggregate_t`` (:mod:`fedsa_jax.optim`); the control variates move
         against the aggregate, as without one.
     """
-    config = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
-                                server_optimizer)
+    config = local_steps_config(
+        step_size, num_local_steps, skip, quantizer, success_prob, aggregation, server_optimizer
+    )
     return Algorithm(config, "scafflsa", init, step, theory)
 
 
@@ -140,5 +149,11 @@ def _from_options(step_size, args, **channel) -> Algorithm:
     return scafflsa(step_size, args.local_steps, skip=args.skip, **channel)
 
 
-registry.register_algorithm("scafflsa", _from_options, options=(registry.LOCAL_STEPS, registry.SKIP),
-                            title="SCAFFLSA", order=1, default=True)
+registry.register_algorithm(
+    "scafflsa",
+    _from_options,
+    options=(registry.LOCAL_STEPS, registry.SKIP),
+    title="SCAFFLSA",
+    order=1,
+    default=True,
+)

@@ -116,8 +116,16 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: ScaffnewConfig) -> 
     error = initial_error(problem, theta0)
     x = jnp.broadcast_to(error, (problem.num_agents, problem.dim))
     xi = jnp.zeros((problem.num_agents, problem.dim), problem.dtype)
-    return ScaffnewState(problem.theta_star + error, error, x, xi, error, init_samplers(key, problem), jnp.int32(0),
-                         optim.init_server(config, error))
+    return ScaffnewState(
+        problem.theta_star + error,
+        error,
+        x,
+        xi,
+        error,
+        init_samplers(key, problem),
+        jnp.int32(0),
+        optim.init_server(config, error),
+    )
 
 
 def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewConfig):
@@ -140,8 +148,7 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
         xh = x - eta * (jax.vmap(view.direction)(params, o, x) - xi)
         aggregate, delivery = server_update(key, x_sync, xh, ch)
         xi_synced = control_variate_update(xi, aggregate, xh, delivery, ch, eta / p)
-        synced, opt_synced = optim.server_step(config, opt_state, x_sync, aggregate,
-                                               problem.theta_star)
+        synced, opt_synced = optim.server_step(config, opt_state, x_sync, aggregate, problem.theta_star)
         x = jnp.where(coin, jnp.broadcast_to(synced, xh.shape), xh)
         xi = jnp.where(coin, xi_synced, xi)
         x_sync = jnp.where(coin, synced, x_sync)
@@ -150,8 +157,9 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
         return (x, xi, x_sync, opt_state, delivered), None
 
     carry = (state.x, state.xi, state.x_sync, state.opt_state, jnp.int32(0))
-    (x, xi, x_sync, opt_state, delivered), _ = jax.lax.scan(local_step, carry, (obs, coins, send_keys, etas),
-                                                            unroll=min(LOCAL_UNROLL, H))
+    (x, xi, x_sync, opt_state, delivered), _ = jax.lax.scan(
+        local_step, carry, (obs, coins, send_keys, etas), unroll=min(LOCAL_UNROLL, H)
+    )
     error = x.mean(axis=0)
     N, d = x.shape
     bits = ch.quantizer.bits(d)
@@ -164,7 +172,9 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
         bits_delivered=delivered * jnp.int32(bits),
         observations=jnp.int32(N * H * observations_per_step(problem, config.skip)),
     )
-    return ScaffnewState(problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state), info
+    return ScaffnewState(
+        problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state
+    ), info
 
 
 def theory(config: ScaffnewConfig, problem) -> moments.Recursion:
@@ -182,15 +192,21 @@ def theory(config: ScaffnewConfig, problem) -> moments.Recursion:
     p = float(config.comm_prob)
 
     def step(eta):
-        send = moments.aggregate(y, config.channel, into=into, reference="sync", control_variates="xi",
-                                 denominator=eta / p)
+        send = moments.aggregate(
+            y, config.channel, into=into, reference="sync", control_variates="xi", denominator=eta / p
+        )
         talk = moments.chain(y, ("communication", eta), send, server, moments.broadcast(y, source="sync"))
-        return moments.chain(y, ("local", eta), moments.local_step(y, eta, controls="xi"),
-                             moments.coin(p, talk))
+        return moments.chain(
+            y, ("local", eta), moments.local_step(y, eta, controls="xi"), moments.coin(p, talk)
+        )
 
     mean = moments.agents_mean(y)
-    return moments.Recursion(y, lambda t, etas: [*(step(float(eta)) for eta in etas), mean], config.step_size,
-                             config.num_local_steps)
+    return moments.Recursion(
+        y,
+        lambda t, etas: [*(step(float(eta)) for eta in etas), mean],
+        config.step_size,
+        config.num_local_steps,
+    )
 
 
 def scaffnew(
@@ -226,21 +242,35 @@ def scaffnew(
       ...                   metrics=["control_variate_error"])
       >>> sent = res.communications[-1]  # about 20 rounds x 10 steps x 0.2 x 4 agents = 160
     """
-    base = local_steps_config(step_size, num_local_steps, skip, quantizer, success_prob, aggregation,
-                              server_optimizer)
+    base = local_steps_config(
+        step_size, num_local_steps, skip, quantizer, success_prob, aggregation, server_optimizer
+    )
     p = _validate.real("comm_prob", comm_prob, 0.0, 1.0, low_open=True)
-    config = ScaffnewConfig(base.step_size, p, base.channel, base.num_local_steps, base.skip, base.server_optimizer)
+    config = ScaffnewConfig(
+        base.step_size, p, base.channel, base.num_local_steps, base.skip, base.server_optimizer
+    )
     return Algorithm(config, "scaffnew", init, step, theory)
 
 
-COMM_PROB = registry.Option(("--comm-prob",), "comm_prob",
-                            "scaffnew: probability that a local step ends with a communication",
-                            registry.real, 0.2, group="algorithms", params=("comm_prob",))
+COMM_PROB = registry.Option(
+    ("--comm-prob",),
+    "comm_prob",
+    "scaffnew: probability that a local step ends with a communication",
+    registry.real,
+    0.2,
+    group="algorithms",
+    params=("comm_prob",),
+)
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:
     return scaffnew(step_size, args.comm_prob, args.local_steps, skip=args.skip, **channel)
 
 
-registry.register_algorithm("scaffnew", _from_options,
-                            options=(COMM_PROB, registry.LOCAL_STEPS, registry.SKIP), title="Scaffnew", order=3)
+registry.register_algorithm(
+    "scaffnew",
+    _from_options,
+    options=(COMM_PROB, registry.LOCAL_STEPS, registry.SKIP),
+    title="Scaffnew",
+    order=3,
+)

@@ -51,8 +51,9 @@ class Channel:
         }
 
 
-def channel(quantizer: Quantizer | None = None, success_prob: float = 1.0,
-            aggregation: str = "divide_by_n") -> Channel:
+def channel(
+    quantizer: Quantizer | None = None, success_prob: float = 1.0, aggregation: str = "divide_by_n"
+) -> Channel:
     """Validated :class:`Channel` (``quantizer=None`` is the identity)."""
     q = identity() if quantizer is None else quantizer
     if not isinstance(q, Quantizer):

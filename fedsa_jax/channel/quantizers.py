@@ -152,7 +152,11 @@ class Quantizer:
             _validate.fail("k", self.k, f"expected k <= d = {d} (the message dimension)")
 
     def describe(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
 
 
 def identity() -> Quantizer:
@@ -197,16 +201,36 @@ def natural() -> Quantizer:
     return Quantizer("natural")
 
 
-BITS = registry.Option(("--bits",), "bits", "stochastic-uniform: bits per coordinate", registry.positive_int, 4,
-                       group="channel", params=("bits",))
+BITS = registry.Option(
+    ("--bits",),
+    "bits",
+    "stochastic-uniform: bits per coordinate",
+    registry.positive_int,
+    4,
+    group="channel",
+    params=("bits",),
+)
 RANGE = registry.Option(
-    ("--range",), "range", "stochastic-uniform: 'maxabs' (unbiased) or a fixed R > 0 (clipped, biased)",
+    ("--range",),
+    "range",
+    "stochastic-uniform: 'maxabs' (unbiased) or a fixed R > 0 (clipped, biased)",
     lambda text: registry.name_or_number(text, ("maxabs",), lambda v: v > 0.0, "'maxabs' or a number R > 0"),
-    "maxabs", group="channel", params=("range",))
-LEVELS = registry.Option(("--levels",), "levels", "qsgd: number of levels s", registry.positive_int, 4,
-                         group="channel", params=("levels",))
-K = registry.Option(("--k",), "k", "rand-k: coordinates kept", registry.positive_int, 1, group="channel",
-                    params=("k",))
+    "maxabs",
+    group="channel",
+    params=("range",),
+)
+LEVELS = registry.Option(
+    ("--levels",),
+    "levels",
+    "qsgd: number of levels s",
+    registry.positive_int,
+    4,
+    group="channel",
+    params=("levels",),
+)
+K = registry.Option(
+    ("--k",), "k", "rand-k: coordinates kept", registry.positive_int, 1, group="channel", params=("k",)
+)
 
 
 def _qsgd_from_options(args):
@@ -214,8 +238,12 @@ def _qsgd_from_options(args):
 
 
 registry.register_quantizer("none", lambda args: None)
-registry.register_quantizer("stochastic-uniform", lambda args: stochastic_uniform(args.bits, range=args.range),
-                            options=(BITS, RANGE), caption=lambda args: f" {args.bits} bits")
+registry.register_quantizer(
+    "stochastic-uniform",
+    lambda args: stochastic_uniform(args.bits, range=args.range),
+    options=(BITS, RANGE),
+    caption=lambda args: f" {args.bits} bits",
+)
 registry.register_quantizer("qsgd", _qsgd_from_options, options=(LEVELS,))
 registry.register_quantizer("rand-k", lambda args: rand_k(args.k), options=(K,))
 registry.register_quantizer("natural", lambda args: natural())

@@ -16,7 +16,9 @@ import numpy as np
 from fedsa_jax import _validate
 
 
-def fixed_points(A_bar, b_bar, name: str = "A_bar", value: Any = None, hint: str = "") -> tuple[np.ndarray, np.ndarray]:
+def fixed_points(
+    A_bar, b_bar, name: str = "A_bar", value: Any = None, hint: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     """``theta_star`` of the averaged system and each agent's ``local_theta_star``.
 
     ``theta_star`` solves ``(mean_c A_bar[c]) theta = mean_c b_bar[c]``;
@@ -47,8 +49,11 @@ def fixed_points(A_bar, b_bar, name: str = "A_bar", value: Any = None, hint: str
     A_bar = np.asarray(A_bar, np.float64)
     b_bar = np.asarray(b_bar, np.float64)
     if not (np.all(np.isfinite(A_bar)) and np.all(np.isfinite(b_bar))):  # before LAPACK sees them
-        _validate.fail(name, A_bar if value is None else value,
-                       "A_bar and b_bar must be finite (found Inf or NaN: an overflow?)" + hint)
+        _validate.fail(
+            name,
+            A_bar if value is None else value,
+            "A_bar and b_bar must be finite (found Inf or NaN: an overflow?)" + hint,
+        )
     A_mean = A_bar.mean(axis=0)
     cond = np.linalg.cond(A_mean)
     if not np.isfinite(cond) or cond > 1e12:

@@ -47,6 +47,7 @@ from fedsa_jax.problems.protocol import LOCAL_UNROLL
 
 __all__ = ["GaussianLSA", "gaussian_lsa", "random_gaussian_lsa"]
 
+
 class GaussianParams(NamedTuple):
     A_bar: jax.Array  # (d, d)
     b_bar: jax.Array  # (d,)
@@ -115,8 +116,14 @@ class GaussianLSA:
         ``A_bar error + (A_bar theta_star - b_bar) + noise``."""
         return params.A_bar @ error + params.residual_star + self._noise(params, obs, self.theta_star + error)
 
-    def error_local_steps(self, params: GaussianParams, z: jax.Array, error: jax.Array, step_sizes: jax.Array,
-                          control: jax.Array):
+    def error_local_steps(
+        self,
+        params: GaussianParams,
+        z: jax.Array,
+        error: jax.Array,
+        step_sizes: jax.Array,
+        control: jax.Array,
+    ):
         """H local steps of one agent in error coordinates, ``e <- e - eta_h (A_bar e + residual_star
         + noise_h - control)`` (the scan of :meth:`error_direction` in
         :func:`fedsa_jax.algorithms.local_updates`), laid out for vmapping (module docstring).
@@ -125,8 +132,17 @@ class GaussianLSA:
         cls = type(self)
         if cls.error_direction is not GaussianLSA.error_direction or cls._noise is not GaussianLSA._noise:
             return None
-        args = (params.A_bar, params.residual_star, params.noise_A, params.noise_b, self.theta_star, z, error,
-                step_sizes, control)
+        args = (
+            params.A_bar,
+            params.residual_star,
+            params.noise_A,
+            params.noise_b,
+            self.theta_star,
+            z,
+            error,
+            step_sizes,
+            control,
+        )
         return _batched_steps(0, 0)(*args)
 
     def noise_second_moment(self):
@@ -183,12 +199,12 @@ def _steps_laid_out(front: int, back: int, args):
     """The scan, on arguments ``(*front, *core, *back)`` (size 1 where unbatched), in the layout
     ``(F, d, B)``: ``F`` the leading batch axes (agents) flattened, ``B`` the trailing ones (seeds)."""
     e = args[_ERROR]
-    fshape, bshape = e.shape[:front], e.shape[e.ndim - back:]
+    fshape, bshape = e.shape[:front], e.shape[e.ndim - back :]
     F, B = math.prod(fshape), math.prod(bshape)
 
     def canon(x):  # (*front, *core, *back) -> (F or 1, *core, B or 1)
-        f, b = x.shape[:front], x.shape[x.ndim - back:]
-        core = x.shape[front:x.ndim - back]
+        f, b = x.shape[:front], x.shape[x.ndim - back :]
+        core = x.shape[front : x.ndim - back]
         f = fshape if f != fshape and any(n != 1 for n in f) else f
         b = bshape if b != bshape and any(n != 1 for n in b) else b
         x = jnp.broadcast_to(x, f + core + b)
@@ -250,11 +266,14 @@ def gaussian_lsa(A_bar, b_bar, noise_A=0.0, noise_b=0.0, dtype=None) -> Gaussian
     theta_star, local = fixed_points(A, b)
     residual = np.einsum("cij,j->ci", A, theta_star) - b
     for name, value, values, what in (
-            ("A_bar", A_bar, A, "entries"), ("b_bar", b_bar, b, "entries"),
-            ("noise_A", noise_A, sA, "entries"), ("noise_b", noise_b, sb, "entries"),
-            ("b_bar", b_bar, theta_star, "the fixed point theta_star's entries"),
-            ("b_bar", b_bar, local, "the agents' fixed points' entries"),
-            ("b_bar", b_bar, residual, "the residuals A_bar[c] theta_star - b_bar[c]")):
+        ("A_bar", A_bar, A, "entries"),
+        ("b_bar", b_bar, b, "entries"),
+        ("noise_A", noise_A, sA, "entries"),
+        ("noise_b", noise_b, sb, "entries"),
+        ("b_bar", b_bar, theta_star, "the fixed point theta_star's entries"),
+        ("b_bar", b_bar, local, "the agents' fixed points' entries"),
+        ("b_bar", b_bar, residual, "the residuals A_bar[c] theta_star - b_bar[c]"),
+    ):
         _validate.fits(name, value, values, dt, what)
     cast = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
     return GaussianLSA(cast(A), cast(b), cast(sA), cast(sb), cast(theta_star), cast(local), cast(residual))
@@ -302,19 +321,43 @@ def random_gaussian_lsa(
     return gaussian_lsa(A, b, noise_A, noise_b, dtype=dtype)
 
 
-NOISE_A = registry.Option(("--noise-A",), "noise_A", "gaussian: std of A(Z) entries", registry.real, 0.1,
-                          group="problem", params=("noise_A",))
-NOISE_B = registry.Option(("--noise-b",), "noise_b", "gaussian: std of b(Z) entries", registry.real, 0.5,
-                          group="problem", params=("noise_b",))
+NOISE_A = registry.Option(
+    ("--noise-A",),
+    "noise_A",
+    "gaussian: std of A(Z) entries",
+    registry.real,
+    0.1,
+    group="problem",
+    params=("noise_A",),
+)
+NOISE_B = registry.Option(
+    ("--noise-b",),
+    "noise_b",
+    "gaussian: std of b(Z) entries",
+    registry.real,
+    0.5,
+    group="problem",
+    params=("noise_b",),
+)
 
 
 def _from_options(key, args):
     level = {"homogeneous": 0.0, "heterogeneous": 1.0}.get(args.heterogeneity, args.heterogeneity)
     return random_gaussian_lsa(
-        key, num_agents=args.agents, dim=args.dim or 5, heterogeneity=level,  # pyright: ignore[reportArgumentType]
-        noise_A=args.noise_A, noise_b=args.noise_b, dtype=args.dtype,
+        key,
+        num_agents=args.agents,
+        dim=args.dim or 5,
+        heterogeneity=level,  # pyright: ignore[reportArgumentType]
+        noise_A=args.noise_A,
+        noise_b=args.noise_b,
+        dtype=args.dtype,
     )
 
 
-registry.register_problem("gaussian", _from_options, options=(registry.HETEROGENEITY, NOISE_A, NOISE_B),
-                          note="random Gaussian LSA", order=1)
+registry.register_problem(
+    "gaussian",
+    _from_options,
+    options=(registry.HETEROGENEITY, NOISE_A, NOISE_B),
+    note="random Gaussian LSA",
+    order=1,
+)

@@ -99,13 +99,18 @@ def garnet(
     else:
         h = _validate.real("heterogeneity", heterogeneity, 0.0, 1.0)
     A = _validate.integer("num_actions", num_actions, maximum=_validate.INDEX_MAX)
-    _validate.table_size("num_actions", num_actions, S * S * A,
-                         "num_states^2 x num_actions (the Garnet kernels)")
+    _validate.table_size(
+        "num_actions", num_actions, S * S * A, "num_states^2 x num_actions (the Garnet kernels)"
+    )
     B = _validate.integer("branching", branching, maximum=_validate.INDEX_MAX)
     if B > S:  # named after branching if it was changed, else after num_states (the one given, most likely)
         name, value = ("num_states", num_states) if B == GARNET_BRANCHING else ("branching", branching)
-        _validate.fail(name, value, f"expected branching <= num_states, got branching={B} > num_states={S} "
-                       "(each state-action pair moves to branching distinct states)")
+        _validate.fail(
+            name,
+            value,
+            f"expected branching <= num_states, got branching={B} > num_states={S} "
+            "(each state-action pair moves to branching distinct states)",
+        )
     d = _validate.integer("dim", dim, maximum=_validate.INDEX_MAX)
     if d > S:
         _validate.fail("dim", dim, f"expected dim <= num_states={S} (features must have full column rank)")
@@ -125,7 +130,9 @@ def garnet(
                 bases.append(K)
                 break
         else:
-            _validate.fail("branching", branching, f"no irreducible aperiodic Garnet chain in {max_tries} draws")
+            _validate.fail(
+                "branching", branching, f"no irreducible aperiodic Garnet chain in {max_tries} draws"
+            )
     r = rng.uniform(size=S)
     Phi = rng.uniform(size=(S, d))
     Phi /= Phi.sum(1, keepdims=True)
@@ -170,19 +177,38 @@ def qfedtd_mdp(
 def _garnet_from_options(key, args):
     het = args.heterogeneity
     return garnet(
-        key, num_agents=args.agents, heterogeneity=het, num_states=args.states or 30,
-        dim=args.dim or 8, sampling=args.sampling or "generative", dtype=args.dtype,
+        key,
+        num_agents=args.agents,
+        heterogeneity=het,
+        num_states=args.states or 30,
+        dim=args.dim or 8,
+        sampling=args.sampling or "generative",
+        dtype=args.dtype,
     )
 
 
 def _qfedtd_mdp_from_options(key, args):
     return qfedtd_mdp(
-        key, num_agents=args.agents, num_states=args.states or 20, dim=args.dim or 10,
-        sampling=args.sampling or "markov", dtype=args.dtype,
+        key,
+        num_agents=args.agents,
+        num_states=args.states or 20,
+        dim=args.dim or 10,
+        sampling=args.sampling or "markov",
+        dtype=args.dtype,
     )
 
 
-registry.register_problem("garnet", _garnet_from_options, options=(
-    registry.HETEROGENEITY, registry.STATES, registry.SAMPLING), note="Garnet MRPs (SCAFFLSA experiments)", order=0)
-registry.register_problem("qfedtd-mdp", _qfedtd_mdp_from_options, options=(registry.STATES, registry.SAMPLING),
-                          note="the QFedTD experiments' 20-state MDP", order=2)
+registry.register_problem(
+    "garnet",
+    _garnet_from_options,
+    options=(registry.HETEROGENEITY, registry.STATES, registry.SAMPLING),
+    note="Garnet MRPs (SCAFFLSA experiments)",
+    order=0,
+)
+registry.register_problem(
+    "qfedtd-mdp",
+    _qfedtd_mdp_from_options,
+    options=(registry.STATES, registry.SAMPLING),
+    note="the QFedTD experiments' 20-state MDP",
+    order=2,
+)

@@ -90,8 +90,9 @@ class ExpectedProblem:
     def finite_support(self) -> FiniteSupport:
         """One point per agent, ``(A_bar[c], b_bar[c])`` with weight 1: zero noise."""
         A = np.asarray(self.A_bar, np.float64)
-        return FiniteSupport(np.ones((self.num_agents, 1)), b=np.asarray(self.b_bar, np.float64)[:, None],
-                             A=A[:, None])
+        return FiniteSupport(
+            np.ones((self.num_agents, 1)), b=np.asarray(self.b_bar, np.float64)[:, None], A=A[:, None]
+        )
 
     def describe(self) -> dict[str, Any]:
         return {"family": "expected", "of": json.loads(self.of)}
@@ -131,6 +132,10 @@ def expected(problem) -> ExpectedProblem:
     f = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
     A, b, ts = (np.asarray(x, np.float64) for x in (problem.A_bar, problem.b_bar, problem.theta_star))
     return ExpectedProblem(
-        A_bar=f(A), b_bar=f(b), theta_star=f(ts), local_theta_star=f(problem.local_theta_star),
-        residual_star=f(np.einsum("cij,j->ci", A, ts) - b), of=json.dumps(problem.describe(), default=_plain),
+        A_bar=f(A),
+        b_bar=f(b),
+        theta_star=f(ts),
+        local_theta_star=f(problem.local_theta_star),
+        residual_star=f(np.einsum("cij,j->ci", A, ts) - b),
+        of=json.dumps(problem.describe(), default=_plain),
     )

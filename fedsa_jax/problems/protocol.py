@@ -182,8 +182,19 @@ LOCAL_UNROLL = 8
 
 _ABSENT = object()
 REQUIRED_MEMBERS = (
-    "num_agents", "dim", "dtype", "agent_params", "init_sampler", "randomness", "observe", "direction",
-    "A_bar", "b_bar", "theta_star", "local_theta_star", "describe",
+    "num_agents",
+    "dim",
+    "dtype",
+    "agent_params",
+    "init_sampler",
+    "randomness",
+    "observe",
+    "direction",
+    "A_bar",
+    "b_bar",
+    "theta_star",
+    "local_theta_star",
+    "describe",
 )
 _METHODS = ("agent_params", "init_sampler", "randomness", "observe", "direction", "describe")
 

@@ -184,28 +184,40 @@ def least_squares(features, targets, dtype=None) -> LeastSquares:
     Xs = _agent_arrays("features", features, 2)  # refuses float16, bfloat16, complex, non-numeric
     ys = _agent_arrays("targets", targets, 1)
     dt = _validate.float_dtype(
-        "dtype", dtype, default_from=np.result_type(*(getattr(X, "dtype", np.float64) for X in features))
-        if isinstance(features, (Sequence, np.ndarray)) and len(features) else None,
+        "dtype",
+        dtype,
+        default_from=np.result_type(*(getattr(X, "dtype", np.float64) for X in features))
+        if isinstance(features, (Sequence, np.ndarray)) and len(features)
+        else None,
     )
     N = len(Xs)
     if N < 1:
         _validate.fail("features", "[]", "expected at least one agent")
     if len(ys) != N:
-        _validate.fail("targets", f"list of {len(ys)} arrays", f"expected {N} arrays, one per agent like features")
+        _validate.fail(
+            "targets", f"list of {len(ys)} arrays", f"expected {N} arrays, one per agent like features"
+        )
     d = Xs[0].shape[1]
     for c, (X, y) in enumerate(zip(Xs, ys)):
         if X.shape[0] < 1:
             _validate.fail(f"features[{c}]", X, "every agent needs at least one row")
         if X.shape[1] != d or d < 1:
-            _validate.fail(f"features[{c}]", X, f"expected shape (n_{c}, {max(d, 1)}): the same d >= 1 for every agent")
+            _validate.fail(
+                f"features[{c}]", X, f"expected shape (n_{c}, {max(d, 1)}): the same d >= 1 for every agent"
+            )
         if y.shape[0] != X.shape[0]:
-            _validate.fail(f"targets[{c}]", y, f"expected shape ({X.shape[0]},): one target per row of features[{c}]")
+            _validate.fail(
+                f"targets[{c}]", y, f"expected shape ({X.shape[0]},): one target per row of features[{c}]"
+            )
     _check_magnitudes(Xs, ys, dt)
     counts = np.array([X.shape[0] for X in Xs])
     A = np.stack([X.T @ X / n for X, n in zip(Xs, counts)])
     b = np.stack([X.T @ y / n for X, y, n in zip(Xs, ys, counts)])
     theta_star, local = fixed_points(
-        A, b, name="features", value=f"list of {N} arrays",
+        A,
+        b,
+        name="features",
+        value=f"list of {N} arrays",
         hint=" (the stacked rows of all agents must have full column rank d)",
     )
     residuals = np.concatenate(Xs) @ theta_star - np.concatenate(ys)
@@ -215,9 +227,14 @@ def least_squares(features, targets, dtype=None) -> LeastSquares:
     _validate.fits("targets", shown, residuals, dt, "the residuals x_i^T theta_star - y_i")
     f = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
     return LeastSquares(
-        rows=f(np.concatenate(Xs)), targets=f(np.concatenate(ys)),
-        offsets=jnp.asarray(np.cumsum(counts) - counts, jnp.int32), counts=jnp.asarray(counts, jnp.int32),
-        A_bar=f(A), b_bar=f(b), theta_star=f(theta_star), local_theta_star=f(local),
+        rows=f(np.concatenate(Xs)),
+        targets=f(np.concatenate(ys)),
+        offsets=jnp.asarray(np.cumsum(counts) - counts, jnp.int32),
+        counts=jnp.asarray(counts, jnp.int32),
+        A_bar=f(A),
+        b_bar=f(b),
+        theta_star=f(theta_star),
+        local_theta_star=f(local),
         residuals_star=f(residuals),
     )
 
@@ -231,6 +248,10 @@ def _check_magnitudes(Xs: list[np.ndarray], ys: list[np.ndarray], dt: np.dtype) 
         for name, arr in ((f"features[{c}]", X), (f"targets[{c}]", y)):
             biggest = float(np.max(np.abs(arr)))
             if biggest > limit:
-                _validate.fail(name, arr, f"its largest entry is {biggest:.3g} in magnitude; expected at "
-                               f"most sqrt(max {dt} / n_{c}) = {limit:.3g}, so that X_{c}^T X_{c} / n_{c} "
-                               f"and X_{c}^T y_{c} / n_{c} are finite in {dt} (rescale the data)")
+                _validate.fail(
+                    name,
+                    arr,
+                    f"its largest entry is {biggest:.3g} in magnitude; expected at "
+                    f"most sqrt(max {dt} / n_{c}) = {limit:.3g}, so that X_{c}^T X_{c} / n_{c} "
+                    f"and X_{c}^T y_{c} / n_{c} are finite in {dt} (rescale the data)",
+                )

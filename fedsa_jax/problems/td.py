@@ -88,8 +88,12 @@ class FederatedTD:
     features_star: jax.Array  # (S, d + 1) [Phi | Phi theta_star], the values from float64 (error_direction)
     pair_threshold: jax.Array  # (N*S*S,) uint32 alias tables of the pair laws mu_c(s) P_c(s, s') (pair_draw)
     pair_alias: jax.Array  # (N*S*S,)
-    pair_rows: jax.Array  # (S*S, 2d) [phi(s) | phi(s) - gamma phi(s')] at row s*S + s' ((0, 2d) without pair tables)
-    pair_const: jax.Array  # (N*S*S,) v(s) - gamma v(s') - r_c(s), v = Phi theta_star, from float64 ((0,) without)
+    pair_rows: (
+        jax.Array
+    )  # (S*S, 2d) [phi(s) | phi(s) - gamma phi(s')] at row s*S + s' ((0, 2d) without pair tables)
+    pair_const: (
+        jax.Array
+    )  # (N*S*S,) v(s) - gamma v(s') - r_c(s), v = Phi theta_star, from float64 ((0,) without)
     sampling: str = dataclasses.field(default="generative", metadata=dict(static=True))
     pair_tables: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
@@ -196,8 +200,11 @@ class FederatedTD:
         next_phi2 = np.einsum("cst,ti,tj->csij", P, phi, phi)  # E[phi(s') phi(s')^T | s]
         pp = np.einsum("si,sj->sij", phi, phi)
         u1 = phi[None] - g * next_phi  # E[u | s]
-        u2 = pp[None] - g * (np.einsum("si,csj->csij", phi, next_phi)
-                             + np.einsum("csi,sj->csij", next_phi, phi)) + g * g * next_phi2  # E[u u^T | s]
+        u2 = (
+            pp[None]
+            - g * (np.einsum("si,csj->csij", phi, next_phi) + np.einsum("csi,sj->csij", next_phi, phi))
+            + g * g * next_phi2
+        )  # E[u u^T | s]
         S = P.shape[-1]
         weight = (mu[:, :, None, None] * pp[None]).reshape(N, S, d * d)  # mu_c(s) phi(s) phi(s)^T
         u2 = u2.reshape(N, S, d * d)
@@ -232,7 +239,7 @@ def pair_draw(threshold: jax.Array, alias: jax.Array, offset: jax.Array, w: jax.
     """
     k = np.uint32(K)
     # i = floor(w K / 2^32) from 16-bit halves (no uint64 without x64); f = w K mod 2^32 wraps.
-    i = (((w >> np.uint32(16)) * k + (((w & np.uint32(0xFFFF)) * k) >> np.uint32(16))) >> np.uint32(16))
+    i = ((w >> np.uint32(16)) * k + (((w & np.uint32(0xFFFF)) * k) >> np.uint32(16))) >> np.uint32(16)
     i = i.astype(jnp.int32)
     j = offset + i
     return jnp.where(w * k < threshold[j], i, alias[j])
@@ -262,7 +269,9 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
     in float64 (linear solves), then cast to ``dtype``.
     """
     sampling = _validate.choice("sampling", sampling, SAMPLING_MODES)
-    dt = _validate.float_dtype("dtype", dtype, default_from=getattr(features, "dtype", None), source="features")
+    dt = _validate.float_dtype(
+        "dtype", dtype, default_from=getattr(features, "dtype", None), source="features"
+    )
     P = _validate.array("transitions", transitions, (2, 3))
     if P.ndim == 2:
         P = P[None]
@@ -290,8 +299,13 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
     b = np.stack([s[1] for s in systems])
     theta_star, local = fixed_points(A, b)
     _validate.fits("rewards", rewards, r, dt)
-    _validate.fits("features", features, np.hstack([Phi, (Phi @ theta_star)[:, None]]), dt,
-                   "the features and the values Phi theta_star")
+    _validate.fits(
+        "features",
+        features,
+        np.hstack([Phi, (Phi @ theta_star)[:, None]]),
+        dt,
+        "the features and the values Phi theta_star",
+    )
     _validate.fits("rewards", rewards, theta_star, dt, "the fixed point theta_star's entries")
     mu_prob, mu_alias = alias_tables(mu)
     P_prob, P_alias = alias_tables(P)
@@ -299,7 +313,9 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
     pair_tables = S * S * 2 * d <= PAIR_TABLE_MAX and S * S <= 2**16
     if pair_tables:
         v = Phi @ theta_star
-        pair_rows = np.concatenate([np.repeat(Phi, S, axis=0), (Phi[:, None] - g * Phi[None]).reshape(S * S, d)], 1)
+        pair_rows = np.concatenate(
+            [np.repeat(Phi, S, axis=0), (Phi[:, None] - g * Phi[None]).reshape(S * S, d)], 1
+        )
         pair_const = (v[:, None] - g * v[None, :])[None] - r[:, :, None]  # (N, S, S)
         pair_prob, pair_alias = alias_tables((mu[:, :, None] * P).reshape(N, S * S))
         pair_threshold = np.minimum(np.floor(pair_prob * 2.0**32), 2.0**32 - 1).astype(np.uint32)
@@ -309,9 +325,24 @@ def federated_td(transitions, rewards, features, gamma, sampling="generative", d
     f = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
     i = lambda x: jnp.asarray(x, dtype=jnp.int32)  # noqa: E731
     return FederatedTD(
-        transitions=f(P), rewards=f(r), features=f(Phi), gamma=f(g), stationary=f(mu),
-        A_bar=f(A), b_bar=f(b), theta_star=f(theta_star), local_theta_star=f(local),
-        mu_prob=f(mu_prob.ravel()), mu_alias=i(mu_alias.ravel()),
-        P_prob=f(P_prob.ravel()), P_alias=i(P_alias.ravel()), features_star=f(np.hstack([Phi, (Phi @ theta_star)[:, None]])),
-        pair_threshold=jnp.asarray(pair_threshold.ravel(), jnp.uint32), pair_alias=i(pair_alias.ravel()), pair_rows=f(pair_rows), pair_const=f(pair_const.ravel()), sampling=sampling, pair_tables=pair_tables,
+        transitions=f(P),
+        rewards=f(r),
+        features=f(Phi),
+        gamma=f(g),
+        stationary=f(mu),
+        A_bar=f(A),
+        b_bar=f(b),
+        theta_star=f(theta_star),
+        local_theta_star=f(local),
+        mu_prob=f(mu_prob.ravel()),
+        mu_alias=i(mu_alias.ravel()),
+        P_prob=f(P_prob.ravel()),
+        P_alias=i(P_alias.ravel()),
+        features_star=f(np.hstack([Phi, (Phi @ theta_star)[:, None]])),
+        pair_threshold=jnp.asarray(pair_threshold.ravel(), jnp.uint32),
+        pair_alias=i(pair_alias.ravel()),
+        pair_rows=f(pair_rows),
+        pair_const=f(pair_const.ravel()),
+        sampling=sampling,
+        pair_tables=pair_tables,
     )

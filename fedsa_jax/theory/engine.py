@@ -30,8 +30,11 @@ def _etas(rec: Recursion, num_rounds: int) -> np.ndarray:
         values = optim.schedule_values(rec.step_size, num_rounds * H)
     if not np.all(np.isfinite(values) & (values > 0)):
         k = int(np.argmax(~(np.isfinite(values) & (values > 0))))
-        _validate.fail("step_size", rec.step_size.describe(),
-                       f"the schedule gives {float(values[k])!r} at k={k}; step sizes must be finite and > 0")
+        _validate.fail(
+            "step_size",
+            rec.step_size.describe(),
+            f"the schedule gives {float(values[k])!r} at k={k}; step sizes must be finite and > 0",
+        )
     return values.reshape(num_rounds, H)
 
 
@@ -43,8 +46,11 @@ def _recursion(rec, algorithm, num_rounds: int, second: bool = False):
     """``(rec, etas)`` for the description ``rec`` of ``algorithm``, everything checked: the layout's
     size, the round's blocks (channel, quantizer) and, for second moments, their channel."""
     if not isinstance(rec, Recursion):
-        _validate.fail("algorithm", getattr(algorithm, "name", algorithm), "its theory must return "
-                       f"fj.theory.Recursion or fj.theory.Combination, not {type(rec).__name__}")
+        _validate.fail(
+            "algorithm",
+            getattr(algorithm, "name", algorithm),
+            f"its theory must return fj.theory.Recursion or fj.theory.Combination, not {type(rec).__name__}",
+        )
     rec.state.D  # noqa: B018 (the layout, its size checked before any map is built)
     etas = _etas(rec, num_rounds)
     phases = _phases(rec, 0, etas[0] if num_rounds else _etas(rec, 1)[0])
@@ -124,8 +130,9 @@ def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
     T = _validate.integer("num_rounds", num_rounds, 0)
     description = recursion_of(algorithm, problem)
     if isinstance(description, Combination):
-        _validate.fail("algorithm", algorithm.name,
-                       f"exact_mse does not cover {description.what}; exact_mean does")
+        _validate.fail(
+            "algorithm", algorithm.name, f"exact_mse does not cover {description.what}; exact_mean does"
+        )
     rec, etas = _recursion(description, algorithm, T, second=True)
     y = rec.state
     y.noise  # noqa: B018 (the problem's noise law, or a refusal)
@@ -188,8 +195,9 @@ def mean_spectral_radius(problem, algorithm) -> float:
         return np.inf
     d = y.d
     zero = [sl for name in y.zero_sum for sl in y[name]]
-    parts = [*zero] + [sl for name in y.carried
-                       for sl in (y[name] if isinstance(y[name], list) else [y[name]])]
+    parts = [*zero] + [
+        sl for name in y.carried for sl in (y[name] if isinstance(y[name], list) else [y[name]])
+    ]
     keep = np.concatenate([np.arange(y.D)[sl] for sl in parts])
     M = R[np.ix_(keep, keep)]
     if not zero:
@@ -197,7 +205,7 @@ def mean_spectral_radius(problem, algorithm) -> float:
     # Orthonormal basis of {sum_c xi_c = 0} in the kept coordinates (the xi blocks come first).
     sums = np.zeros((d, len(keep)))
     for c in range(len(zero)):
-        sums[:, c * d:(c + 1) * d] = np.eye(d)
+        sums[:, c * d : (c + 1) * d] = np.eye(d)
     _, _, Vt = np.linalg.svd(sums)
     Q = Vt[d:].T
     return float(np.max(np.abs(np.linalg.eigvals(Q.T @ M @ Q))))
@@ -210,8 +218,11 @@ def stable_step_size(problem, algorithm, grid_points: int = 200, tol: float = 1e
     if isinstance(description, Combination):
         _validate.fail("algorithm", algorithm.name, description.hint)
     if not optim.is_constant(description.step_size):
-        _validate.fail("algorithm", algorithm.name, "max_stable_step_size varies a constant step size; this "
-                       "algorithm has a schedule")
+        _validate.fail(
+            "algorithm",
+            algorithm.name,
+            "max_stable_step_size varies a constant step size; this algorithm has a schedule",
+        )
 
     def radius(eta):
         return mean_spectral_radius(problem, algorithms.with_step_size(algorithm, eta))
@@ -234,4 +245,3 @@ def stable_step_size(problem, algorithm, grid_points: int = 200, tol: float = 1e
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if radius(mid) < 1.0 else (lo, mid)
     return float(lo)
-

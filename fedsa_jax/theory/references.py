@@ -17,8 +17,12 @@ def _fedlsa_round(problem, step_size, num_local_steps):
     ``B_c = I - eta A_bar[c]``; ``rho_bar`` is computed as
     ``eta mean_c sum_{k<H} B_c^k (b_c - A_c theta*)``, which needs no local inverse."""
     if callable(step_size):
-        _validate.fail("step_size", step_size, "fedlsa_bias and fedlsa_round_bias take a constant step size; for a "
-                       "schedule the mean iterate is fj.theory.exact_mean(problem, fj.fedlsa(schedule, H), T)")
+        _validate.fail(
+            "step_size",
+            step_size,
+            "fedlsa_bias and fedlsa_round_bias take a constant step size; for a "
+            "schedule the mean iterate is fj.theory.exact_mean(problem, fj.fedlsa(schedule, H), T)",
+        )
     eta = _validate.real("step_size", step_size, 0.0, low_open=True)
     H = _validate.integer("num_local_steps", num_local_steps)
     A, b, theta_star = _arrays(problem)
@@ -70,8 +74,9 @@ def fedlsa_bias(problem, step_size: float, num_local_steps: int, num_rounds: int
     return out
 
 
-def max_stable_step_size(problem, algorithm="fedlsa", num_local_steps: int | None = None,
-                         grid_points: int = 200, tol: float = 1e-6) -> float:
+def max_stable_step_size(
+    problem, algorithm="fedlsa", num_local_steps: int | None = None, grid_points: int = 200, tol: float = 1e-6
+) -> float:
     """Largest step size up to which the exact mean recursion of ``algorithm``
     contracts (spectral radius of one round < 1 for every smaller step size).
 
@@ -107,7 +112,9 @@ def max_stable_step_size(problem, algorithm="fedlsa", num_local_steps: int | Non
 def _tv_sequence(problem):
     """Yields ``max_s TV(P_c^t(s, .), mu_c)`` (shape ``(N,)``) for t = 0, 1, 2, ..."""
     if not hasattr(problem, "transitions"):
-        _validate.fail("problem", type(problem).__name__, "mixing times need a federated TD problem (a Markov chain)")
+        _validate.fail(
+            "problem", type(problem).__name__, "mixing times need a federated TD problem (a Markov chain)"
+        )
     P = np.asarray(problem.transitions, np.float64)
     mu = np.asarray(problem.stationary, np.float64)
     N, S, _ = P.shape
@@ -144,5 +151,8 @@ def mixing_time(problem, eps: float = 0.25, max_steps: int = 100_000) -> np.ndar
         out[(out < 0) & (tv <= eps)] = t
         if np.all(out >= 0):
             return out
-    _validate.fail("problem", f"agents {np.nonzero(out < 0)[0].tolist()}",  # pyright: ignore[reportOptionalOperand]
-                   f"did not mix to TV <= {eps} within max_steps={max_steps} steps (periodic or slowly mixing chain)")
+    _validate.fail(
+        "problem",
+        f"agents {np.nonzero(out < 0)[0].tolist()}",  # pyright: ignore[reportOptionalOperand]
+        f"did not mix to TV <= {eps} within max_steps={max_steps} steps (periodic or slowly mixing chain)",
+    )
