@@ -19,28 +19,40 @@ import numpy as np
 from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
 
 import fedsa_jax as fj
-from fedsa_jax import theory
+from fedsa_jax import moments, theory
+from fedsa_jax.theory import engine
 
 
 def dense_exact_mse(problem, algorithm, T):
-    """Baseline: the exact recursion with dense D x D conjugations at every step."""
-    L_b, L_s, L_a, H, eta, th, loc = theory._round_maps(problem, algorithm)
-    noise = theory._noise_model(problem)
-    theta_star = np.asarray(problem.theta_star, np.float64)
-    S = np.zeros(L_b.shape)
-    S[0, 0] = 1.0
-    out = [theta_star @ theta_star]
-    for _ in range(T):
-        S = L_b @ S @ L_b.T
-        for _ in range(H):
-            X = np.stack([S[l, l] for l in loc])
-            cov = eta**2 * noise(np.stack([S[0, l] for l in loc]), X)
-            S = L_s @ S @ L_s.T
-            for c, l in enumerate(loc):
-                S[l, l] += cov[c]
-        S = L_a @ S @ L_a.T
-        out.append(np.trace(S[th, th]) - 2 * theta_star @ S[0, th] + theta_star @ theta_star)
+    """Baseline: the same recursion (the algorithm's own moment description) with a dense
+    ``L S L^T`` product for every phase, local steps included (their noise added as in
+    :class:`fedsa_jax.moments.LocalStep`)."""
+    rec, etas = engine._recursion(moments.recursion_of(algorithm, problem), algorithm, T, second=True)
+    y = rec.state
+    m = y.initial()
+    S = np.outer(m, m)
+    dense = lambda L, S: L @ S @ L.T
+    out = [np.trace(S[y["theta"], y["theta"]])]
+    for t in range(T):
+        for phase in engine._phases(rec, t, etas[t]):
+            if isinstance(phase, moments.LocalStep):
+                S = dense(phase.mean(), S) + local_noise(y, phase, S)
+            else:
+                S = phase.second(S, dense)
+        out.append(np.trace(S[y["theta"], y["theta"]]))
     return np.asarray(out)
+
+
+def local_noise(y, phase, S):
+    """``E[w w^T]`` of one local step (zero outside the agents' diagonal blocks)."""
+    N, d = y.N, y.d
+    idx = y.indices(phase.iterates).reshape(N, d)
+    m_e = S[0, idx]  # (N, d) E[e^c]
+    X = S[idx[:, :, None], idx[:, None, :]] + y.theta_star[:, None] * m_e[:, None, :]
+    X = X + m_e[:, :, None] * y.theta_star[None, :] + np.outer(y.theta_star, y.theta_star)
+    cov = np.zeros_like(S)
+    cov[idx[:, :, None], idx[:, None, :]] = phase.eta**2 * y.noise(m_e + y.theta_star, X)
+    return cov
 
 
 def main(argv=None):

@@ -33,7 +33,7 @@ for _line, _k in zip(_dotted, exact):
 CHECKS = {
     "00_quickstart.ipynb": [
         (
-            "fig = fj.plotting.plot_mse(results",
+            "bias = fj.theory.fedlsa_bias(problem, 0.1, H)",
             f"""
 res = results
 {_MC_VS_EXACT}
@@ -85,6 +85,15 @@ for _k, _a in algs.items():
     ],
     "03_your_own_algorithm.ipynb": [
         (
+            "user_results, user_exact = {}, {}",
+            f"""
+assert len(user_results) == 4  # two user algorithms on two problem families
+for _k, _r in user_results.items():
+    _z = (_r.mse_mean[1:] - user_exact[_k][_r.rounds][1:]) / _r.mse_sem[1:]
+    assert np.all(np.abs(_z) < {Z_TOL}), (_k, _z)
+""",
+        ),
+        (
             "results[label] = fj.simulate(",
             """
 # FedAvgM with momentum 0 is FedLSA, seed by seed; the custom metric is the excess risk of the iterates
@@ -101,7 +110,7 @@ assert abs(_s.communications[-1] - problem.num_agents * ROUNDS) < """
 """,
         ),
         (
-            "exact = {label: fj.theory.exact_mse(",
+            "label: fj.theory.exact_mse(problem, algorithms[label], ROUNDS)",
             f"""
 res = {{k: results[k] for k in exact}}
 {_MC_VS_EXACT}
