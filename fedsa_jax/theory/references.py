@@ -3,9 +3,11 @@ bound of a recursion given by name, and the mixing times of per-agent Markov cha
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
-from fedsa_jax import _validate, algorithms
+from fedsa_jax import _validate, algorithms, registry
 from fedsa_jax.moments import _arrays
 from fedsa_jax.theory.engine import stable_step_size
 
@@ -81,8 +83,9 @@ def max_stable_step_size(
     contracts (spectral radius of one round < 1 for every smaller step size).
 
     Args:
-      algorithm: ``"fedlsa"``, ``"scafflsa"`` or ``"qfedtd"`` (exact channel, H =
-        ``num_local_steps``, default 1), or an algorithm such as
+      algorithm: the name of a built-in algorithm whose factory needs only a step size and H
+        (``"fedlsa"``, ``"scafflsa"``, ``"qfedtd"``: exact channel, H = ``num_local_steps``,
+        default 1), or an algorithm such as
         ``fj.qfedtd(0.1, success_prob=0.5)`` or ``fj.scaffnew(0.1, 0.2, 10)``, whose H,
         channel (and communication probability) are kept and whose step size is
         varied (erasures with ``"divide_by_n"`` shrink the mean step by p, so they
@@ -100,13 +103,31 @@ def max_stable_step_size(
         if num_local_steps is not None:
             _validate.fail("num_local_steps", num_local_steps, "leave it out: it is taken from the algorithm")
     else:
-        _validate.choice("algorithm", algorithm, ("fedlsa", "scafflsa", "qfedtd"))
-        H = _validate.integer("num_local_steps", 1 if num_local_steps is None else num_local_steps)
-        if algorithm == "qfedtd" and H != 1:
-            _validate.fail("num_local_steps", H, "QFedTD takes one local step per round (H=1)")
-        factory = getattr(algorithms, algorithm)
-        algorithm = factory(1.0) if algorithm == "qfedtd" else factory(1.0, H)
+        algorithm = _from_name(algorithm, num_local_steps)
     return stable_step_size(problem, algorithm, grid_points, tol)
+
+
+def _from_name(name, num_local_steps):
+    """``fj.<name>(1.0[, num_local_steps=H])`` for a registered built-in algorithm whose factory needs
+    only the step size and, if it has one, ``num_local_steps``."""
+    factories = {n: getattr(algorithms, n) for n in registry.algorithms() if hasattr(algorithms, n)}
+    shorthands = tuple(n for n, f in factories.items() if _required(f) <= {"step_size", "num_local_steps"})
+    _validate.choice("algorithm", name, shorthands)
+    factory = factories[name]
+    H = _validate.integer("num_local_steps", 1 if num_local_steps is None else num_local_steps)
+    if "num_local_steps" in inspect.signature(factory).parameters:
+        return factory(1.0, num_local_steps=H)
+    if H != 1:
+        _validate.fail("num_local_steps", H, f"fj.{name} takes one local step per round (H=1)")
+    return factory(1.0)
+
+
+def _required(factory) -> set[str]:
+    return {
+        p.name
+        for p in inspect.signature(factory).parameters.values()
+        if p.default is inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD
+    }
 
 
 def _tv_sequence(problem):
