@@ -53,6 +53,21 @@ def _tiny(y):
     return np.maximum(y, np.finfo(float).tiny)
 
 
+def _draw_band(ax, band, label, xs, mean, sem, q, color, logy) -> None:
+    """The shaded band of one result: mean +- 2 s.e. (``"sem"``), the seeds' 5-95 % and 25-75 %
+    ranges (``"quantiles"``) or none."""
+    if band == "sem":
+        lower = mean - _BAND_Z * sem
+        ax.fill_between(
+            xs, _tiny(lower) if logy else lower, mean + _BAND_Z * sem, color=color, alpha=0.25, lw=0
+        )
+    elif band == "quantiles":
+        if np.all(np.isnan(q)):
+            _validate.fail("band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))")
+        ax.fill_between(xs, q[:, 0], q[:, 4], color=color, alpha=0.12, lw=0)
+        ax.fill_between(xs, q[:, 1], q[:, 3], color=color, alpha=0.22, lw=0)
+
+
 def plot_mse(
     results: Mapping[str, SimulationResult],
     ax=None,
@@ -114,18 +129,7 @@ def plot_mse(
         ax.plot(xs, mean, color=color, lw=1.6, label=f"{label} ({n_ok} seeds)")
         for k in range(min(seeds.shape[1], max_seed_curves)):
             ax.plot(xs, seeds[:, k], color=color, lw=0.5, alpha=0.2, zorder=1)
-        if band == "sem":
-            lower = mean - _BAND_Z * sem
-            ax.fill_between(
-                xs, _tiny(lower) if logy else lower, mean + _BAND_Z * sem, color=color, alpha=0.25, lw=0
-            )
-        elif band == "quantiles":
-            if np.all(np.isnan(q)):
-                _validate.fail(
-                    "band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))"
-                )
-            ax.fill_between(xs, q[:, 0], q[:, 4], color=color, alpha=0.12, lw=0)
-            ax.fill_between(xs, q[:, 1], q[:, 3], color=color, alpha=0.22, lw=0)
+        _draw_band(ax, band, label, xs, mean, sem, q, color, logy)
     named = False  # one legend entry "exact" for the curves drawn over results
     for label, curve in (theory or {}).items():
         curve = np.asarray(curve, dtype=float)
