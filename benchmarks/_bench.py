@@ -57,3 +57,29 @@ def use_cpu_devices(num_devices: int | None) -> str:
             jax.config.update("jax_num_cpu_devices", num_devices or len(os.sched_getaffinity(0)))
     n = jax.device_count()
     return f"{n} {jax.default_backend()} device{'s' * (n != 1)}"
+
+
+def monte_carlo_args(argv, description: str, seeds: int, rounds: int, out: str):
+    """Parse the options every Monte Carlo figure script shares (``--seeds``, ``--rounds``,
+    ``--record-every``, ``--out``, ``--figures``, ``--cpu-devices``), set up the CPU devices and
+    create both folders; returns the parsed arguments."""
+    import argparse
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--seeds", type=int, default=seeds)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--record-every", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path(out))
+    ap.add_argument(
+        "--figures",
+        type=Path,
+        default=Path("benchmarks/figures"),
+        help="where the PNGs are copied for the README",
+    )
+    add_cpu_devices_option(ap)
+    args = ap.parse_args(argv)
+    use_cpu_devices(args.cpu_devices)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.figures.mkdir(parents=True, exist_ok=True)
+    return args

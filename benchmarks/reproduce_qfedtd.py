@@ -18,15 +18,13 @@ reach a level, speed-up ratios) into --out, and prints the summary.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 
 import jax
 import matplotlib.pyplot as plt
 import numpy as np
-from _bench import add_cpu_devices_option, use_cpu_devices
+from _bench import monte_carlo_args
 
 import fedsa_jax as fj
 from fedsa_jax._io import atomic_write
@@ -55,22 +53,9 @@ def rounds_to(res, level):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=1000)
-    ap.add_argument("--record-every", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/out/qfedtd"))
-    ap.add_argument(
-        "--figures",
-        type=Path,
-        default=Path("benchmarks/figures"),
-        help="where the PNGs are copied for the README",
+    args = monte_carlo_args(
+        argv, __doc__.split("\n")[0], seeds=1000, rounds=1000, out="benchmarks/out/qfedtd"
     )
-    add_cpu_devices_option(ap)
-    args = ap.parse_args(argv)
-    use_cpu_devices(args.cpu_devices)
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.figures.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(2023)
     problems = {N: fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=N) for N in (1, 40)}
     results: dict[str, fj.SimulationResult] = {}

@@ -5,7 +5,12 @@ Rows: FedLSA, SCAFFLSA, QFedTD (one local step per round) and Scaffnew, on feder
 (`fj.problems.least_squares`, 100 rows per agent), each over the exact channel and over
 4-bit stochastic uniform quantization with erasures (p = 0.6). N=10 agents, d=10, H=10
 local steps (QFedTD: 1), 1000 seeds, about 3e6 agent-steps per timed call, float32.
-Last, the QFedTD setting of the performance issue (N=40, S=20, Markov, 4 bits, p = 0.6).
+Then the QFedTD setting of the performance issue (N=40, S=20, Markov, 4 bits, p = 0.6), and the
+extra groups on TD Garnet (generative): ``downlink``, FedLSA with a compressed downlink (top-2
+broadcast; exact or lossy uplink); ``error-feedback``, the biased compressors with error feedback
+(FedLSA and QFedTD with top-2 and EF14, FedLSA with scaled sign and EF21 and with unscaled rand-2
+and EF14); ``cohort``, partial participation (``clients_per_round = 5`` of the 10 agents, exact
+channel), FedLSA and Scaffnew, whose rate counts the cohort's local steps only (the steps done).
 
 Columns: warm agent-local steps per second (best of ``--repeats`` calls after the first),
 its ratio to TD FedLSA (generative, exact; the first row), and the first call's wall time,
@@ -13,7 +18,8 @@ which includes tracing and compiling (in its own column, never mixed into the ra
 
 JAX runs on one CPU device per core (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device).
 
-    python benchmarks/table.py [--seeds 1000] [--json out.json] [--cpu-devices N]  # ~4 min, 2 CPU cores
+    python benchmarks/table.py [--seeds 1000] [--json out.json] [--cpu-devices N]  # ~6 min, 2 CPU cores
+    python benchmarks/table.py --only cohort   # the first row and one extra group
 """
 
 from __future__ import annotations
@@ -56,6 +62,30 @@ def algorithms(H: int, lossy: bool):
     }
 
 
+def extra_rows(H: int, N: int) -> dict:
+    """The extra groups: ``group -> {label: (algorithm, agent-steps per round, channel label)}``."""
+    top, sign, rand = fj.channel.top_k(2), fj.channel.scaled_sign(), fj.channel.rand_k(2, unbiased=False)
+    down = fj.channel.channel(top)
+    lossy = dict(quantizer=fj.channel.stochastic_uniform(4), success_prob=0.6)
+    m = N // 2  # partial participation: the cohort's steps are the work done
+    return {
+        "downlink": {
+            "FedLSA": (fj.fedlsa(0.05, H, downlink=down), N * H, "top-2 down"),
+            "FedLSA lossy": (fj.fedlsa(0.05, H, downlink=down, **lossy), N * H, "4-bit + top-2"),
+        },
+        "error-feedback": {
+            "FedLSA top": (fj.fedlsa(0.05, H, quantizer=top, error_feedback="ef14"), N * H, "top-2, EF14"),
+            "FedLSA sign": (fj.fedlsa(0.05, H, quantizer=sign, error_feedback="ef21"), N * H, "sign, EF21"),
+            "FedLSA rand": (fj.fedlsa(0.05, H, quantizer=rand, error_feedback="ef14"), N * H, "rand-2, EF14"),
+            "QFedTD top": (fj.qfedtd(0.1, top, error_feedback="ef14"), N, "top-2, EF14"),
+        },
+        "cohort": {
+            "FedLSA": (fj.fedlsa(0.05, H, clients_per_round=m), m * H, f"exact, m={m}/{N}"),
+            "Scaffnew": (fj.scaffnew(0.05, 0.2, H, clients_per_round=m), m * H, f"exact, m={m}/{N}"),
+        },
+    }
+
+
 def measure(problem, alg, steps_per_round, seeds, target_steps, repeats):
     rounds = max(1, int(round(target_steps / (seeds * steps_per_round))))
     run = lambda: fj.simulate(1, problem, alg, rounds, seeds, record_every=rounds, quantiles=False)  # noqa: E731
@@ -80,6 +110,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=float, default=3e6, help="agent-local steps per timed call")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--only",
+        choices=("downlink", "error-feedback", "cohort"),
+        default=None,
+        help="the first row and this extra group only",
+    )
     add_cpu_devices_option(ap)
     args = ap.parse_args(argv)
     devices = use_cpu_devices(args.cpu_devices)  # before any JAX computation
@@ -114,15 +150,26 @@ def main(argv=None):
             flush=True,
         )
 
-    for (fam, sampling), problem in problems(N, args.dim, args.states).items():
+    families = problems(N, args.dim, args.states)
+    for (fam, sampling), problem in families.items():
         for lossy in (False, True):
             for alg_name, (alg, h) in algorithms(H, lossy).items():
+                if args.only and rows:
+                    continue
                 rate, first = measure(problem, alg, N * h, n, args.steps, args.repeats)
                 report(alg_name, fam, sampling, "4-bit, p=0.6" if lossy else "exact", rate, first)
-    q = fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=40)  # the issue's QFedTD setting
-    alg = fj.qfedtd(0.6, fj.channel.stochastic_uniform(4), 0.6)
-    rate, first = measure(q, alg, 40, n, args.steps, args.repeats)
-    report("QFedTD", "QFedTD MDP N=40", "markov", "4-bit, p=0.6", rate, first)
+    if not args.only:
+        q = fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=40)  # the issue's QFedTD setting
+        alg = fj.qfedtd(0.6, fj.channel.stochastic_uniform(4), 0.6)
+        rate, first = measure(q, alg, 40, n, args.steps, args.repeats)
+        report("QFedTD", "QFedTD MDP N=40", "markov", "4-bit, p=0.6", rate, first)
+    garnet = families["TD Garnet", "generative"]
+    for group, entries in extra_rows(H, N).items():
+        if args.only not in (None, group):
+            continue
+        for label, (alg, steps_per_round, channel) in entries.items():
+            rate, first = measure(garnet, alg, steps_per_round, n, args.steps, args.repeats)
+            report(label.split()[0], "TD Garnet", "generative", channel, rate, first)
     machine = {
         "platform": jax.default_backend(),
         "cpu_count": os.cpu_count(),

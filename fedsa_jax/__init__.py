@@ -10,9 +10,10 @@ them (1.05x for Gaussian LSA to 1.6x for TD on 2 cores, against JAX's single mul
 device). Importing the package never changes JAX's configuration.
 """
 
-from fedsa_jax import algorithms, channel, metrics, optim, problems, theory
+from fedsa_jax import algorithms, channel, metrics, optim, problems, stats, theory
+from fedsa_jax._compare import Comparison, Difference, compare
 from fedsa_jax._driver import simulate
-from fedsa_jax._options import Execution, Record, Recording
+from fedsa_jax._options import Execution, Record, Recording, Until, until
 from fedsa_jax._sweep import SweepEntry, grid, sweep
 from fedsa_jax._version import __version__ as __version__
 from fedsa_jax.algorithms import (
@@ -31,6 +32,8 @@ from fedsa_jax.result import MetricStats, SimulationResult, load
 
 __all__ = [
     "Algorithm",
+    "Comparison",
+    "Difference",
     "Execution",
     "MetricStats",
     "Record",
@@ -38,9 +41,11 @@ __all__ = [
     "RoundInfo",
     "SimulationResult",
     "SweepEntry",
+    "Until",
     "algorithms",
     "averaged",
     "channel",
+    "compare",
     "fedlsa",
     "grid",
     "load",
@@ -54,8 +59,10 @@ __all__ = [
     "scaffnew",
     "schedule",
     "simulate",
+    "stats",
     "sweep",
     "theory",
+    "until",
     "use_cpu_cores",
     "plotting",
 ]

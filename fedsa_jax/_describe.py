@@ -14,12 +14,17 @@ import numpy as np
 
 def describe_value(value: Any) -> Any:
     """A JSON-friendly description: objects with ``describe()`` use it, dataclasses
-    become dicts of their fields, numbers and arrays become floats and lists,
+    become dicts of their fields (less those marked ``omit_none`` in their metadata while None, options
+    added later that leave older descriptions as they were), numbers and arrays become floats and lists,
     functions their qualified names."""
     if hasattr(value, "describe") and callable(value.describe) and not isinstance(value, type):
         return value.describe()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: describe_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: describe_value(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not (f.metadata.get("omit_none") and getattr(value, f.name) is None)
+        }
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, (int, np.integer)):

@@ -35,18 +35,19 @@ from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
 from fedsa_jax import _checkpoint, _kernel, _validate
 from fedsa_jax._kernel import Carry, KernelInputs, Reduction, SeedBatch
-from fedsa_jax._options import Execution, Record, Recording, grouped
+from fedsa_jax._options import Execution, Record, Recording, Until, grouped
 from fedsa_jax._run import Run, run_code, validate_run
 from fedsa_jax._version import __version__
 from fedsa_jax.algorithms._base import Algorithm
-from fedsa_jax.result import COUNT_NAMES, MetricStats, SimulationResult, recorded_rounds
+from fedsa_jax.result import MetricStats, SimulationResult, count_arrays, recorded_rounds
 from fedsa_jax.stats import Moments, finalize, merge
 
-__all__ = ["execute", "simulate"]
+__all__ = ["execute", "execute_joint", "simulate", "simulation_run"]
 
 STEPS_PER_CHUNK = 5e7  # default chunk: about this many agent-local steps (seconds on a CPU)
 MAX_BLOCKS_PER_CHUNK = 256  # recorded rounds per chunk at most (the kernel's statistics buffer)
 MAX_BATCH = 2**24  # seeds per batch at most (the per-batch sums of counter digits are uint32)
+UNTIL_BATCHES = 64  # a precision-targeted run's default seed batch: max_seeds / this (min_seeds at least)
 
 
 def simulate(
@@ -54,7 +55,7 @@ def simulate(
     problem,
     algorithm: Algorithm,
     num_rounds: int,
-    num_seeds: int,
+    num_seeds: int | Until,
     theta0=None,
     record_every: int = 1,
     divergence_threshold: float = 1e10,
@@ -79,7 +80,8 @@ def simulate(
       algorithm: e.g. ``fj.fedlsa(0.1, 10)``, ``fj.scafflsa(0.1, 10)``,
         ``fj.qfedtd(0.6, q, 0.6)``, or your own :class:`~fedsa_jax.Algorithm`.
       num_rounds: communication rounds T >= 1.
-      num_seeds: independent runs >= 1.
+      num_seeds: independent runs >= 1, or a precision target ``fj.until(rel_sem=..., max_seeds=...)``
+        (:func:`fedsa_jax.until`): seed batches until the MSE's relative standard error meets it.
       theta0: ``(d,)`` initial iterate (default 0).
       divergence_threshold: a seed counts as diverged at a recorded round if its
         iterate is non-finite or ``|theta - theta_star|^2`` exceeds this times
@@ -110,20 +112,27 @@ def simulate(
     metrics, batch size, record_every, chunk size, dtype): the number of rounds
     and continuous hyperparameters such as the step size are traced values.
     """
-    recording, execution = grouped(
-        recording,
-        execution,
-        record_every=record_every,
-        metrics=metrics,
-        quantiles=quantiles,
-        keep_seeds=keep_seeds,
-        on_record=on_record,
-        seed_batch_size=seed_batch_size,
-        chunk_rounds=chunk_rounds,
-        checkpoint_dir=checkpoint_dir,
-        progress=progress,
-    )
-    run = validate_run(
+    run = simulation_run(**locals())  # every argument, checked
+    return execute(run, problem, [algorithm])[0]
+
+
+def simulation_run(
+    key,
+    problem,
+    algorithm,
+    num_rounds,
+    num_seeds,
+    theta0,
+    record_every,
+    divergence_threshold,
+    *,
+    recording,
+    execution,
+    **flat,
+) -> Run:
+    """:func:`simulate`'s arguments (``flat``: its flat recording and execution keywords) validated."""
+    recording, execution = grouped(recording, execution, **flat, record_every=record_every)
+    return validate_run(
         key,
         problem,
         algorithm,
@@ -134,7 +143,6 @@ def simulate(
         recording=recording,
         execution=execution,
     )
-    return execute(run, problem, [algorithm])[0]
 
 
 class _Plan(NamedTuple):
@@ -149,22 +157,30 @@ class _Plan(NamedTuple):
         return min(num_seeds, (batch + 1) * self.batch_size)
 
 
-def _plan(problem, algorithm: Algorithm, run: Run, *, num_configs: int, num_devices: int) -> _Plan:
-    """Seed batches and chunks for ``num_configs`` algorithms run side by side."""
+def _plan(problem, algorithms: list[Algorithm], run: Run, *, num_configs: int, num_devices: int) -> _Plan:
+    """Seed batches and chunks for ``num_configs`` algorithms run side by side, each costing at most
+    what the costliest of ``algorithms`` costs."""
     execution = run.execution
     if execution.seed_batch_size is None:
 
-        def one_seed_carry(key_data, seed_ids):
+        def one_seed_carry(algorithm, key_data, seed_ids):
             return _kernel._initial_carry(
                 key_data, seed_ids, problem, algorithm, jnp.asarray(run.theta0, problem.dtype)
             )
 
-        shapes = jax.eval_shape(
-            one_seed_carry, jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((1,), jnp.uint32)
-        )
-        per_seed = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
+        def carry_bytes(algorithm):
+            shapes = jax.eval_shape(
+                functools.partial(one_seed_carry, algorithm),
+                jax.ShapeDtypeStruct((2,), jnp.uint32),
+                jax.ShapeDtypeStruct((1,), jnp.uint32),
+            )
+            return sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
+
+        per_seed = max(carry_bytes(a) for a in algorithms)
         # carry in, carry out and the round's temporaries: about 4 copies
         batch_size = max(1, int(execution.memory_budget * num_devices // (4 * per_seed * num_configs)))
+        if run.until is not None:  # a precision target checks after each batch: 64 batches at most
+            batch_size = min(batch_size, max(run.until.min_seeds, -(-run.num_seeds // UNTIL_BATCHES)))
     else:
         batch_size = execution.seed_batch_size
     batch_size = min(batch_size, run.num_seeds, MAX_BATCH)
@@ -173,7 +189,8 @@ def _plan(problem, algorithm: Algorithm, run: Run, *, num_configs: int, num_devi
     every = run.record_every
     if execution.chunk_rounds is None:
         # Not capped by num_rounds, so that the number of rounds never changes the compiled program.
-        per_round = padded_batch * problem.num_agents * algorithm.num_local_steps * algorithm.skip
+        steps = max(a.num_local_steps * a.skip for a in algorithms)
+        per_round = padded_batch * problem.num_agents * steps
         per_round *= num_configs
         blocks = min(MAX_BLOCKS_PER_CHUNK, max(1, int(STEPS_PER_CHUNK // max(per_round * every, 1))))
     else:
@@ -196,11 +213,22 @@ class _Setup:
     num_devices: int
     codes: list[str]  # run_code of each algorithm
     rounds: np.ndarray  # the recorded rounds
+    pairs: tuple = ()  # joint runs: the pairs (i, j) whose per-seed differences are recorded
+    joint: bool = False  # algorithms of any structures, one carry each (fj.compare), not stacked
+    until_report: dict | None = None  # a precision-targeted run that stopped: why (config["until"])
+
+    @property
+    def num_configs(self) -> int:
+        """Rows of the recorded moments: the algorithms, then the pairs."""
+        return len(self.algorithms) + len(self.pairs)
 
 
-def _setup(run: Run, problem, algorithms: list[Algorithm]) -> _Setup:
+def _setup(run: Run, problem, algorithms: list[Algorithm], pairs: tuple | None = None) -> _Setup:
     dtype = problem.dtype
-    stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *algorithms)
+    if pairs is None:
+        stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *algorithms)
+    else:
+        stacked = tuple(jax.tree.map(np.asarray, a) for a in algorithms)
     theta_star = np.asarray(problem.theta_star, np.float64)
     scale = 1.0 + theta_star @ theta_star + np.sum((run.theta0 - theta_star) ** 2)
     devices = np.asarray(jax.devices())
@@ -213,7 +241,13 @@ def _setup(run: Run, problem, algorithms: list[Algorithm]) -> _Setup:
         theta0=put(run.theta0.astype(dtype)),
         threshold=put(np.asarray(min(run.divergence_threshold * scale, float(jnp.finfo(dtype).max)), dtype)),
     )
-    plan = _plan(problem, algorithms[0], run, num_configs=len(algorithms), num_devices=devices.size)
+    plan = _plan(
+        problem,
+        algorithms if pairs is not None else algorithms[:1],
+        run,
+        num_configs=len(algorithms),
+        num_devices=devices.size,
+    )
     if run.keep_seeds > plan.batch_size:
         _validate.fail(
             "keep_seeds",
@@ -234,16 +268,40 @@ def _setup(run: Run, problem, algorithms: list[Algorithm]) -> _Setup:
         num_devices=devices.size,
         codes=codes,
         rounds=recorded_rounds(run.num_rounds, run.record_every),
+        pairs=() if pairs is None else tuple(pairs),
+        joint=pairs is not None,
     )
 
 
 def execute(run: Run, problem, algorithms: list[Algorithm]) -> list[SimulationResult]:
     """Run algorithms of one structure (stacked along a config axis) on validated inputs."""
     setup = _setup(run, problem, algorithms)
+    tally = _tally(setup)
+    if run.until is not None:
+        setup = _stopped(setup, tally)
+    return _results(setup, tally)
+
+
+def execute_joint(
+    run: Run, problem, algorithms: list[Algorithm], pairs: tuple
+) -> tuple[list[SimulationResult], list[dict[str, np.ndarray]]]:
+    """Run algorithms of any structures together (:func:`fedsa_jax.compare`): each algorithm's result,
+    and for each pair ``(i, j)`` the finalized statistics (:func:`fedsa_jax.stats.finalize`) of the
+    per-seed differences of algorithm i's values (squared error, metrics) minus algorithm j's."""
+    setup = _setup(run, problem, algorithms, pairs)
+    tally = _tally(setup)
+    n = len(algorithms)
+    differences = [
+        finalize(merge([_config_moments(tally.done, n + p)]), run.num_seeds)  # pyright: ignore[reportArgumentType]
+        for p in range(len(pairs))
+    ]
+    return _results(setup, tally), differences
+
+
+def _tally(setup: _Setup) -> _Tally:
     with contextlib.ExitStack() as stack:  # holds the checkpoint's lock while the run uses it
         session = _CheckpointSession.open(stack, setup)
-        tally = _run_batches(setup, session)
-    return _results(setup, tally)
+        return _run_batches(setup, session)
 
 
 @dataclasses.dataclass
@@ -276,9 +334,43 @@ def _run_batches(setup: _Setup, session: _CheckpointSession | None) -> _Tally:
         disable=None if progress is None else not progress,
     )  # None: off unless a terminal
     for batch in range(tally.first_batch, plan.num_batches):
+        if _target_met(setup, tally, batch):
+            break
         _run_batch(setup, session, tally, batch, bar)
     bar.close()
     return tally
+
+
+def _target_met(setup: _Setup, tally: _Tally, batch: int) -> bool:
+    """Whether the precision target (``num_seeds=fj.until(...)``) is met once ``batch`` batches ran."""
+    until = setup.run.until
+    if until is None or batch == 0:
+        return False
+    seeds = setup.plan.seeds_done(batch - 1, setup.run.num_seeds)
+    stats = finalize(merge([_config_moments(tally.done, 0)]), seeds)  # pyright: ignore[reportArgumentType]
+    return seeds >= until.min_seeds and until.met(
+        setup.rounds, stats["val_mean"][:, 0], stats["val_sem"][:, 0]
+    )
+
+
+def _stopped(setup: _Setup, tally: _Tally) -> _Setup:
+    """A precision-targeted run's setup as the fixed-count run of the seeds it ran would have it, and
+    why it stopped (``config["until"]``)."""
+    until, batches = setup.run.until, len(tally.finals)
+    assert until is not None
+    seeds = setup.plan.seeds_done(batches - 1, setup.run.num_seeds)
+    met = _target_met(setup, tally, batches)
+    reason = {
+        "rel_sem": until.rel_sem,
+        "max_seeds": until.max_seeds,
+        "min_seeds": until.min_seeds,
+        "rounds": None if until.rounds is None else list(until.rounds),
+        "stopped": "target met" if met else "max_seeds",
+    }
+    run = dataclasses.replace(setup.run, num_seeds=seeds, until=None)
+    return dataclasses.replace(
+        setup, run=run, plan=setup.plan._replace(num_batches=batches), until_report=reason
+    )
 
 
 def _seed_batch(setup: _Setup, batch: int) -> SeedBatch:
@@ -292,21 +384,29 @@ def _run_batch(setup: _Setup, session: _CheckpointSession | None, tally: _Tally,
     """Seed batch ``batch`` from round 0 (or from its checkpoint) to the last round, chunk by chunk."""
     run, plan = setup.run, setup.plan
     seeds = _seed_batch(setup, batch)
-    carry, first = _kernel._start(setup.inputs, seeds, rec=setup.reduction, num_configs=len(setup.algorithms))
+    if setup.joint:
+        carry, first = _kernel._start_joint(setup.inputs, seeds, rec=setup.reduction, pairs=setup.pairs)
+    else:
+        carry, first = _kernel._start(
+            setup.inputs, seeds, rec=setup.reduction, num_configs=len(setup.algorithms)
+        )
     recorded = [jax.tree.map(lambda x: np.asarray(x)[:, None], first)]  # per chunk, (num_configs, rows, ...)
     restored = None if session is None or batch != tally.first_batch else session.restore(carry)
     if restored is not None:
         carry, recorded = restored
-        tally.resumed_from = {"seed_batch": batch, "round": int(carry.t[0])}
+        tally.resumed_from = {"seed_batch": batch, "round": _rounds_done(setup, carry)}
     elif run.on_record is not None:
         _report(setup, tally.done, batch, slice(0, 1), _concat(recorded))
     seeds_in_batch = plan.seeds_done(batch, run.num_seeds) - batch * plan.batch_size
-    t = int(carry.t[0])
+    t = _rounds_done(setup, carry)
     tally.seed_rounds_run += seeds_in_batch * (run.num_rounds - t)
     bar.update(batch * run.num_rounds + t - bar.n)
     while t < run.num_rounds:
         end = min(t + plan.chunk_rounds, run.num_rounds)
-        carry, buffer, filled = _kernel._advance(
+        advance = (
+            functools.partial(_kernel._advance_joint, pairs=setup.pairs) if setup.joint else _kernel._advance
+        )
+        carry, buffer, filled = advance(
             setup.inputs,
             seeds,
             carry,
@@ -326,9 +426,21 @@ def _run_batch(setup: _Setup, session: _CheckpointSession | None, tally: _Tally,
             rows_so_far = current.n_ok.shape[1]
             _report(setup, tally.done, batch, slice(rows_so_far - new_rows, rows_so_far), current)
     tally.done = _concat(recorded) if tally.done is None else merge([tally.done, _concat(recorded)])
-    tally.finals.append(_to_host(carry.states.theta)[:, :seeds_in_batch])
+    tally.finals.append(_final_thetas(setup, carry)[:, :seeds_in_batch])
     if session is not None:
         session.save(batch + 1, tally)
+
+
+def _rounds_done(setup: _Setup, carry) -> int:
+    """Rounds done by a batch's carry: a stacked :class:`Carry`, or a joint run's tuple of them."""
+    return int(np.asarray(carry[0].t if setup.joint else carry.t[0]))
+
+
+def _final_thetas(setup: _Setup, carry) -> np.ndarray:
+    """``(algorithms, padded seeds, d)``: every algorithm's last iterates of a batch."""
+    if setup.joint:
+        return np.stack([_to_host(c.states.theta) for c in carry])
+    return _to_host(carry.states.theta)
 
 
 def _global_array(values: np.ndarray, sharding) -> jax.Array:
@@ -373,7 +485,7 @@ def _report(setup: _Setup, done: Moments | None, batch: int, rows: slice, curren
                     m: (stats["val_mean"][:, j + 1], stats["val_sem"][:, j + 1])
                     for j, m in enumerate(metric_names)
                 },
-                counts=dict(zip(COUNT_NAMES, stats["counts"].T)),
+                counts=count_arrays(stats["counts"].T),
             )
         )
 
@@ -475,6 +587,7 @@ def _configuration_fingerprint(setup: _Setup) -> str:
         version=__version__,  # other statistics: refused
         metrics=[name for name, _ in run.metrics],
         keep_seeds=run.keep_seeds,
+        **({"pairs": [list(p) for p in setup.pairs]} if setup.joint else {}),  # joint runs only
     )
 
 
@@ -514,6 +627,8 @@ def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
     )
     # how this call ran: resumed from a checkpoint (batch, round) or None, and the seed-rounds it computed
     config["execution"].update(resumed_from=tally.resumed_from, seed_rounds_run=tally.seed_rounds_run)
+    if setup.until_report is not None:
+        config["until"] = setup.until_report
     return SimulationResult(
         rounds=setup.rounds,
         mse_mean=stats["val_mean"][:, 0],
@@ -532,7 +647,7 @@ def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
             )
             for j, m in enumerate(metric_names)
         },
-        **dict(zip(COUNT_NAMES, stats["counts"].T)),
+        **count_arrays(stats["counts"].T),
     )
 
 

@@ -87,7 +87,8 @@ def _draw(algorithm, problem, round_keys, t):
     return jax.vmap(algorithm.randomness, in_axes=(0, None))(keys, problem)
 
 
-def _moments(carry: Carry, problem, threshold, valid, rec: Reduction) -> Moments:
+def _values(carry: Carry, problem, rec: Reduction):
+    """Each seed's values ``(B, V)``: the squared error ``|theta - theta_star|^2`` and the metrics."""
     theta = carry.states.theta
     diff = theta - problem.theta_star
     error = getattr(carry.states, "error", None)  # theta - theta_star, accurate, where the state carries it
@@ -101,13 +102,16 @@ def _moments(carry: Carry, problem, threshold, valid, rec: Reduction) -> Moments
     for _, fn in rec.metrics:
         value = jax.vmap(fn, in_axes=(0, None, 0))(carry.states, problem, carry.info)
         columns.append(jnp.asarray(value, err.dtype))
-    values = jnp.stack(columns, axis=1)
+    return jnp.stack(columns, axis=1)
+
+
+def _moments(carry: Carry, problem, threshold, valid, rec: Reduction) -> Moments:
     return seed_moments(
-        theta,
+        carry.states.theta,
         problem.theta_star,
         threshold,
         valid,
-        values,
+        _values(carry, problem, rec),
         counters=carry.counters,
         quantiles=rec.quantiles,
         keep=rec.keep,
@@ -131,6 +135,32 @@ def _start_one(algorithm, theta0, threshold, *, inputs: KernelInputs, seeds: See
     return carry, _moments(carry, inputs.problem, threshold, seeds.valid, rec)
 
 
+def _round(algorithm, problem, round_keys, c: Carry) -> Carry:
+    """One communication round of every seed; the next round's random numbers drawn ahead."""
+    rand_next = _draw(algorithm, problem, round_keys, c.t + 1)
+    states, info = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(c.rand, c.states, problem)
+    counts = jnp.stack([getattr(info, f) for f in COUNT_FIELDS], axis=-1)
+    return Carry(states, add_counts(c.counters, counts), info, rand_next, c.t + 1)
+
+
+def _recording_loop(carry, one_round, stats, rounds_done, *, end_round, record_every, max_blocks):
+    """Run ``one_round`` until ``end_round``, recording ``stats(carry)`` after every multiple of
+    ``record_every`` and at ``end_round``: ``(carry, (max_blocks, ...) buffer, entries filled)``."""
+
+    def block(loop):
+        c, i, buf = loop
+        stop = jnp.minimum((rounds_done(c) // record_every + 1) * record_every, end_round)
+        c = jax.lax.while_loop(lambda c: rounds_done(c) < stop, one_round, c)
+        buf = jax.tree.map(lambda b, s: b.at[i].set(s), buf, stats(c))
+        return c, i + 1, buf
+
+    like = jax.eval_shape(stats, carry)
+    buf = jax.tree.map(lambda s: jnp.zeros((max_blocks,) + s.shape, s.dtype), like)
+    loop = (carry, jnp.int32(0), buf)
+    carry, filled, buf = jax.lax.while_loop(lambda l: rounds_done(l[0]) < end_round, block, loop)
+    return carry, buf, filled
+
+
 def _advance_one(
     carry: Carry,
     algorithm,
@@ -148,25 +178,15 @@ def _advance_one(
     problem, threshold, valid = inputs.problem, inputs.threshold, seeds.valid
     key = jax.random.wrap_key_data(inputs.key_data, impl="threefry2x32")
     _, round_keys = per_seed_keys(key, seeds.seed_ids)
-
-    def one_round(c: Carry) -> Carry:
-        rand_next = _draw(algorithm, problem, round_keys, c.t + 1)
-        states, info = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(c.rand, c.states, problem)
-        counts = jnp.stack([getattr(info, f) for f in COUNT_FIELDS], axis=-1)
-        return Carry(states, add_counts(c.counters, counts), info, rand_next, c.t + 1)
-
-    def block(loop):
-        c, i, buf = loop
-        stop = jnp.minimum((c.t // record_every + 1) * record_every, end_round)
-        c = jax.lax.while_loop(lambda c: c.t < stop, one_round, c)
-        stats = _moments(c, problem, threshold, valid, rec)
-        buf = jax.tree.map(lambda b, s: b.at[i].set(s), buf, stats)
-        return c, i + 1, buf
-
-    like = jax.eval_shape(lambda c: _moments(c, problem, threshold, valid, rec), carry)
-    buf = jax.tree.map(lambda s: jnp.zeros((max_blocks,) + s.shape, s.dtype), like)
-    carry, filled, buf = jax.lax.while_loop(lambda l: l[0].t < end_round, block, (carry, jnp.int32(0), buf))
-    return carry, buf, filled
+    return _recording_loop(
+        carry,
+        functools.partial(_round, algorithm, problem, round_keys),
+        lambda c: _moments(c, problem, threshold, valid, rec),
+        lambda c: c.t,
+        end_round=end_round,
+        record_every=record_every,
+        max_blocks=max_blocks,
+    )
 
 
 # Both kernels take algorithms stacked along a leading "config" axis (size 1 for
@@ -210,3 +230,112 @@ def _advance(
         rec=rec,
     )
     return jax.vmap(one)(carry, inputs.algorithms)
+
+
+# Joint runs (fj.compare): algorithms of any structures, one carry each, advanced round by round in
+# one loop, so that each round's per-seed values of every algorithm are at hand together and the
+# paired differences are reduced to moments in the kernel, like the algorithms' own values.
+
+
+def _joint_moments(carries, pairs, *, problem, threshold, valid, rec: Reduction) -> Moments:
+    """The moments of every algorithm, then of every pair ``(i, j)``'s per-seed differences
+    (values ``v_i - v_j``, theta ``theta_i - theta_j``), stacked along a leading config axis.
+
+    A pair's seed counts as diverged where either algorithm's seed did (its differences are NaN
+    there, so :func:`fedsa_jax.stats.seed_moments` leaves it out and counts it): the paired
+    statistics are over the seeds both algorithms kept."""
+    values = [_values(c, problem, rec) for c in carries]
+    parts = [
+        seed_moments(
+            c.states.theta,
+            problem.theta_star,
+            threshold,
+            valid,
+            v,
+            counters=c.counters,
+            quantiles=rec.quantiles,
+            keep=rec.keep,
+        )
+        for c, v in zip(carries, values)
+    ]
+    ok = [jnp.isfinite(v[:, 0]) & (v[:, 0] <= threshold) for v in values]
+    for i, j in pairs:
+        both = (ok[i] & ok[j])[:, None]
+        parts.append(
+            seed_moments(
+                carries[i].states.theta - carries[j].states.theta,
+                problem.theta_star,
+                jnp.inf,
+                valid,
+                jnp.where(both, values[i] - values[j], jnp.nan),
+                counters=jnp.zeros_like(carries[i].counters),
+                quantiles=rec.quantiles,
+                keep=rec.keep,
+            )
+        )
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
+
+
+@functools.partial(jax.jit, static_argnames=("rec", "pairs"))
+def _start_joint(inputs: KernelInputs, seeds: SeedBatch, *, rec: Reduction, pairs: tuple):
+    """Every algorithm's initial carry (a tuple) and the round-0 moments of the algorithms and pairs."""
+    global _num_traces
+    _num_traces += 1
+    carries = tuple(
+        _initial_carry(inputs.key_data, seeds.seed_ids, inputs.problem, a, inputs.theta0)
+        for a in inputs.algorithms
+    )
+    moments = _joint_moments(
+        carries,
+        pairs,
+        problem=inputs.problem,
+        threshold=inputs.threshold,
+        valid=seeds.valid,
+        rec=rec,
+    )
+    return carries, moments
+
+
+@functools.partial(jax.jit, static_argnames=("record_every", "max_blocks", "rec", "pairs"))
+def _advance_joint(
+    inputs: KernelInputs,
+    seeds: SeedBatch,
+    carries,
+    end_round,
+    *,
+    record_every: int,
+    max_blocks: int,
+    rec: Reduction,
+    pairs: tuple,
+):
+    """Every algorithm's rounds ``t .. end_round`` together: ``(carries, moments buffer, filled)`` with
+    the buffer's config axis first and ``filled`` of shape ``(1,)``, as :func:`_advance` returns them."""
+    global _num_traces
+    _num_traces += 1
+    problem = inputs.problem
+    key = jax.random.wrap_key_data(inputs.key_data, impl="threefry2x32")
+    _, round_keys = per_seed_keys(key, seeds.seed_ids)
+
+    def one_round(cs):
+        return tuple(_round(a, problem, round_keys, c) for a, c in zip(inputs.algorithms, cs))
+
+    def stats(cs):
+        return _joint_moments(
+            cs,
+            pairs,
+            problem=problem,
+            threshold=inputs.threshold,
+            valid=seeds.valid,
+            rec=rec,
+        )
+
+    carries, buf, filled = _recording_loop(
+        carries,
+        one_round,
+        stats,
+        lambda cs: cs[0].t,
+        end_round=end_round,
+        record_every=record_every,
+        max_blocks=max_blocks,
+    )
+    return carries, jax.tree.map(lambda b: jnp.moveaxis(b, 0, 1), buf), filled[None]

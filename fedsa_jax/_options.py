@@ -20,7 +20,7 @@ import numpy as np
 
 from fedsa_jax import _validate
 
-__all__ = ["Execution", "Record", "Recording"]
+__all__ = ["Execution", "Record", "Recording", "Until", "until"]
 
 MEMORY_BUDGET = 2 * 2**30  # default bytes for one seed batch's states, per device
 
@@ -131,3 +131,50 @@ def _group(name: str, cls: type, given: Any, flat: dict[str, Any]):
 
 def _is_default(value: Any, default: Any) -> bool:
     return value is default or (type(value) is type(default) and value == default)
+
+
+@dataclasses.dataclass(frozen=True)
+class Until:
+    """A precision target in place of a seed count (:func:`until`)."""
+
+    rel_sem: float
+    max_seeds: int
+    rounds: tuple[int, ...] | None = None
+    min_seeds: int = 64
+
+    def met(self, rounds: np.ndarray, mse_mean: np.ndarray, mse_sem: np.ndarray) -> bool:
+        """Whether ``mse_sem <= rel_sem * mse_mean`` at every round checked (``rounds``: the recorded ones;
+        a round whose MSE and standard error are both 0, such as a fixed start, meets any target)."""
+        checked = np.ones(len(rounds), bool) if self.rounds is None else np.isin(rounds, self.rounds)
+        m, s = mse_mean[checked], mse_sem[checked]
+        return bool(np.all((s <= self.rel_sem * m) | ((s == 0) & (m == 0))))
+
+
+def until(
+    rel_sem: float = 0.01, max_seeds: int = 1_000_000, rounds=None, min_seeds: int | None = None
+) -> Until:
+    """``num_seeds=fj.until(...)``: run seed batches until the MSE's relative standard error
+    ``mse_sem / mse_mean`` is at most ``rel_sem`` at every recorded round (or at the recorded rounds
+    ``rounds`` only), with at least ``min_seeds`` (default ``min(64, max_seeds)``) and at most
+    ``max_seeds`` seeds.
+
+    The check happens after each seed batch (``seed_batch_size``; by default ``max_seeds / 64``, at
+    least ``min_seeds``, at most what fits in memory; ``res.config["execution"]["seed_batch_size"]``).
+    Seed batches are prefixes of the seed axis (seed ``i`` depends only on ``(key, i)`` and batches
+    are merged in order), so the result is the fixed-count run with ``res.num_seeds`` seeds and the
+    same ``seed_batch_size``, bitwise; ``res.config["until"]`` says why it stopped (``"target met"``
+    or ``"max_seeds"``). Stopping on an estimated standard error biases the estimate a little
+    towards runs whose spread looked small; ``min_seeds`` (and batches of some hundreds of seeds)
+    keeps that well below the standard error.
+    """
+    rel = _validate.real("rel_sem", rel_sem, low=0.0, low_open=True)
+    most = _validate.integer("max_seeds", max_seeds, 2, 2**31 - 1)
+    least = min(64, most) if min_seeds is None else _validate.integer("min_seeds", min_seeds, 2, most)
+    if rounds is not None:
+        values = np.atleast_1d(np.asarray(rounds))
+        if values.ndim != 1 or values.size == 0 or values.dtype.kind not in "iu" or np.any(values < 0):
+            _validate.fail(
+                "rounds", rounds, "expected None or a non-empty list of recorded rounds (integers >= 0)"
+            )
+        rounds = tuple(int(r) for r in values)
+    return Until(rel_sem=rel, max_seeds=most, rounds=rounds, min_seeds=least)

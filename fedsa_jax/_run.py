@@ -16,9 +16,10 @@ import numpy as np
 
 from fedsa_jax import _io, _paths, _validate, metrics as metrics_mod, optim
 from fedsa_jax._digest import code_digest
-from fedsa_jax._options import Execution, Recording
-from fedsa_jax.algorithms._base import Algorithm, RoundInfo
+from fedsa_jax._options import Execution, Recording, Until
+from fedsa_jax.algorithms._base import Algorithm, RoundInfo, check_clients_per_round
 from fedsa_jax.problems import missing_members
+from fedsa_jax.result import recorded_rounds
 
 __all__ = ["Run", "run_code", "validate_run"]
 
@@ -43,6 +44,7 @@ class Run:
     on_record: Callable | None
     execution: Execution
     code: str  # run_code(problem, algorithm, metrics)
+    until: Until | None = None  # num_seeds=fj.until(...): num_seeds is then its max_seeds
 
 
 def run_code(problem, algorithm: Algorithm, metrics) -> str:
@@ -78,12 +80,19 @@ def validate_run(
             type(algorithm).__name__,
             "expected an fj.Algorithm (fj.fedlsa, fj.scafflsa, fj.qfedtd, ... or your own)",
         )
+    until = num_seeds if isinstance(num_seeds, Until) else None
+    if until is not None:
+        num_seeds = until.max_seeds
     num_rounds, num_seeds, record_every = _check_counts(num_rounds, num_seeds, recording.record_every)
+    _check_until(until, num_rounds, record_every)
     threshold = _check_threshold(divergence_threshold)
     _check_execution(execution)
     quantiles = _check_quantiles(recording.quantiles, num_records(num_rounds, record_every))
     theta0 = _check_theta0(theta0, problem.dim)
     algorithm.channel.quantizer.check_dim(problem.dim)
+    check_clients_per_round(algorithm.config, problem.num_agents)
+    if getattr(algorithm.config, "downlink", None) is not None:  # a compressed downlink
+        algorithm.config.downlink.quantizer.check_dim(problem.dim)
     _check_underflow(algorithm, problem.dtype)
     optim.check_run(algorithm, num_rounds, problem.dtype)
     metrics = metrics_mod.resolve(recording.metrics)
@@ -109,7 +118,22 @@ def validate_run(
         on_record=recording.on_record,
         execution=execution,
         code=run_code(problem, algorithm, metrics),
+        until=until,
     )
+
+
+def _check_until(until: Until | None, num_rounds: int, record_every: int) -> None:
+    """The rounds a precision target names must be recorded rounds."""
+    if until is None or until.rounds is None:
+        return
+    recorded = set(recorded_rounds(num_rounds, record_every).tolist())
+    missing = [r for r in until.rounds if r not in recorded]
+    if missing:
+        _validate.fail(
+            "until.rounds",
+            list(until.rounds),
+            f"round {missing[0]} is not recorded (record_every={record_every}, num_rounds={num_rounds})",
+        )
 
 
 def _check_counts(num_rounds, num_seeds, record_every) -> tuple[int, int, int]:

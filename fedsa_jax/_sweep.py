@@ -41,7 +41,7 @@ import numpy as np
 from fedsa_jax import _checkpoint, _io, _paths, _validate
 from fedsa_jax._driver import execute
 from fedsa_jax._io import DamagedFileError
-from fedsa_jax._options import Execution, Recording, grouped
+from fedsa_jax._options import Execution, Recording, Until, grouped
 from fedsa_jax._run import Run, validate_run
 from fedsa_jax.result import SimulationResult, load
 
@@ -193,6 +193,8 @@ class _Settings:
 
     def run(self, config: Mapping[str, Any], problem, algorithm) -> Run:
         """The validated run of one configuration."""
+        if isinstance(self.num_seeds, Until):  # the configurations of a group would stop at one count
+            _validate.fail("num_seeds", self.num_seeds, "expected a count; fj.until(...) is for fj.simulate")
         every = _per_config(self.recording.record_every, config)
         recording = dataclasses.replace(self.recording, record_every=every)
         return validate_run(

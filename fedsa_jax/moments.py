@@ -21,8 +21,11 @@ one local step (``local_updates``)           :func:`local_step`: ``loc_c <- (I -
                                              - eta rho_c + eta xi_c + w_c``, w_c from the problem's
                                              ``noise_second_moment()`` or ``finite_support()``
 ``server_update`` (+ the channel)            :func:`aggregate`: ``a <- ref + sum_c E[w_c](loc_c - ref)``;
-                                             erasure weights and quantizer noise enter S exactly
+                                             erasure weights and quantizer noise enter S exactly;
+                                             error feedback's memory: :func:`channel_memory`
 ``control_variate_update``                   ``aggregate(..., control_variates="xi", denominator=...)``
+a compressed downlink (``broadcast`` of        :func:`downlink_blocks`, :func:`downlink` (``hat <- hat +
+:mod:`fedsa_jax.channel.downlink`)           C(theta - hat)``), :func:`shift`; agents start from hat
 ``fj.optim.server_step``                     :func:`server_step` (an affine optax optimizer, probed)
 a coin (communicate with probability p)      :func:`coin`
 ``fj.averaged``                              :func:`averaging`
@@ -79,10 +82,14 @@ __all__ = [
     "averaging",
     "broadcast",
     "chain",
+    "channel_memory",
     "coin",
+    "downlink",
+    "downlink_blocks",
     "local_step",
     "recursion_of",
     "server_step",
+    "shift",
 ]
 
 MAX_AUGMENTED_DIM = 2000
@@ -340,12 +347,16 @@ class Aggregation(Affine):
         iterates: str,
         control_variates: str | None,
         denominator: float | None,
+        clients_per_round: int | None = None,
     ):
         self.channel, self.reference, self.into, self.iterates = channel, reference, into, iterates
         self.control_variates, self.denominator = control_variates, denominator
         channel.quantizer.check_dim(y.d)
-        self.w_server = y.memo(("weights", id(channel)), lambda: _expected_weights(channel, y.N))[0]
-        key = ("aggregate", reference, into, iterates, control_variates, denominator)
+        self.m = _cohort_size(clients_per_round, y.N)
+        self.w_server = y.memo(
+            ("weights", id(channel), self.m), lambda: _expected_weights(channel, y.N, self.m)
+        )[0]
+        key = ("aggregate", reference, into, iterates, control_variates, denominator, self.m)
         super().__init__(y, self._build, key)
 
     def _build(self) -> np.ndarray:
@@ -360,7 +371,7 @@ class Aggregation(Affine):
         if self.control_variates:
             denominator: Any = self.denominator  # given with control_variates
             _control_variate_rows(
-                L, y[self.control_variates], y[self.iterates], ref, self.channel, y.N, denominator
+                L, y[self.control_variates], y[self.iterates], ref, self.channel, y.N, denominator, self.m
             )
         return L
 
@@ -370,10 +381,10 @@ class Aggregation(Affine):
 
         def build():
             quant = _quantizer_covariance(ch.quantizer, y.d)
-            c_same, c_other = _weight_covariance(ch, y.N)
-            return c_same, c_other, c_same + _server_weight(ch, y.N) ** 2, quant
+            c_same, c_other = _weight_covariance(ch, y.N, self.m)
+            return c_same, c_other, c_same + _server_weight(ch, y.N, self.m) ** 2, quant
 
-        return y.memo(("channel", id(ch)), build)
+        return y.memo(("channel", id(ch), self.m), build)
 
     @property
     def noiseless(self) -> bool:
@@ -409,14 +420,184 @@ class Aggregation(Affine):
                 - np.transpose(cross, (2, 0, 1))[None]
                 + S[ref, ref][None, :, None, :]
             )
-            diag_sum = np.einsum("cicj->ij", M)
-            extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
-            extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
+            if self.control_variates:  # a cohort's random weights move the control variates too
+                rows = np.concatenate([y.indices(self.into), y.indices(self.control_variates)])
+                extra = _cohort_control_variate_noise(self, M)
+            else:
+                diag_sum = np.einsum("cicj->ij", M)
+                extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
+                extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
         S = conjugate(self.mean(), S)
-        if extra is not None:  # the channel's noise enters the aggregate
+        if extra is not None and self.control_variates:
+            S[np.ix_(rows, rows)] += extra
+        elif extra is not None:  # the channel's noise enters the aggregate
             into = y[self.into]
             S[into, into] += extra
         return S
+
+
+def channel_memory(y: Augmented, channel, name: str = "mem") -> None:
+    """The senders' error-feedback memory as a carried per-agent block ``name`` (EF14's ``e_c``,
+    EF21's ``g_c``, 0 at start), added only when ``channel.error_feedback`` is set: call it with the
+    other blocks, before :func:`aggregate` reads it."""
+    if channel.error_feedback is not None:
+        y.add(name, per_agent=True, carried=True)
+
+
+class CompressedAggregation(Affine):
+    """The aggregate through a compressor that is a random linear map ``C(x) = M_c x`` (rand-k,
+    ``M_c`` a random diagonal independent of everything else), with or without error feedback,
+    erasures ``delta_c ~ Bernoulli(p)`` and ``"divide_by_n"`` (:func:`aggregate`).
+
+    With ``x_c`` what agent c compresses (``m_c``, ``m_c + e_c`` or ``m_c - g_c``, ``m_c = loc_c -
+    ref``) and ``r_c = delta_c M_c x_c`` what arrives, the round is
+
+        no EF, EF14:  a <- ref + (1/N) sum_c r_c;      EF14: e_c <- e_c + delta_c m_c - r_c,
+        EF21:         a <- ref + (1/N) sum_c (g_c + r_c),     g_c <- g_c + r_c,
+
+    linear in Y given ``(delta_c, M_c)``, independent across agents. So ``Y' = L Y + sum_c z_c`` with
+    ``L`` the mean map (``E[M] = mu I``, ``E[delta] = p``) and ``z_c`` of mean zero given Y,
+    uncorrelated across agents: ``E[Y' Y'^T] = L S L^T + sum_c E[z_c z_c^T]``, where
+    ``E[r r^T] = p W (.) E[x x^T]`` (``W_ij = E[M_ii M_jj]``), ``E[r (delta m)^T] = p mu E[x m^T]``
+    and ``E[delta m m^T] = p E[m m^T]``."""
+
+    noiseless = False
+
+    def __init__(self, y: Augmented, channel, reference, into, iterates, control_variates, memory):
+        q, ef = channel.quantizer, channel.error_feedback
+        what = "a biased compressor" if ef is None else f"error feedback ({ef})"
+        if control_variates is not None:
+            _validate.fail(
+                "algorithm",
+                channel.describe(),
+                f"exact recursions with {what} cover algorithms without control variates only",
+            )
+        if not q.linear:
+            _validate.fail(
+                "quantizer",
+                q.describe(),
+                f"exact recursions with {what} need a compressor that is a random linear map of the "
+                "message (rand_k(k), scaled or not)",
+            )
+        if channel.aggregation != "divide_by_n":
+            _validate.fail(
+                "aggregation", channel.aggregation, f"exact recursions with {what} need 'divide_by_n'"
+            )
+        if ef is not None and memory not in y:
+            _validate.fail(
+                "memory",
+                memory,
+                "error feedback needs the memory block: call fj.theory.channel_memory(y, channel) first",
+            )
+        q.check_dim(y.d)
+        self.channel, self.reference, self.into, self.iterates = channel, reference, into, iterates
+        self.memory = memory  # read only with error feedback
+        self.p = float(channel.success_prob)
+        d, k = y.d, q.k
+        scale = 1.0 if q.unscaled else d / k
+        self.mu = scale * k / d
+        off = scale * scale * k * (k - 1) / (d * (d - 1)) if d > 1 else 0.0
+        self.W = np.full((d, d), off)
+        np.fill_diagonal(self.W, scale * scale * k / d)
+        super().__init__(y, self._build, ("compressed", reference, into, iterates, memory, id(channel)))
+
+    def _operators(self, c: int):
+        """``(P, Pm, U, V)``: ``x_c = P Y``, ``m_c = Pm Y`` (d, D); ``U``, ``V`` (D, d) place ``r_c``
+        and ``delta_c m_c`` into Y'."""
+        y, ef = self.y, self.channel.error_feedback
+        I = np.eye(y.d)
+        Pm = np.zeros((y.d, y.D))
+        Pm[:, y[self.iterates][c]] += I
+        Pm[:, y[self.reference]] -= I
+        P, U, V = Pm.copy(), np.zeros((y.D, y.d)), np.zeros((y.D, y.d))
+        U[y[self.into]] = I / y.N
+        if ef is not None:
+            mem = y[self.memory][c]
+            P[:, mem] += I if ef == "ef14" else -I
+            U[mem] = -I if ef == "ef14" else I
+            if ef == "ef14":
+                V[mem] = I
+        return P, Pm, U, V
+
+    def _build(self) -> np.ndarray:
+        y, p, mu = self.y, self.p, self.mu
+        L = np.eye(y.D)
+        into = y[self.into]
+        L[into] = 0.0
+        L[into, y[self.reference]] = np.eye(y.d)
+        for c in range(y.N):
+            P, Pm, U, V = self._operators(c)
+            L += p * mu * U @ P + p * V @ Pm
+            if self.channel.error_feedback == "ef21":
+                L[into, y[self.memory][c]] += np.eye(y.d) / y.N
+        return L
+
+    def second(self, S: np.ndarray, conjugate) -> np.ndarray:
+        y, p, mu = self.y, self.p, self.mu
+        ops = y.memo(("compressed ops", self.key), lambda: [self._operators(c) for c in range(y.N)])
+        extra = np.zeros_like(S)
+        for P, Pm, U, V in ops:
+            X = P @ S @ P.T
+            noise = U @ (p * self.W * X - (p * mu) ** 2 * X) @ U.T
+            if self.channel.error_feedback == "ef14":
+                B = (p * mu - p * p * mu) * (P @ S @ Pm.T)
+                noise += U @ B @ V.T + V @ B.T @ U.T + (p - p * p) * V @ (Pm @ S @ Pm.T) @ V.T
+            extra += noise
+        return conjugate(self.mean(), S) + extra
+
+
+class Downlink(Affine):
+    """The server's broadcast to the agents' copy (:func:`downlink`): ``hat <- hat + M x`` with
+    ``x = target - hat``, ``M`` the compressor's random
+    diagonal (rand-k, scaled or not; ``E[M] = mu I``, ``E[M_ii M_jj] = W_ij``), independent of
+    everything else. ``Y' = A Y + U M P Y`` (``x = P Y``): mean map ``A + mu U P``, noise
+    ``U (W (.) X - mu^2 X) U^T`` with ``X = P S P^T``. The identity is ``hat <- target``, no noise."""
+
+    def __init__(self, y: Augmented, channel, target: str, hat: str):
+        q = channel.quantizer
+        if q.kind != "identity" and not q.linear:
+            _validate.fail(
+                "downlink",
+                channel.describe(),
+                "exact recursions need a downlink compressor that is a random linear map of the "
+                "difference (identity() or rand_k(k), scaled or not): "
+                f"{q.kind} is not",
+            )
+        q.check_dim(y.d)
+        self.channel, self.target, self.hat = channel, target, hat
+        d = y.d
+        if q.kind == "identity":
+            self.mu, self.W = 1.0, np.ones((d, d))
+        else:
+            scale = 1.0 if q.unscaled else d / q.k
+            self.mu = scale * q.k / d
+            off = scale * scale * q.k * (q.k - 1) / (d * (d - 1)) if d > 1 else 0.0
+            self.W = np.full((d, d), off)
+            np.fill_diagonal(self.W, scale * scale * q.k / d)
+        self.noiseless = q.kind == "identity"
+        super().__init__(y, self._build, ("downlink", target, hat, id(channel)))
+
+    def _operators(self):
+        """``(A, P, U)``: ``x = P Y`` (d, D), ``Y' = A Y + U r`` with ``r = M x``."""
+        y, I = self.y, np.eye(self.y.d)
+        P = np.zeros((y.d, y.D))
+        P[:, y[self.target]] += I
+        P[:, y[self.hat]] -= I
+        A, U = np.eye(y.D), np.zeros((y.D, y.d))
+        U[y[self.hat]] = I
+        return A, P, U
+
+    def _build(self) -> np.ndarray:
+        A, P, U = self._operators()
+        return A + self.mu * U @ P
+
+    def second(self, S: np.ndarray, conjugate) -> np.ndarray:
+        out = conjugate(self.mean(), S)
+        if self.noiseless:
+            return out
+        _, P, U = self.y.memo(("downlink ops", self.key), self._operators)
+        X = P @ S @ P.T
+        return out + U @ (self.W * X - self.mu**2 * X) @ U.T
 
 
 class Coin:
@@ -501,15 +682,51 @@ def aggregate(
     iterates: str = "loc",
     control_variates: str | None = None,
     denominator: float | None = None,
-) -> Aggregation:
+    clients_per_round: int | None = None,
+    memory: str = "mem",
+) -> Affine:
     """``server_update`` through ``channel``: ``into <- reference + sum_c w_c q(m_c)``,
     ``m_c = iterates_c - reference``, with the channel's random weights (erasures, either
     aggregation rule) and quantizer (unbiased; for second moments identity or rand-k).
 
     ``control_variates``: also ``control_variate_update`` of that per-agent block in the same map,
     ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator`` (its mean;
-    exact second moments with an exact channel only)."""
-    return Aggregation(y, channel, reference, into, iterates, control_variates, denominator)
+    exact second moments with an exact channel only).
+
+    ``clients_per_round = m``: only a cohort S of m agents, drawn uniformly without replacement
+    and independently of the state, sends; R becomes ``S ∩ R`` and the weights are ``1/m``
+    (``"divide_by_n"``) or ``1/|S ∩ R|`` on it. Their moments follow from ``P(c in S) = m/N``,
+    ``P(c, j in S) = m(m-1)/(N(N-1))`` (and so on for more agents) with the erasures independent
+    of S. The agents outside S may be modelled as running their local steps too: their work is
+    not read (the next :func:`broadcast` overwrites it), and their control variates do not move.
+    None or N: every agent (the same maps as without the argument).
+
+    A biased compressor that is a random linear map of the message (unscaled rand-k), and error
+    feedback (EF14, EF21, its memory in the block ``memory``, see :func:`channel_memory`) with one
+    (rand-k, scaled or not), are exact too (``"divide_by_n"``, no control variates): the round stays
+    linear in Y given the round's randomness (:class:`CompressedAggregation`). Top-k and scaled sign
+    are refused: they are not linear in the message."""
+    q = channel.quantizer
+    if q.kind in ("top_k", "scaled_sign"):
+        name = q.kind.replace("_", "-")
+        _validate.fail(
+            "quantizer",
+            q.describe(),
+            f"{name} is not linear in the message (C(x) != M x with M independent of x): "
+            "no exact moment recursion, with or without error feedback",
+        )
+    if channel.error_feedback is None and (q.unbiased or not q.linear):  # the second refused there
+        return Aggregation(
+            y, channel, reference, into, iterates, control_variates, denominator, clients_per_round
+        )
+    if _cohort_size(clients_per_round, y.N) is not None:
+        _validate.fail(
+            "clients_per_round",
+            clients_per_round,
+            "no exact recursion for a cohort with a biased compressor or error feedback (simulate it; "
+            f"None or N = {y.N} here)",
+        )
+    return CompressedAggregation(y, channel, reference, into, iterates, control_variates, memory)
 
 
 def server_step(y: Augmented, server_optimizer, reference: str = "theta"):
@@ -542,6 +759,27 @@ def server_step(y: Augmented, server_optimizer, reference: str = "theta"):
         return L
 
     return "agg", Affine(y, build, ("optimizer", reference))
+
+
+def downlink_blocks(y: Augmented, channel, hat: str = "hat") -> None:
+    """The downlink's block (``channel`` not None): the agents' copy of the model ``hat`` (carried,
+    starting at ``theta_0``)."""
+    y.add(hat, initial=START, carried=True)
+
+
+def downlink(y: Augmented, channel, target: str = "theta", hat: str = "hat") -> Affine:
+    """The server's broadcast of ``target`` through a compressed downlink
+    (:func:`fedsa_jax.channel.broadcast`): ``hat <- hat + C(target - hat)``. Exact for the identity
+    (``hat <- target``) and a compressor that is a random linear map (rand-k, scaled or not); others
+    are refused (:class:`Downlink`). Agents then start from ``hat``: :func:`broadcast` with
+    ``source=hat``."""
+    return Downlink(y, channel, target, hat)
+
+
+def shift(y: Augmented, into: str, sent: str, reference: str = "hat", base: str = "theta") -> Affine:
+    """``into <- base + sent - reference``: an aggregate ``sent`` of the messages taken against the
+    agents' copy ``reference`` moves the server's own model ``base`` (a compressed downlink)."""
+    return assign(y, **{into: {base: 1.0, sent: 1.0, reference: -1.0}})
 
 
 def coin(p: float, phase) -> Coin:
@@ -681,29 +919,59 @@ def _binomial_inverse_mean(n: int, p: float, shift: int, power: int = 1) -> floa
     return float(np.sum(np.exp(log_pmf) / (shift + k) ** power))
 
 
-def _server_weight(channel, N: int) -> float:
-    """``E[w_c]``: ``p / N`` (``"divide_by_n"``) or ``E[1{c in R} / |R|] = (1 - (1 - p)^N) / N``."""
+def _cohort_size(clients_per_round, N: int) -> int | None:
+    """The cohort size m when ``clients_per_round < N`` (None: every agent); refuses m > N."""
+    if clients_per_round is None:
+        return None
+    m = _validate.integer("clients_per_round", clients_per_round)
+    if m > N:
+        _validate.fail("clients_per_round", m, f"expected at most N = {N} (the problem's agents)")
+    return None if m == N else m
+
+
+def _inclusion(channel, N: int, m: int, s: int, power: int) -> float:
+    """``E[1{s given agents in K} / |K|^power]`` for the senders ``K = S ∩ R``: S a uniform cohort
+    of m of the N agents (``P(s given in S) = prod_{i<s} (m - i)/(N - i)``), R independent
+    erasures of success probability p (``|K| - s ~ Binomial(m - s, p)`` given the s in K)."""
+    if s > m:
+        return 0.0
     p = float(channel.success_prob)
+    chosen = float(np.prod([(m - i) / (N - i) for i in range(s)])) * p**s
+    return chosen if power == 0 else chosen * _binomial_inverse_mean(m - s, p, s, power)
+
+
+def _server_weight(channel, N: int, m: int | None = None) -> float:
+    """``E[w_c]``: ``p / N`` (``"divide_by_n"``) or ``E[1{c in R} / |R|] = (1 - (1 - p)^N) / N``;
+    with a cohort of m agents ``p / N`` or ``E[1{c in S ∩ R} / |S ∩ R|]``."""
+    p = float(channel.success_prob)
+    if m is not None:
+        by_n = channel.aggregation == "divide_by_n"
+        return _inclusion(channel, N, m, 1, 0) / m if by_n else _inclusion(channel, N, m, 1, 1)
     return p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N
 
 
-def _expected_weights(channel, N: int) -> tuple[float, float, float]:
-    """``E[w_c]``, ``E[1{c in R} / |R|]`` and ``E[1{c, j in R} / |R|]`` (j != c)."""
+def _expected_weights(channel, N: int, m: int | None = None) -> tuple[float, float, float]:
+    """``E[w_c]``, ``E[1{c in R} / |R|]`` and ``E[1{c, j in R} / |R|]`` (j != c); with a cohort
+    of m agents R is ``S ∩ R``."""
     if not channel.quantizer.unbiased:
         _validate.fail(
             "quantizer", channel.quantizer.describe(), "exact recursions need an unbiased quantizer"
         )
+    if m is not None:
+        same, other = _inclusion(channel, N, m, 1, 1), _inclusion(channel, N, m, 2, 1)
+        return _server_weight(channel, N, m), same, other
     p = float(channel.success_prob)
     same = p * _binomial_inverse_mean(N - 1, p, 1)
     other = p * p * _binomial_inverse_mean(N - 2, p, 2) if N > 1 else 0.0
     return _server_weight(channel, N), same, other
 
 
-def _control_variate_rows(L, xi, loc, ref, channel, N: int, denominator: float) -> None:
+def _control_variate_rows(L, xi, loc, ref, channel, N: int, denominator: float, m: int | None = None) -> None:
     """Adds to ``L`` the mean control-variate step on the messages ``m_j = Y[loc_j] - Y[ref]``:
-    ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator``."""
-    _, w_same, w_other = _expected_weights(channel, N)
-    p = float(channel.success_prob)
+    ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator`` (R: ``S ∩ R``
+    with a cohort of m agents)."""
+    _, w_same, w_other = _expected_weights(channel, N, m)
+    p = float(channel.success_prob) if m is None else _inclusion(channel, N, m, 1, 0)
     I = np.eye(xi[0].stop - xi[0].start)
     for c in range(N):
         for j in range(N):
@@ -893,8 +1161,14 @@ def _quantizer_covariance(quantizer, d: int):
     )
 
 
-def _weight_covariance(channel, N: int) -> tuple[float, float]:
-    """``Cov(w_c, w_c)`` and ``Cov(w_c, w_j)`` (j != c) of the random aggregation weights."""
+def _weight_covariance(channel, N: int, m: int | None = None) -> tuple[float, float]:
+    """``Cov(w_c, w_c)`` and ``Cov(w_c, w_j)`` (j != c) of the random aggregation weights (with a
+    cohort of m agents: ``w_c = 1{c in S ∩ R} / m`` or ``/ |S ∩ R|``)."""
+    if m is not None:
+        power, scale = (0, 1.0 / m) if channel.aggregation == "divide_by_n" else (1, 1.0)
+        mean = scale * _inclusion(channel, N, m, 1, power)
+        same = scale**2 * _inclusion(channel, N, m, 1, 2 * power) - mean**2
+        return same, scale**2 * _inclusion(channel, N, m, 2, 2 * power) - mean**2
     p = float(channel.success_prob)
     if not channel.erasures or p == 1.0:
         return 0.0, 0.0
@@ -904,3 +1178,53 @@ def _weight_covariance(channel, N: int) -> tuple[float, float]:
     same = p * _binomial_inverse_mean(N - 1, p, 1, 2) - mean**2
     other = (p * p * _binomial_inverse_mean(N - 2, p, 2, 2) if N > 1 else 0.0) - mean**2
     return same, other
+
+
+def _cohort_control_variate_noise(phase: Aggregation, M: np.ndarray) -> np.ndarray:
+    """The second moment a cohort's random weights add to the rows ``Z = (into, xi_1..xi_N)`` of an
+    aggregation with control variates (exact channel). On Z the phase is ``Z <- Z_0 + sum_j C_j
+    m_j`` with random scalars ``C_j[0] = w_j`` and ``C_j[1 + c] = (1{c, j in S}/m - 1{c = j in
+    S}) / denominator``, independent of the state, so ``E[Z Z^T]`` exceeds the mean map's by
+    ``sum_{j,k} Cov(C_j, C_k) (x) E[m_j m_k^T]``; ``M (N, d, N, d)`` holds ``E[m_j m_k^T]``."""
+    y, N, d = phase.y, phase.y.N, phase.y.d
+
+    def build():
+        return _coefficient_covariance(phase.channel, N, phase.m, float(phase.denominator))  # pyright: ignore[reportArgumentType]
+
+    cov = y.memo(("cohort noise", id(phase.channel), phase.m, phase.denominator), build)
+    return np.einsum("ajbk,jxky->axby", cov, M).reshape((N + 1) * d, (N + 1) * d)
+
+
+def _coefficient_covariance(channel, N: int, m: int, denominator: float) -> np.ndarray:
+    """``Cov(C_j[a], C_k[b])`` ``(N + 1, N, N + 1, N)`` for :func:`_cohort_control_variate_noise`. Each
+    coefficient is a sum of monomials ``coef prod_{i in A} 1{i in K} / |K|^power`` (K the senders), and
+    a product of two is the monomial of the union: its mean is :func:`_inclusion`."""
+    by_n = channel.aggregation == "divide_by_n"
+
+    def monomials(a: int, j: int) -> list:
+        if a == 0:  # the server weight w_j
+            return [({j}, 0, 1.0 / m)] if by_n else [({j}, 1, 1.0)]
+        c = a - 1
+        out = [({c, j}, 1, 1.0 / denominator)]
+        return out + [({j}, 0, -1.0 / denominator)] if c == j else out
+
+    moment = {}
+
+    def mean(size: int, power: int) -> float:
+        if (size, power) not in moment:
+            moment[size, power] = _inclusion(channel, N, m, size, power)
+        return moment[size, power]
+
+    terms = [[monomials(a, j) for j in range(N)] for a in range(N + 1)]
+    first = np.array([[sum(co * mean(len(A), pw) for A, pw, co in t) for t in row] for row in terms])
+    second = np.empty((N + 1, N, N + 1, N))
+    for a in range(N + 1):
+        for j in range(N):
+            for b in range(N + 1):
+                for k in range(N):
+                    second[a, j, b, k] = sum(
+                        c1 * c2 * mean(len(A1 | A2), p1 + p2)
+                        for A1, p1, c1 in terms[a][j]
+                        for A2, p2, c2 in terms[b][k]
+                    )
+    return second - first[:, :, None, None] * first[None, None, :, :]

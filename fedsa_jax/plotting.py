@@ -28,16 +28,32 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.result import X_AXES, SimulationResult
 
-__all__ = ["plot_final_mse_vs_agents", "plot_mse", "plot_sweep"]
+__all__ = ["plot_difference", "plot_final_mse_vs_agents", "plot_mse", "plot_sweep"]
 
 _BAND_Z = 2.0  # standard-error bands are mean +- 2 standard errors
-_BANDS = ("sem", "quantiles", None)
+_BANDS = ("sem", "quantiles", "t", "bootstrap", None)
+_BAND_NOTES = {  # the legend's title
+    "sem": rf"mean $\pm$ {_BAND_Z:g} s.e.",
+    "quantiles": "mean; 5-95%, 25-75% of seeds",
+    "t": "mean; 95% t interval",
+    "bootstrap": "mean; 95% BCa bootstrap interval",
+    None: "mean",
+}
 _X_LABELS = {
     "rounds": "communication round $t$",
     "communications": "uplink messages (all agents)",
     "samples": "observations drawn (all agents)",
     "bits_sent": "uplink bits sent (all agents)",
     "bits_delivered": "uplink bits delivered (all agents)",
+    "uplink_bits_sent": "uplink bits sent (all agents)",
+    "uplink_bits_delivered": "uplink bits delivered (all agents)",
+    "downlink_bits_sent": "downlink bits sent (to all agents)",
+    "downlink_bits_delivered": "downlink bits delivered (to all agents)",
+}
+# bits_sent and bits_delivered are uplink plus downlink: so labelled when a result has downlink bits
+_TOTAL_LABELS = {
+    "bits_sent": "bits sent, uplink + downlink (all agents)",
+    "bits_delivered": "bits delivered, uplink + downlink (all agents)",
 }
 MSE_LABEL = r"$\mathbb{E}\,\|\theta_t - \theta_\star\|^2$"
 
@@ -51,21 +67,6 @@ def _axes(ax, figsize=(6.4, 4.2)):
 
 def _tiny(y):
     return np.maximum(y, np.finfo(float).tiny)
-
-
-def _draw_band(ax, band, label, xs, mean, sem, q, color, logy) -> None:
-    """The shaded band of one result: mean +- 2 s.e. (``"sem"``), the seeds' 5-95 % and 25-75 %
-    ranges (``"quantiles"``) or none."""
-    if band == "sem":
-        lower = mean - _BAND_Z * sem
-        ax.fill_between(
-            xs, _tiny(lower) if logy else lower, mean + _BAND_Z * sem, color=color, alpha=0.25, lw=0
-        )
-    elif band == "quantiles":
-        if np.all(np.isnan(q)):
-            _validate.fail("band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))")
-        ax.fill_between(xs, q[:, 0], q[:, 4], color=color, alpha=0.12, lw=0)
-        ax.fill_between(xs, q[:, 1], q[:, 3], color=color, alpha=0.22, lw=0)
 
 
 def plot_mse(
@@ -90,7 +91,8 @@ def plot_mse(
       x: ``"rounds"``, ``"communications"`` (t N), ``"samples"`` (t N H skip),
         ``"bits_sent"`` or ``"bits_delivered"`` (cumulative uplink bits).
       band: ``"sem"`` (mean +- 2 standard errors), ``"quantiles"`` (5-95 % and
-        25-75 % of the seeds' squared errors) or None.
+        25-75 % of the seeds' squared errors), ``"t"`` or ``"bootstrap"`` (the 95 % interval of
+        :meth:`~fedsa_jax.SimulationResult.mse_interval`; the MSE only) or None.
       theory: label -> exact curve for rounds ``0..T`` (e.g. from
         :func:`fedsa_jax.theory.exact_mse`), drawn black dotted over the result
         with the same label and mapped to that result's x axis; a curve with no
@@ -109,7 +111,9 @@ def plot_mse(
     """
     _validate.choice("x", x, X_AXES)
     if band not in _BANDS:
-        _validate.fail("band", band, "expected 'sem', 'quantiles' or None")
+        _validate.fail("band", band, "expected 'sem', 'quantiles', 't', 'bootstrap' or None")
+    if band in ("t", "bootstrap") and metric is not None:
+        _validate.fail("band", band, f"intervals are drawn for the MSE; with metric={metric!r} use 'sem'")
     fig, ax = _axes(ax)
     colors = {}
     scale = {}
@@ -129,7 +133,8 @@ def plot_mse(
         ax.plot(xs, mean, color=color, lw=1.6, label=f"{label} ({n_ok} seeds)")
         for k in range(min(seeds.shape[1], max_seed_curves)):
             ax.plot(xs, seeds[:, k], color=color, lw=0.5, alpha=0.2, zorder=1)
-        _draw_band(ax, band, label, xs, mean, sem, q, color, logy)
+        if band is not None:
+            _band(ax, xs, band, label, color, logy, mean=mean, sem=sem, q=q, res=res)
     named = False  # one legend entry "exact" for the curves drawn over results
     for label, curve in (theory or {}).items():
         curve = np.asarray(curve, dtype=float)
@@ -150,19 +155,62 @@ def plot_mse(
         ax.set_yscale("log")
     if logx if logx is not None else x.startswith("bits"):
         ax.set_xscale("log")
-    ax.set_xlabel(_X_LABELS[x], fontsize=9)
+    both = x in _TOTAL_LABELS and any(np.any(r.downlink_bits_sent) for r in results.values())
+    ax.set_xlabel((_TOTAL_LABELS if both else _X_LABELS)[x], fontsize=9)
     ax.set_ylabel(MSE_LABEL if metric is None else metric, fontsize=9)
     ax.tick_params(labelsize=8)
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     if legend:
-        note = {
-            "sem": rf"mean $\pm$ {_BAND_Z:g} s.e.",
-            "quantiles": "mean; 5-95%, 25-75% of seeds",
-            None: "mean",
-        }[band]
+        note = _BAND_NOTES[band]
         ax.legend(fontsize=8, title=note, title_fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _band(ax, xs, band: str, label: str, color: str, logy: bool, *, mean, sem, q, res) -> None:
+    """One result's band under its curve: mean +- 2 s.e., the quantiles, or an MSE interval."""
+    if band == "sem":
+        lower = mean - _BAND_Z * sem
+        ax.fill_between(
+            xs, _tiny(lower) if logy else lower, mean + _BAND_Z * sem, color=color, alpha=0.25, lw=0
+        )
+    elif band == "quantiles":
+        if np.all(np.isnan(q)):
+            _validate.fail("band", band, f"result {label!r} has no quantiles (simulate(..., quantiles=True))")
+        ax.fill_between(xs, q[:, 0], q[:, 4], color=color, alpha=0.12, lw=0)
+        ax.fill_between(xs, q[:, 1], q[:, 3], color=color, alpha=0.22, lw=0)
+    else:
+        low, high = res.mse_interval(method=band)
+        ax.fill_between(xs, _tiny(low) if logy else low, high, color=color, alpha=0.25, lw=0)
+
+
+def plot_difference(comparison, pairs=None, ax=None, title: str | None = None, level: float = 0.95):
+    """The paired differences ``MSE_A - MSE_B`` of a :func:`fedsa_jax.compare` run against the rounds,
+    each with its t interval (``level``) over the seeds, and a dashed zero line: a band that leaves
+    zero is a difference the seeds resolve.
+
+    Args:
+      comparison: what :func:`fedsa_jax.compare` returned.
+      pairs: ``[(name_a, name_b), ...]`` (default: the first algorithm against each other one).
+    """
+    names = list(comparison.results)
+    pairs = [(names[0], other) for other in names[1:]] if pairs is None else list(pairs)
+    differences = [comparison.difference(a, b) for a, b in pairs]
+    fig, ax = _axes(ax)
+    for i, d in enumerate(differences):
+        low, high = d.interval(level)
+        ax.plot(d.rounds, d.mean, color=f"C{i}", lw=1.6, label=f"{d.name_a} - {d.name_b}")
+        ax.fill_between(d.rounds, low, high, color=f"C{i}", alpha=0.25, lw=0)
+    ax.axhline(0.0, color="k", ls="--", lw=0.8)
+    ax.set_xlabel(_X_LABELS["rounds"], fontsize=9)
+    ax.set_ylabel(r"paired difference of $\|\theta_t - \theta_\star\|^2$", fontsize=9)
+    ax.tick_params(labelsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, title=f"mean; {100 * level:g}% t interval (paired)", title_fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -217,6 +217,17 @@ SKIP = Option(
     group="algorithms",
     params=("skip",),
 )
+CLIENTS_PER_ROUND = Option(
+    ("--clients-per-round",),
+    "clients_per_round",
+    "partial participation: a cohort of M agents drawn uniformly each round (Scaffnew: each "
+    "communication), the others idle (default: every agent)",
+    positive_int,
+    None,
+    metavar="M",
+    group="algorithms",
+    params=("clients_per_round",),
+)
 HETEROGENEITY = Option(
     ("--heterogeneity",),
     "heterogeneity",

@@ -9,18 +9,22 @@ from typing import Any
 
 import numpy as np
 
+from fedsa_jax import _validate
 from fedsa_jax._io import DamagedFileError, atomic_savez, atomic_write, json_text, read_npz
-from fedsa_jax.stats import QUANTILE_LEVELS
+from fedsa_jax.stats import QUANTILE_LEVELS, bca_interval, check_level, t_interval
 
 __all__ = ["X_AXES", "MetricStats", "SimulationResult", "load"]
 
 COUNT_NAMES = (
     "communications",
     "messages_delivered",
-    "bits_sent",
-    "bits_delivered",
+    "uplink_bits_sent",
+    "uplink_bits_delivered",
     "samples",
-)  # RoundInfo sums
+    "downlink_bits_sent",
+    "downlink_bits_delivered",
+)  # RoundInfo sums, in its order
+BIT_TOTALS = ("bits_sent", "bits_delivered")  # uplink + downlink
 ARRAY_FIELDS = (
     "rounds",
     "mse_mean",
@@ -33,10 +37,30 @@ ARRAY_FIELDS = (
     "mse_quantiles",
     "seed_mse",
     *COUNT_NAMES,
+    *BIT_TOTALS,
 )
 _METRIC_FIELDS = ("mean", "sem", "quantiles", "seeds")
 _DAMAGED = "recompute it (a sweep recomputes its damaged results by itself) or restore it from a copy"
-X_AXES = ("rounds", "communications", "samples", "bits_sent", "bits_delivered")
+X_AXES = (
+    "rounds",
+    "communications",
+    "samples",
+    "bits_sent",
+    "bits_delivered",
+    "uplink_bits_sent",
+    "uplink_bits_delivered",
+    "downlink_bits_sent",
+    "downlink_bits_delivered",
+)
+
+
+def count_arrays(columns) -> dict[str, np.ndarray]:
+    """The counts of a result from the driver's sums ``columns`` (one per :data:`COUNT_NAMES`), with
+    the totals ``bits_sent`` and ``bits_delivered`` (uplink plus downlink)."""
+    counts: dict[str, np.ndarray] = dict(zip(COUNT_NAMES, columns, strict=True))
+    for total in BIT_TOTALS:
+        counts[total] = counts[f"uplink_{total}"] + counts[f"downlink_{total}"]
+    return counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +88,10 @@ class SimulationResult:
       final_theta: ``(num_seeds, d)`` every seed's last iterate.
       theta_star: ``(d,)`` the problem's solution.
       communications, messages_delivered, bits_sent, bits_delivered, samples:
-        ``(R,)`` uplink messages sent and delivered, bits sent and delivered, and
-        observations drawn by all agents up to each recorded round, as the
+        ``(R,)`` uplink messages sent and delivered, bits sent and delivered (uplink plus
+        downlink: ``uplink_bits_sent + downlink_bits_sent``, beside them, and the same for
+        delivered; the downlink's are 0 without a compressed downlink, and a broadcast counts once
+        per receiving agent), and observations drawn by all agents up to each recorded round, as the
         algorithm reported them round by round (:class:`~fedsa_jax.algorithms.RoundInfo`),
         mean over seeds (random when erasures or random communication make them so).
         For the built-in algorithms: ``t N`` messages of
@@ -98,8 +124,21 @@ class SimulationResult:
     samples: np.ndarray
     seed_mse: np.ndarray
     metrics: dict[str, MetricStats] = dataclasses.field(default_factory=dict)
+    uplink_bits_sent: np.ndarray = None  # pyright: ignore[reportAssignmentType] (filled in __post_init__)
+    uplink_bits_delivered: np.ndarray = None  # pyright: ignore[reportAssignmentType]
+    downlink_bits_sent: np.ndarray = None  # pyright: ignore[reportAssignmentType]
+    downlink_bits_delivered: np.ndarray = None  # pyright: ignore[reportAssignmentType]
 
     quantile_levels = QUANTILE_LEVELS
+
+    def __post_init__(self):
+        """Counts per direction left out (a result of an older version): all uplink, no downlink."""
+        for total in BIT_TOTALS:
+            if getattr(self, f"downlink_{total}") is None:
+                object.__setattr__(self, f"downlink_{total}", np.zeros_like(getattr(self, total)))
+            if getattr(self, f"uplink_{total}") is None:
+                up = getattr(self, total) - getattr(self, f"downlink_{total}")
+                object.__setattr__(self, f"uplink_{total}", up)
 
     @property
     def num_seeds(self) -> int:
@@ -111,10 +150,34 @@ class SimulationResult:
             raise ValueError(f"level={level!r} is invalid: expected one of {self.quantile_levels}")
         return self.mse_quantiles[:, self.quantile_levels.index(level)]
 
+    def mse_interval(self, level: float = 0.95, method: str = "t") -> tuple[np.ndarray, np.ndarray]:
+        """``(low, high)``, each ``(R,)``: a confidence interval for the MSE at every recorded round.
+
+        ``method="t"``: Student's ``mse_mean -+ t_{n-1} mse_sem`` over the ``n`` non-diverged seeds,
+        from the streamed statistics (any run). ``method="bootstrap"``: the BCa bootstrap over seeds
+        (:func:`fedsa_jax.stats.bca_interval`, 2000 resamples, a fixed generator), from the kept
+        seeds, so it needs every seed kept (``keep_seeds=num_seeds``). Which one covers at which
+        seed count is measured against exact MSEs in ``benchmarks/coverage.py``.
+        """
+        level = check_level(level)
+        method = _validate.choice("method", method, ("t", "bootstrap"))
+        if method == "t":
+            return t_interval(self.mse_mean, self.mse_sem, self.num_seeds - self.num_diverged, level)
+        if self.seed_mse.shape[1] != self.num_seeds:
+            _validate.fail(
+                "method",
+                method,
+                f"the bootstrap resamples every seed's values: {self.seed_mse.shape[1]} of "
+                f"{self.num_seeds} seeds kept; run with keep_seeds=num_seeds, or use method='t'",
+            )
+        return bca_interval(self.seed_mse, level)
+
     def save(self, path) -> None:
-        """Write an ``.npz`` file (arrays + JSON config) atomically."""
+        """Write an ``.npz`` file (arrays + JSON config) atomically, with the 95 % t interval of the
+        MSE (``mse_low``, ``mse_high``; recomputed on load)."""
 
         arrays = {k: np.asarray(getattr(self, k)) for k in ARRAY_FIELDS}
+        arrays["mse_low"], arrays["mse_high"] = self.mse_interval()
         for name, stats in self.metrics.items():
             arrays.update({f"metric__{name}__{f}": np.asarray(getattr(stats, f)) for f in _METRIC_FIELDS})
         atomic_savez(
@@ -125,9 +188,12 @@ class SimulationResult:
         """A tidy per-round table: column name -> ``(R,)`` array, one row per recorded round.
 
         Columns: ``round``, ``communications``, ``samples``, ``bits_sent``,
-        ``bits_delivered``, ``mse_mean``, ``mse_sem``, ``mse_q05`` .. ``mse_q95``,
+        ``bits_delivered`` (uplink plus downlink), ``mse_mean``, ``mse_sem``, ``mse_low``,
+        ``mse_high`` (the 95 % t interval, :meth:`mse_interval`), ``mse_q05`` .. ``mse_q95``,
         ``num_diverged``, ``theta_mean_<i>``, ``theta_sem_<i>``, then for each metric
-        ``<name>_mean``, ``<name>_sem`` (and ``<name>_q05`` .. when recorded).
+        ``<name>_mean``, ``<name>_sem`` (and ``<name>_q05`` .. when recorded), and last
+        ``uplink_bits_sent``, ``uplink_bits_delivered``, ``downlink_bits_sent``,
+        ``downlink_bits_delivered``.
         ``pandas.DataFrame(result.table())`` turns it into a data frame; :meth:`to_csv` writes it.
         """
         cols: dict[str, np.ndarray] = {
@@ -139,6 +205,7 @@ class SimulationResult:
             "mse_mean": self.mse_mean,
             "mse_sem": self.mse_sem,
         }
+        cols["mse_low"], cols["mse_high"] = self.mse_interval()
         for j, q in enumerate(self.quantile_levels):
             cols[f"mse_q{round(100 * q):02d}"] = self.mse_quantiles[:, j]
         cols["num_diverged"] = self.num_diverged
@@ -152,18 +219,25 @@ class SimulationResult:
             if not np.all(np.isnan(stats.quantiles)):
                 for j, q in enumerate(self.quantile_levels):
                     cols[f"{name}_q{round(100 * q):02d}"] = stats.quantiles[:, j]
+        for way in ("uplink", "downlink"):  # last: the columns before them keep their places
+            for total in BIT_TOTALS:
+                cols[f"{way}_{total}"] = getattr(self, f"{way}_{total}")
         return {k: np.asarray(v) for k, v in cols.items()}
 
     def to_csv(self, path) -> None:
         """Write :meth:`table` as CSV (header row, full float precision), atomically."""
-        cols = self.table()
+        write_csv(path, self.table())
 
-        def write(f):
-            f.write(",".join(cols) + "\n")
-            for row in zip(*cols.values()):
-                f.write(",".join(repr(v.item()) for v in row) + "\n")
 
-        atomic_write(path, write, mode="w")
+def write_csv(path, cols: dict[str, np.ndarray]) -> None:
+    """Columns ``name -> (R,)`` as CSV (header row, full float precision), written atomically."""
+
+    def write(f):
+        f.write(",".join(cols) + "\n")
+        for row in zip(*cols.values()):
+            f.write(",".join(repr(v.item()) for v in row) + "\n")
+
+    atomic_write(path, write, mode="w")
 
 
 def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
@@ -210,6 +284,7 @@ def load(path) -> SimulationResult:
         arrays.setdefault("mse_quantiles", np.full((R, len(QUANTILE_LEVELS)), np.nan))
         arrays.setdefault("seed_mse", np.zeros((R, 0)))
         arrays.update(_counts(arrays, config))
+        _check_directions(arrays)
     except ValueError as err:
         raise DamagedFileError(
             f"{str(path)!r} is damaged or not a fedsa_jax result file ({err}); {_DAMAGED}"
@@ -243,7 +318,9 @@ _SHAPES = {
     "theta_star": ("f", ("d",)),
     "mse_quantiles": ("f", ("R", _Q)),
     "seed_mse": ("f", ("R", "K")),
-    **{name: ("r", ("R",)) for name in COUNT_NAMES},
+    **{name: ("r", ("R",)) for name in (*COUNT_NAMES, *BIT_TOTALS)},
+    "mse_low": ("f", ("R",)),  # files written since intervals were recorded
+    "mse_high": ("f", ("R",)),
 }
 _METRIC_SHAPES = {
     "mean": ("f", ("R",)),
@@ -346,6 +423,19 @@ def _check_shapes(data: dict[str, np.ndarray], config: dict, metrics: dict[str, 
         raise ValueError(
             f"rounds is not 0, {r}, {2 * r}, ..., {T} (config_json's record_every and num_rounds)"
         )
+
+
+def _check_directions(arrays: dict[str, np.ndarray]) -> None:
+    """The bits per direction: all four or none (a file written before the downlink), and the uplink's
+    plus the downlink's equal to the totals."""
+    names = [f"{way}_{total}" for way in ("uplink", "downlink") for total in BIT_TOTALS]
+    present = [k for k in names if k in arrays]
+    if present and len(present) < len(names):
+        missing = next(k for k in names if k not in arrays)
+        raise ValueError(f"no {missing!r} array, though there is a {present[0]!r} array")
+    for total in BIT_TOTALS if present else ():
+        if not np.array_equal(arrays[f"uplink_{total}"] + arrays[f"downlink_{total}"], arrays[total]):
+            raise ValueError(f"uplink_{total} + downlink_{total} is not {total}")
 
 
 def _counts(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray]:

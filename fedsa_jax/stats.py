@@ -34,7 +34,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["QUANTILE_LEVELS", "Moments", "finalize", "merge"]
+from fedsa_jax import _validate
+
+__all__ = [
+    "QUANTILE_LEVELS",
+    "Fit",
+    "Moments",
+    "bca_interval",
+    "divergence",
+    "finalize",
+    "merge",
+    "rate",
+    "speedup",
+    "t_interval",
+    "wilson_interval",
+]
 
 
 HIST_LOW, HIST_HIGH, HIST_PER_DECADE = -40, 20, 16
@@ -227,3 +241,200 @@ def finalize(m: Moments, num_seeds) -> dict[str, np.ndarray]:
         "counts": counter_totals(m.count_digits) / num_seeds,
         "kept": np.asarray(m.kept, np.float64),
     }
+
+
+# ---- intervals and fits on the host (results of fj.simulate; numpy and scipy only) ----------------------
+
+
+def check_level(level) -> float:
+    """A confidence level in (0, 1)."""
+    return _validate.real("level", level, low=0.0, high=1.0, low_open=True, high_open=True)
+
+
+def t_interval(mean, sem, n, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """``mean -+ t_{n-1, (1 + level)/2} sem``: Student's interval for a mean of ``n`` values."""
+    from scipy import stats as scipy_stats
+
+    with np.errstate(invalid="ignore"):
+        t = scipy_stats.t.ppf((1 + level) / 2, np.maximum(np.asarray(n, np.float64) - 1, 1))
+    return mean - t * sem, mean + t * sem
+
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def bca_interval(
+    values: np.ndarray, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+):
+    """``(low, high)``, each ``(R,)``: the BCa bootstrap interval of the mean of ``values (R, n)``
+    (rows: recorded rounds; columns: seeds; non-finite values left out).
+
+    Efron's bias-corrected and accelerated percentile interval: with ``theta*_b`` the means of
+    ``resamples`` resamples of the seeds (drawn with a fixed generator, so the interval is
+    reproducible), ``z0 = Phi^-1(#{theta*_b < mean} / B)`` corrects the median bias and the
+    jackknife acceleration of the mean, ``a = sum (x_i - m)^3 / (6 (sum (x_i - m)^2)^1.5)``, the
+    skewness; the bounds are the ``Phi(z0 + (z0 + z) / (1 - a (z0 + z)))`` quantiles of
+    ``theta*`` for ``z = -+ z_{(1+level)/2}``. Second-order accurate where the t interval is only
+    first-order: it widens towards a long right tail, which the squared error of one seed has.
+    """
+    from scipy import stats as scipy_stats
+
+    values = np.asarray(values, np.float64)
+    rng = np.random.default_rng(seed)
+    low, high = np.full(values.shape[0], np.nan), np.full(values.shape[0], np.nan)
+    z = scipy_stats.norm.ppf((1 + level) / 2)
+    for r, row in enumerate(values):
+        x = row[np.isfinite(row)]
+        n = x.size
+        if n < 2:
+            continue
+        if np.all(x == x[0]):  # no spread: the interval is the value itself
+            low[r] = high[r] = x[0]
+            continue
+        m = x.mean()
+        dev = x - m
+        ss = np.sum(dev**2)
+        means = np.concatenate(
+            [
+                x[rng.integers(0, n, size=(k, n))].mean(axis=1)
+                for k in np.diff(np.r_[0 : resamples : max(1, 2**22 // n), resamples])
+                if k > 0
+            ]
+        )
+        z0 = scipy_stats.norm.ppf(
+            np.clip((np.sum(means < m) + 0.5 * np.sum(means == m)) / means.size, 1e-9, 1 - 1e-9)
+        )
+        a = np.sum(dev**3) / (6 * ss**1.5)
+        alphas = [scipy_stats.norm.cdf(z0 + (z0 + s) / (1 - a * (z0 + s))) for s in (-z, z)]
+        low[r], high[r] = np.quantile(means, alphas)
+    return low, high
+
+
+def wilson_interval(successes, trials, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson's score interval for a binomial proportion ``successes / trials``: the ``p`` with
+    ``|p_hat - p| <= z sqrt(p (1 - p) / n)``, which stays inside [0, 1] and keeps its coverage for
+    proportions near 0 or 1 (a handful of diverged seeds), unlike ``p_hat -+ z sqrt(p_hat(1 - p_hat)/n)``."""
+    from scipy import stats as scipy_stats
+
+    k, n = np.asarray(successes, np.float64), np.asarray(trials, np.float64)
+    z = scipy_stats.norm.ppf((1 + level) / 2)
+    p = k / n
+    center = (p + z**2 / (2 * n)) / (1 + z**2 / n)
+    half = z / (1 + z**2 / n) * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
+    return np.where(k == 0, 0.0, center - half), np.where(k == n, 1.0, center + half)
+
+
+class Fit(NamedTuple):
+    """A fitted slope with its interval (:func:`rate`, :func:`speedup`)."""
+
+    slope: float
+    interval: tuple[float, float]  # at ``level``
+    level: float
+    method: str  # how the interval was obtained
+    x: np.ndarray  # the abscissae fitted: log(t + t0), or log N
+    y: np.ndarray  # log MSE
+
+
+def _ols_weights(x: np.ndarray) -> np.ndarray:
+    """``w`` with ``slope = w @ y`` for the least-squares line through ``(x, y)``."""
+    xc = x - x.mean()
+    return xc / np.sum(xc**2)
+
+
+def rate(
+    res, rounds=None, *, t0: float = 0.0, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES
+) -> Fit:
+    """The slope of ``log MSE`` against ``log(t + t0)`` over the recorded rounds ``a <= t <= b``
+    (``rounds=(a, b)``; default: every recorded round with ``t + t0 > 0``), least squares.
+
+    The interval comes from the seeds. With every seed kept (``keep_seeds=num_seeds``): a percentile
+    bootstrap over seeds (each resample refits the slope on its mean curve, so the correlation of a
+    seed's errors across rounds is accounted for). Otherwise from the streamed standard errors: the
+    slope is ``sum_r w_r log m_r``, ``Var log m_r ~ (s_r / m_r)^2``, and whatever the correlation
+    across rounds ``Var(sum w_r log m_r) <= (sum |w_r| s_r / m_r)^2``; a normal interval with that
+    bound: conservative (too wide where rounds are less than fully correlated).
+    """
+    level = check_level(level)
+    resamples = _validate.integer("resamples", resamples, 100)
+    t = np.asarray(res.rounds, np.float64) + _t0(t0)
+    a, b = _rounds(rounds)
+    pick = (res.rounds >= a) & (res.rounds <= b) & (t > 0)
+    if pick.sum() < 2:
+        _validate.fail("rounds", rounds, "expected at least two recorded rounds t with t + t0 > 0 in [a, b]")
+    x, y = np.log(t[pick]), np.log(res.mse_mean[pick])
+    w = _ols_weights(x)
+    slope = float(w @ y)
+    kept = res.seed_mse[pick]
+    if kept.shape[1] == res.num_seeds and res.num_seeds >= 2:
+        rng = np.random.default_rng(0)
+        slopes = np.array(
+            [
+                w @ np.log(np.nanmean(kept[:, rng.integers(0, kept.shape[1], kept.shape[1])], axis=1))
+                for _ in range(resamples)
+            ]
+        )
+        low, high = np.quantile(slopes, [(1 - level) / 2, (1 + level) / 2])
+        method = "percentile bootstrap over the kept seeds"
+    else:
+        from scipy import stats as scipy_stats
+
+        half = scipy_stats.norm.ppf((1 + level) / 2) * np.sum(
+            np.abs(w) * res.mse_sem[pick] / res.mse_mean[pick]
+        )
+        low, high = slope - half, slope + half
+        method = "normal, bound on the variance from the standard errors"
+    return Fit(slope, (float(low), float(high)), level, method, x, y)
+
+
+def speedup(results, round=None, *, level: float = 0.95) -> Fit:
+    """The slope of ``log MSE`` against ``log N`` at one recorded round (default: the last) over
+    results ``{N: result}`` of independent runs (one per number of agents N); the speed-up
+    exponent is minus the slope (1: linear speed-up, MSE ~ 1/N). The runs are independent, so
+    ``Var(slope) = sum_N w_N^2 (s_N / m_N)^2`` (delta method) exactly; a normal interval."""
+    from scipy import stats as scipy_stats
+
+    level = check_level(level)
+    if not isinstance(results, dict) or len(results) < 2:
+        _validate.fail("results", results, "expected a dict {N: result} of at least two numbers of agents")
+    ns = sorted(results)
+    rows = [-1 if round is None else _row(results[n].rounds, round, n) for n in ns]
+    m = np.array([results[n].mse_mean[r] for n, r in zip(ns, rows)])
+    s = np.array([results[n].mse_sem[r] for n, r in zip(ns, rows)])
+    x, y = np.log(np.asarray(ns, np.float64)), np.log(m)
+    w = _ols_weights(x)
+    slope = float(w @ y)
+    half = float(scipy_stats.norm.ppf((1 + level) / 2)) * float(np.sqrt(np.sum(w**2 * (s / m) ** 2)))
+    interval = (slope - half, slope + half)
+    return Fit(slope, interval, level, "normal, delta method (independent runs)", x, y)
+
+
+def divergence(res, level: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(p, low, high)``, each ``(R,)``: the fraction of seeds diverged at each recorded round and its
+    Wilson interval."""
+    level = check_level(level)
+    p = np.asarray(res.num_diverged, np.float64) / res.num_seeds
+    return (p, *wilson_interval(res.num_diverged, res.num_seeds, level))
+
+
+def _row(rounds: np.ndarray, round, n) -> int:
+    """The index of ``round`` among a result's recorded ``rounds``."""
+    hits = np.flatnonzero(np.asarray(rounds) == round)
+    if hits.size == 0:
+        _validate.fail("round", round, f"expected a recorded round of every result (N={n} records {rounds})")
+    return int(hits[0])
+
+
+def _t0(t0) -> float:
+    return _validate.real("t0", t0, low=0.0)
+
+
+def _rounds(rounds) -> tuple[float, float]:
+    if rounds is None:
+        return -np.inf, np.inf
+    try:
+        a, b = (float(r) for r in rounds)
+    except (TypeError, ValueError):
+        _validate.fail("rounds", rounds, "expected None or a pair (a, b) of rounds, a < b")
+    if not a < b:
+        _validate.fail("rounds", rounds, "expected None or a pair (a, b) of rounds, a < b")
+    return a, b

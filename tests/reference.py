@@ -591,3 +591,25 @@ def enumerated_algorithm_mse(problem, algorithm, T, theta0=None, support=None):
         k=q.k if q.kind == "rand_k" else None,
         support=support,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Monte Carlo against the exact recursions
+
+
+def assert_monte_carlo_matches_exact(problem, alg, T: int = 8, n: int = 4000, seed: int = 7):
+    """``alg`` on ``problem`` from ``linspace(1, -1, d)``: the MC MSE within Z_TOL standard errors of
+    ``exact_mse`` at every round after the first, the MC mean within Z_TOL of ``exact_mean``. Returns
+    the exact MSE curve."""
+    from conftest import Z_TOL
+
+    import fedsa_jax as fj
+
+    theta0 = np.linspace(1.0, -1.0, problem.dim)
+    res = fj.simulate(jax.random.key(seed), problem, alg, T, n, theta0=theta0)
+    exact = fj.theory.exact_mse(problem, alg, T, theta0=theta0)
+    z = np.abs(res.mse_mean[1:] - exact[1:]) / res.mse_sem[1:]
+    assert np.all(z < Z_TOL), z
+    mean = fj.theory.exact_mean(problem, alg, T, theta0=theta0)
+    assert np.all(np.abs(res.theta_mean - mean) <= Z_TOL * np.sqrt(exact[:, None] / n) + 1e-12)
+    return exact

@@ -87,8 +87,11 @@ def test_run_exact_overlay_and_axes(tmp_path):
     args = cli.build_parser().parse_args(argv)
     problem = cli._make_problem(args, jax.random.key(args.problem_seed))
     for name in ("fedlsa", "scafflsa"):
-        exact = fj.theory.exact_mse(problem, cli._make_algorithm(name, args), 6)
+        alg = cli._make_algorithm(name, args)
+        exact = fj.theory.exact_mse(problem, alg, 6)
         assert summary["runs"][name]["exact_final_mse"] == pytest.approx(exact[-1], rel=1e-12)
+        floor = fj.theory.stationary_mse(problem, alg)  # the floor drawn with --exact
+        assert summary["runs"][name]["stationary_mse"] == pytest.approx(floor, rel=1e-12)
         res = fj.load(out / f"result_{name}.npz")
         assert abs(res.mse_mean[-1] - exact[-1]) < 4.5 * res.mse_sem[-1]  # the run agrees with it
         csv = np.genfromtxt(out / f"result_{name}.csv", delimiter=",", names=True)

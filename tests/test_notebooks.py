@@ -58,6 +58,9 @@ for _h, _name, _mc, _sem, _exact, _bias in rows:
     assert abs(_mc - _exact) < {Z_TOL} * _sem, (_h, _name, _mc, _exact, _sem)
 _biases = [r[5] for r in rows if r[1] == "fedlsa"]
 assert all(a < b for a, b in zip(_biases, _biases[1:])), _biases  # every level is its own problem
+for _h, _diff, _sem, _unpaired, _exact_diff in paired:  # the paired difference, to its own s.e.
+    assert abs(_diff - _exact_diff) < {Z_TOL} * _sem, (_h, _diff, _exact_diff, _sem)
+    assert _sem < _unpaired, (_h, _sem, _unpaired)
 """,
         ),
         (

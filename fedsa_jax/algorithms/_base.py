@@ -25,9 +25,18 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import _validate, optim
+from fedsa_jax import _validate, moments, optim
 from fedsa_jax._describe import describe_value
-from fedsa_jax.channel import Channel, Delivery, aggregate, channel, transmit
+from fedsa_jax.channel import (
+    Channel,
+    Delivery,
+    aggregate,
+    broadcast,
+    channel,
+    downlink_arg,
+    downlink_key,
+    transmit,
+)
 from fedsa_jax.problems.protocol import LOCAL_UNROLL
 
 
@@ -41,10 +50,12 @@ class Algorithm:
       config: any frozen dataclass registered as a pytree
         (``jax.tree_util.register_dataclass``): continuous hyperparameters are
         leaves (traced: changing or vmapping them does not recompile), structural
-        ones are static fields. The driver reads three optional fields:
+        ones are static fields. The driver reads four optional fields:
         ``num_local_steps`` (default 1: observations per agent and round),
-        ``skip`` (default 1: Markov steps per kept observation) and ``channel``
-        (default: exact, :func:`fedsa_jax.channel.channel`). Every field is
+        ``skip`` (default 1: Markov steps per kept observation), ``channel``
+        (default: exact, :func:`fedsa_jax.channel.channel`) and ``clients_per_round``
+        (default None: every agent; an integer m < N adds a cohort key to the round's
+        random numbers, :meth:`randomness`). Every field is
         recorded in ``result.config["algorithm"]``.
       name: a short name (result files, legends).
       init_fn: ``init_fn(key, problem, theta0, config) -> state``, a pytree whose
@@ -94,12 +105,22 @@ class Algorithm:
     def init(self, key: jax.Array, problem, theta0: jax.Array):
         return self.init_fn(key, problem, theta0, self.config)
 
+    @property
+    def clients_per_round(self) -> int | None:
+        """``config.clients_per_round`` (default None: every agent takes part in every round)."""
+        return getattr(self.config, "clients_per_round", None)
+
     def randomness(self, key: jax.Array, problem) -> RoundRandomness:
         """One round's random numbers: all agents' observations in one block, and a
-        key for the channel (two independent streams split from ``key``)."""
+        key for the channel (two independent streams split from ``key``); with a cohort of
+        ``m < N`` agents (``clients_per_round``) also a key for drawing it, a third stream
+        (``fold_in(key, COHORT_STREAM)``, ``COHORT_STREAM = 0x636F68``), so that ``m = N`` keeps the
+        numbers of every agent."""
         k_obs, k_channel = jax.random.split(key)
         obs = problem.randomness(k_obs, problem.num_agents, self.num_local_steps, self.skip)
-        return RoundRandomness(obs, k_channel)
+        if not cohort_active(self.config, problem.num_agents):
+            return RoundRandomness(obs, k_channel)
+        return RoundRandomness(obs, k_channel, jax.random.fold_in(key, COHORT_STREAM))
 
     def step_from(self, rand, state, problem):
         return self.step_fn(rand, state, problem, self.config)
@@ -114,6 +135,8 @@ class Algorithm:
         """``{"algorithm": name, <every config field>: value}``, JSON-friendly."""
         out: dict[str, Any] = {"algorithm": self.name}
         out.update(describe_value(self.config))
+        if out.get("clients_per_round", 0) is None:
+            del out["clients_per_round"]  # every agent, every round: described as before the option existed
         if not hasattr(self.config, "channel"):
             out["channel"] = self.channel.describe()
         return out
@@ -122,6 +145,7 @@ class Algorithm:
 class RoundRandomness(NamedTuple):
     obs: Any  # the problem's block for all agents (see problem.randomness)
     channel: jax.Array  # key for quantizers and erasures
+    cohort: Any = None  # key for the round's cohort (clients_per_round < N), else None
 
 
 @jax.tree_util.register_dataclass
@@ -135,6 +159,8 @@ class LocalStepsConfig:
     num_local_steps: int = dataclasses.field(metadata=dict(static=True))  # H
     skip: int = dataclasses.field(default=1, metadata=dict(static=True))  # keep 1 obs out of skip
     server_optimizer: Any = None  # None or fj.optim.ServerOptimizer (optax), see fedsa_jax.optim
+    downlink: Any = dataclasses.field(default=None, metadata=dict(omit_none=True))  # None or a Channel
+    clients_per_round: int | None = dataclasses.field(default=None, metadata=dict(static=True))  # m
 
 
 class RoundInfo(NamedTuple):
@@ -142,8 +168,11 @@ class RoundInfo(NamedTuple):
 
     The driver sums the counts over rounds (exactly, in 64-bit counters) and
     reports their means over seeds as ``result.communications``,
-    ``messages_delivered``, ``bits_sent``, ``bits_delivered`` and ``samples``:
-    an algorithm that communicates at random reports what it actually sent.
+    ``messages_delivered``, ``uplink_bits_sent``, ``uplink_bits_delivered``, ``samples``,
+    ``downlink_bits_sent`` and ``downlink_bits_delivered`` (``result.bits_sent`` and
+    ``bits_delivered`` are uplink plus downlink): an algorithm that communicates at random reports
+    what it actually sent. The downlink counts default to 0 (a model broadcast uncompressed is not
+    counted); a compressed downlink counts one message per receiving agent.
     """
 
     client_drift: jax.Array  # () mean_c |theta^c_{t,H} - theta_{t+1}|^2 (0 without local steps)
@@ -152,6 +181,8 @@ class RoundInfo(NamedTuple):
     bits_sent: jax.Array  # () int32, uplink bits sent this round
     bits_delivered: jax.Array  # () int32, uplink bits delivered this round
     observations: jax.Array  # () int32, observations drawn by all agents this round
+    downlink_bits_sent: Any = 0  # () int32, downlink bits sent this round (to every receiving agent)
+    downlink_bits_delivered: Any = 0  # () int32, downlink bits delivered this round
 
 
 COUNT_FIELDS = RoundInfo._fields[1:]  # what the driver sums
@@ -165,36 +196,153 @@ def local_steps_config(
     success_prob: Any = 1.0,
     aggregation: str = "divide_by_n",
     server_optimizer=None,
+    error_feedback: str | None = None,
+    downlink: Any = None,
 ) -> LocalStepsConfig:
     """Validated :class:`LocalStepsConfig` (``step_size``: a float or a schedule, ``server_optimizer``:
-    None or optax, see :mod:`fedsa_jax.optim`)."""
+    None or optax, see :mod:`fedsa_jax.optim`; ``error_feedback``: see :mod:`fedsa_jax.channel`;
+    ``downlink``: None or a channel, see :mod:`fedsa_jax.channel.downlink`)."""
     eta = optim.step_size_arg(step_size)
     H = _validate.integer("num_local_steps", num_local_steps)
     k = _validate.integer("skip", skip)
     opt = optim.server_optimizer_arg(server_optimizer)
-    return LocalStepsConfig(eta, channel(quantizer, success_prob, aggregation), H, k, opt)
+    up = channel(quantizer, success_prob, aggregation, error_feedback)
+    return LocalStepsConfig(eta, up, H, k, opt, downlink_arg(downlink))
+
+
+def downlink_init(config, error: jax.Array) -> Any:
+    """The agents' copy of the model at start: ``()`` without a downlink, else ``error`` (error
+    coordinates)."""
+    return () if getattr(config, "downlink", None) is None else error
+
+
+def downlink_step(key: jax.Array, config, error: jax.Array, hat: Any) -> Any:
+    """The round's broadcast of the server's new model ``error`` to the agents' copy ``hat``
+    (:func:`fedsa_jax.channel.broadcast`, with the round's downlink key); ``()`` without one."""
+    dl = getattr(config, "downlink", None)
+    return hat if dl is None else broadcast(downlink_key(key), error, hat, dl)
+
+
+def from_reference(theta: jax.Array, reference: jax.Array, aggregate: jax.Array, config) -> jax.Array:
+    """The server's model moved by an aggregate computed from the agents' ``reference`` (their copy of
+    the model, :func:`server_update` on messages ``theta^c - reference``): ``theta + (aggregate -
+    reference)``; ``aggregate`` itself without a compressed downlink (``reference`` is ``theta``)."""
+    dl = getattr(config, "downlink", None)
+    return aggregate if dl is None or dl.trivial else theta + (aggregate - reference)
+
+
+def downlink_theory(y, config, into: str, target: str = "theta"):
+    """A compressed downlink in an exact recursion (:mod:`fedsa_jax.moments`), after the other blocks:
+    ``(reference, sent, shift, down)``, the agents' reference block (``target`` without a downlink;
+    else ``hat``, its block added), where the uplink's aggregate goes (``into``; else a scratch block
+    ``sent``), the phase moving ``into`` from ``target`` by ``sent - hat`` and the broadcast (None,
+    None without a downlink)."""
+    dl = getattr(config, "downlink", None)
+    if dl is None:
+        return target, into, None, None
+    moments.downlink_blocks(y, dl)
+    y.add("sent")
+    return "hat", "sent", moments.shift(y, into, "sent", base=target), moments.downlink(y, dl, target=target)
+
+
+def downlink_bits(config, num_agents: int, dim: int, broadcasts: Any = 1) -> Any:
+    """Downlink bits sent (= delivered) for ``broadcasts`` broadcasts to ``num_agents`` agents: 0
+    without a compressed downlink."""
+    dl = getattr(config, "downlink", None)
+    if dl is None:
+        return jnp.int32(0)
+    return jnp.asarray(broadcasts, jnp.int32) * jnp.int32(num_agents * dl.quantizer.bits(dim))
+
+
+# -- partial participation -----------------------------------------------------------------------
+
+COHORT_STREAM = 0x636F68  # fold_in tag of the cohort's key ("coh"): a stream of its own
+
+
+def with_clients_per_round(config, clients_per_round):
+    """``config`` with its ``clients_per_round`` field set, validated: None or an integer >= 1
+    (at most N is checked with the problem, :func:`check_clients_per_round`)."""
+    if clients_per_round is None:
+        return config
+    m = _validate.integer("clients_per_round", clients_per_round)
+    return dataclasses.replace(config, clients_per_round=m)
+
+
+def check_clients_per_round(config, num_agents: int) -> None:
+    """Refuses ``clients_per_round = m > N`` (needs the problem's N; called before compiling)."""
+    m = getattr(config, "clients_per_round", None)
+    if m is not None and m > num_agents:
+        _validate.fail("clients_per_round", m, f"expected at most N = {num_agents} (the problem's agents)")
+
+
+def cohort_active(config, num_agents: int) -> bool:
+    """Whether rounds draw a cohort: ``clients_per_round = m < N`` (None or N: every agent, today's code)."""
+    m = getattr(config, "clients_per_round", None)
+    return m is not None and m < num_agents
+
+
+def cohort_mask(key: jax.Array, num_agents: int, clients_per_round: int) -> jax.Array:
+    """The cohort S as a mask ``(N,) bool``: m agents drawn uniformly without replacement
+    (the first m of a uniform random permutation of ``0..N-1``, ``jax.random.permutation(key, N)``)."""
+    chosen = jax.random.permutation(key, num_agents)[:clients_per_round]
+    return jnp.zeros((num_agents,), bool).at[chosen].set(True)
+
+
+def round_cohort(rand: RoundRandomness, config, problem) -> jax.Array | None:
+    """The round's cohort mask from ``rand.cohort`` (None when every agent takes part)."""
+    if not cohort_active(config, problem.num_agents):
+        return None
+    return cohort_mask(rand.cohort, problem.num_agents, config.clients_per_round)
+
+
+def keep_outside(cohort: jax.Array | None, new, old):
+    """``new`` for the cohort's agents, ``old`` for the others (pytrees with a leading agent axis N):
+    agents outside the cohort keep their state (samplers, iterates); ``cohort=None``: ``new``."""
+    if cohort is None:
+        return new
+
+    def pick(n, o):
+        return jnp.where(cohort.reshape(cohort.shape + (1,) * (jnp.ndim(n) - 1)), n, o)
+
+    return jax.tree.map(pick, new, old)
 
 
 def server_update(
-    key: jax.Array, theta: jax.Array, local: jax.Array, ch: Channel
+    key: jax.Array,
+    theta: jax.Array,
+    local: jax.Array,
+    ch: Channel,
+    memory: Any = (),
+    cohort: jax.Array | None = None,
 ) -> tuple[jax.Array, Delivery]:
     """Aggregate the agents' model differences ``m_c = theta^c - theta`` over the uplink.
 
     Exact channel: ``theta + mean_c m_c = mean_c theta^c`` (computed as the mean).
     Otherwise ``theta + sum_c w_c q(m_c)`` with the channel's weights (``1/N`` or
-    ``1/|R|`` on delivered messages, 0 on lost ones).
+    ``1/|R|`` on delivered messages, 0 on lost ones). With error feedback, ``memory`` is
+    the agents' (``ch.init_memory``), the new one is ``delivery.memory``, and the sum is over
+    what error feedback sends (:mod:`fedsa_jax.channel`; EF21: ``theta + mean_c g_c``). With a
+    cohort ``S`` (mask ``(N,)``, see :func:`cohort_mask`) only its agents send:
+    ``theta + sum_{c in R ∩ S} w_c q(m_c)``, ``w_c = 1/m`` or ``1/|R ∩ S|``
+    (:func:`fedsa_jax.channel.transmit`).
     """
     N = local.shape[0]
-    if ch.trivial:
+    if ch.trivial and cohort is None:
         delivered = jnp.ones((N,), bool)
         weights = jnp.full((N,), 1.0 / N, local.dtype)
         return local.mean(axis=0), Delivery(local - theta, delivered, weights)
-    delivery = transmit(key, local - theta, ch)
+    delivery = transmit(key, local - theta, ch, memory, cohort)
     return theta + aggregate(delivery), delivery
 
 
 def control_variate_update(
-    xi: jax.Array, theta: jax.Array, local: jax.Array, delivery: Delivery, ch: Channel, denominator
+    xi: jax.Array,
+    theta: jax.Array,
+    local: jax.Array,
+    delivery: Delivery,
+    ch: Channel,
+    denominator,
+    cohort: jax.Array | None = None,
 ) -> jax.Array:
     """Control variates ``xi (N, d)`` after a server step (SCAFFLSA, Scaffnew).
 
@@ -203,16 +351,21 @@ def control_variate_update(
     against the mean of the delivered messages ``mbar_R = (1/|R|) sum_{j in R} q(m_j)``:
     ``xi_c <- xi_c + (mbar_R - q(m_c)) / denominator`` for c in R, unchanged otherwise. The
     increments sum to 0 over R, so ``sum_c xi_c`` stays 0 (SCAFFLSA: ``denominator = eta H``;
-    Scaffnew: ``eta / p``).
+    Scaffnew: ``eta / p``). With EF21 ``q(m_c)`` is the server's ``g_c``, the same rule. With a
+    cohort S (``delivery`` from :func:`server_update` with it) the delivered agents are ``R ∩ S``:
+    the others keep their control variate.
     """
-    if ch.trivial:
+    if ch.trivial and cohort is None:
         delivered = jnp.ones((local.shape[0], 1), bool)
         increment = (theta - local) / denominator
     else:
         delivered = delivery.delivered[:, None]
         count = jnp.maximum(jnp.sum(delivery.delivered), 1).astype(local.dtype)
-        mean_delivered = jnp.sum(delivery.messages, axis=0) / count  # lost messages are 0
-        increment = jnp.where(delivered, (mean_delivered - delivery.messages) / denominator, 0.0)
+        messages = delivery.messages
+        if ch.error_feedback == "ef21":  # the server's g_c, for every agent: keep the delivered ones
+            messages = jnp.where(delivered, messages, 0.0)
+        mean_delivered = jnp.sum(messages, axis=0) / count  # lost messages are 0
+        increment = jnp.where(delivered, (mean_delivered - messages) / denominator, 0.0)
     # The increments sum to 0 over the delivered agents in exact arithmetic, but each carries the
     # rounding error of a difference of iterates divided by a small denominator: over 1e5 rounds in
     # float32 their sum drifts, sum_c xi_c leaves 0 and the iterate runs away (seen with SCAFFLSA,
@@ -230,14 +383,22 @@ def observations_per_step(problem, skip: int) -> int:
     return skip if getattr(problem, "sampling", None) == "markov" else 1
 
 
-def round_info(local: jax.Array, theta: jax.Array, delivery: Delivery, config, problem) -> RoundInfo:
+def round_info(
+    local: jax.Array, theta: jax.Array, delivery: Delivery, config, problem, cohort: jax.Array | None = None
+) -> RoundInfo:
     """:class:`RoundInfo` of the usual round: every agent ran ``num_local_steps`` local steps
     (``local (N, d)``, its last iterate) and sent one message of
-    ``channel.quantizer.bits(d)`` bits; ``delivery`` says which arrived.
+    ``channel.quantizer.bits(d)`` bits; ``delivery`` says which arrived. With a cohort S (mask)
+    only its m agents observed and sent, and ``client_drift`` is their mean.
 
     ``config``'s optional fields ``num_local_steps``, ``skip`` and ``channel`` take their
     defaults (1, 1, exact) when absent.
     """
+    if cohort is not None:
+        m = int(config.clients_per_round)
+        drift = jnp.sum(jnp.where(cohort, jnp.sum((local - theta) ** 2, axis=-1), 0.0)) / m
+        full = round_info(local[:m], theta, delivery, config, problem)  # the counts of m agents
+        return full._replace(client_drift=drift)
     N, d = local.shape
     H = int(getattr(config, "num_local_steps", 1))
     skip = int(getattr(config, "skip", 1))
@@ -245,6 +406,7 @@ def round_info(local: jax.Array, theta: jax.Array, delivery: Delivery, config, p
     bits = channel().quantizer.bits(d) if ch is None else ch.quantizer.bits(d)
     drift = jnp.mean(jnp.sum((local - theta) ** 2, axis=-1))
     delivered = jnp.sum(delivery.delivered).astype(jnp.int32)
+    down = downlink_bits(config, N, d)
     return RoundInfo(
         client_drift=drift,
         messages_sent=jnp.int32(N),
@@ -252,6 +414,8 @@ def round_info(local: jax.Array, theta: jax.Array, delivery: Delivery, config, p
         bits_sent=jnp.int32(N * bits),
         bits_delivered=delivered * jnp.int32(bits),
         observations=jnp.int32(N * H * observations_per_step(problem, skip)),
+        downlink_bits_sent=down,
+        downlink_bits_delivered=down,
     )
 
 

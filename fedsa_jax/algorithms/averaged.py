@@ -58,6 +58,10 @@ class _Wrapper:
     def channel(self):
         return self.inner.channel
 
+    @property
+    def clients_per_round(self):
+        return self.inner.clients_per_round
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

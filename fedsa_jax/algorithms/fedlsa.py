@@ -23,7 +23,18 @@ delivered with probability p. The server sets
 lost message is a zero update, which shrinks the step by p on average) or
 ``theta_t + (1/|R|) sum_{c in R} q(m_c)`` (``"divide_by_received"``; no update
 if nothing arrives). Agents hold no state between rounds, so a lost message
-costs nothing beyond that round.
+costs nothing beyond that round. A biased compressor (``top_k``, ``scaled_sign``, unscaled
+``rand_k``) runs as it is, biased; with ``error_feedback="ef14"`` or ``"ef21"`` the agents keep a
+memory (:mod:`fedsa_jax.channel`) and EF21 reaches the uncompressed limit.
+
+Partial participation (``clients_per_round = m``): each round a cohort S of m agents is
+drawn uniformly without replacement, independently of everything else (FedAvg's client
+sampling, McMahan et al. 2017, Alg. 1, and SCAFFOLD's, Karimireddy et al. 2020, Alg. 1 with
+global step size 1). Only the cohort starts from ``theta_t``, draws observations and sends;
+the others' observation streams do not move. The server averages over the cohort:
+``theta_{t+1} = theta_t + (1/m) sum_{c in S ∩ R} q(m_c)`` (``"divide_by_n"``: divide by the
+number of agents asked) or ``(1/|S ∩ R|) sum_{c in S ∩ R} q(m_c)`` (``"divide_by_received"``).
+The mean recursion has weights ``P(c in S) p / m = p / N``, as with all agents.
 
 References: Mangold, Samsonov, Labbi, Levin, Alami, Naumov, Moulines,
 "SCAFFLSA: Taming Heterogeneity in Federated Linear Stochastic Approximation and
@@ -43,12 +54,19 @@ from fedsa_jax.algorithms._base import (
     ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
+    downlink_init,
+    downlink_step,
+    downlink_theory,
+    from_reference,
     init_samplers,
     initial_error,
+    keep_outside,
     local_steps_config,
+    round_cohort,
     round_info,
     run_agents,
     server_update,
+    with_clients_per_round,
 )
 
 __all__ = ["FedLSAState", "fedlsa"]
@@ -60,6 +78,8 @@ class FedLSAState(NamedTuple):
     sampler: jax.Array  # (N,) each agent's observation-stream state
     count: jax.Array  # () int32, rounds done (a schedule's local-step count is count H + h)
     opt_state: Any  # the server optimizer's state (() without one)
+    memory: Any = ()  # the agents' error-feedback memory (N, d) (channel.init_memory; () without)
+    hat: Any = ()  # the agents' copy of the model minus theta_star, with a downlink (() without)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> FedLSAState:
@@ -70,6 +90,8 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
         init_samplers(key, problem),
         jnp.int32(0),
         optim.init_server(config, error),
+        config.channel.init_memory(problem.num_agents, problem.dim, problem.dtype),
+        downlink_init(config, error),
     )
 
 
@@ -78,28 +100,44 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     coordinates, :class:`~fedsa_jax.algorithms.ErrorCoordinates`)."""
     eta = optim.step_sizes(config.step_size, state.count, config.num_local_steps, problem.dtype)
     view = ErrorCoordinates(problem)
-    local, sampler = run_agents(rand.obs, view, state.sampler, state.error, eta, config.skip)
-    aggregate, delivery = server_update(rand.channel, state.error, local, config.channel)
+    cohort = round_cohort(rand, config, problem)  # None: every agent
+    start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
+    local, sampler = run_agents(rand.obs, view, state.sampler, start, eta, config.skip)
+    sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
+    aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
+    aggregate = from_reference(state.error, start, aggregate, config)
     error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate, problem.theta_star)
-    state = FedLSAState(problem.theta_star + error, error, sampler, state.count + 1, opt_state)
-    return state, round_info(local, error, delivery, config, problem)
+    hat = downlink_step(rand.channel, config, error, state.hat)
+    state = FedLSAState(
+        problem.theta_star + error, error, sampler, state.count + 1, opt_state, delivery.memory, hat
+    )
+    return state, round_info(local, error, delivery, config, problem, cohort)
 
 
 def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
     """The exact moment description of a round (:mod:`fedsa_jax.moments`): ``Y = (1, theta,
-    theta^1..theta^N [, s, a])``; broadcast, H local steps, the aggregate through the channel
-    (into theta, or into a scratch block a for the server optimizer) and the optimizer's step."""
+    theta^1..theta^N [, mem_1..mem_N] [, s, a])``, mem the uplink's error-feedback memory; broadcast,
+    H local steps, the aggregate through the channel (into theta, or into a scratch block a for the
+    server optimizer) and the optimizer's step. A compressed downlink adds the agents' copy hat
+    (and EF14's memory): the agents start from hat, the aggregate of their messages against hat
+    moves theta, and the broadcast moves hat (:func:`fedsa_jax.moments.downlink`)."""
     y = moments.Augmented(problem)
     y.add("loc", per_agent=True)
+    moments.channel_memory(y, config.channel)
     into, server = moments.server_step(y, config.server_optimizer)
-    send = moments.broadcast(y)
+    reference, sent, shift, down = downlink_theory(y, config, into)
+    send = moments.broadcast(y, source=reference)
 
     def round(t, etas):
         return [
             send,
             *(moments.local_step(y, float(eta)) for eta in etas),
-            moments.aggregate(y, config.channel, into=into),
+            moments.aggregate(
+                y, config.channel, into=sent, reference=reference, clients_per_round=config.clients_per_round
+            ),
+            *([] if shift is None else [shift]),
             server,
+            *([] if down is None else [down]),
         ]
 
     return moments.Recursion(y, round, config.step_size, config.num_local_steps)
@@ -113,6 +151,9 @@ def fedlsa(
     success_prob: float = 1.0,
     aggregation: str = "divide_by_n",
     server_optimizer=None,
+    error_feedback: str | None = None,
+    downlink=None,
+    clients_per_round: int | None = None,
 ) -> Algorithm:
     """FedLSA with step size ``eta``, ``H`` local steps per round.
 
@@ -127,6 +168,17 @@ def fedlsa(
       server_optimizer: None (``theta_{t+1}`` is the aggregate) or an optax
         ``GradientTransformation`` on the pseudo-gradient ``theta_t - aggregate_t``
         (``optax.sgd(lr, momentum=beta)``: FedAvgM; ``optax.adam(lr)``: FedAdam).
+      error_feedback: None, ``"ef14"`` or ``"ef21"``: error feedback on the uplink, for a
+        compressor (a biased one such as ``fj.channel.top_k(k)`` needs it to converge to the
+        uncompressed limit); see :mod:`fedsa_jax.channel` for what a lost message does.
+      downlink: None (the model goes down exact) or ``fj.channel.channel(quantizer)`` (a contractive
+        compressor, :mod:`fedsa_jax.channel.downlink`): the server broadcasts
+        ``C(theta_{t+1} - theta_hat_t)`` to
+        the agents' copy ``theta_hat`` (:mod:`fedsa_jax.channel.downlink`); the agents start their
+        local steps from ``theta_hat``, their uplink message is ``theta^c_{t,H} - theta_hat_t`` and
+        the server adds the aggregate of the messages to its own ``theta_t``.
+      clients_per_round: None (every agent, every round: the code of the full round) or an
+        integer ``1 <= m <= N``: a uniform cohort of m agents per round (see above).
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -134,19 +186,30 @@ def fedlsa(
       >>> res = fj.simulate(jax.random.key(1), problem, fj.fedlsa(0.1, 10), 20, 64)
     """
     config = local_steps_config(
-        step_size, num_local_steps, skip, quantizer, success_prob, aggregation, server_optimizer
+        step_size,
+        num_local_steps,
+        skip,
+        quantizer,
+        success_prob,
+        aggregation,
+        server_optimizer,
+        error_feedback,
+        downlink,
     )
+    config = with_clients_per_round(config, clients_per_round)
     return Algorithm(config, "fedlsa", init, step, theory)
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:
-    return fedlsa(step_size, args.local_steps, skip=args.skip, **channel)
+    return fedlsa(
+        step_size, args.local_steps, skip=args.skip, clients_per_round=args.clients_per_round, **channel
+    )
 
 
 registry.register_algorithm(
     "fedlsa",
     _from_options,
-    options=(registry.LOCAL_STEPS, registry.SKIP),
+    options=(registry.LOCAL_STEPS, registry.SKIP, registry.CLIENTS_PER_ROUND),
     title="FedLSA",
     bias="fedlsa_bias",
     order=0,

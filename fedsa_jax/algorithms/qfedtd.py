@@ -12,7 +12,15 @@ The sum is divided by N, not by the number received (``aggregation=
 Under generative sampling the mean follows exactly
 ``E[theta_{k+1}] = (I - alpha p mean_i A_bar[i]) E[theta_k] + alpha p mean_i b_bar[i]``
 (:func:`fedsa_jax.theory.exact_mean`). With ``p = 1`` and the identity quantizer
-this is FedTD, i.e. FedLSA with ``H = 1``.
+this is FedTD, i.e. FedLSA with ``H = 1``. With ``error_feedback`` the directions go through
+EF14 or EF21 (EF-TD, Mitra et al. 2023, arXiv:2301.00944, uses EF14 with top-k and sign).
+
+Partial participation (``clients_per_round = m``; not in the paper): FedAvg's client sampling
+(McMahan et al. 2017, Alg. 1), as for :func:`~fedsa_jax.fedlsa`: each round a cohort S of m
+agents drawn uniformly without replacement (independently of everything else) observes and
+uploads, the others' chains stay put, and ``theta_{k+1} = theta_k + (alpha / m) sum_{i in S}
+b_{i,k} Q(g_{i,k})`` (``"divide_by_n"``: the same mean step ``alpha p mean_i A_bar[i]`` as with
+every agent) or divided by the number received from S.
 
 References: Dal Fabbro, Mitra, Pappas, "Federated TD Learning over Finite-Rate
 Erasure Channels: Linear Speedup under Markovian Sampling", IEEE Control Systems
@@ -26,18 +34,23 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import optim, registry
+from fedsa_jax import _validate, optim, registry
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
+    downlink_init,
+    downlink_step,
     init_samplers,
     initial_error,
+    keep_outside,
     local_steps_config,
+    round_cohort,
     round_info,
+    with_clients_per_round,
 )
-from fedsa_jax.algorithms.fedlsa import theory
+from fedsa_jax.algorithms.fedlsa import theory as fedlsa_theory
 from fedsa_jax.channel import Delivery, aggregate, transmit
 
 __all__ = ["QFedTDState", "qfedtd"]
@@ -49,6 +62,8 @@ class QFedTDState(NamedTuple):
     sampler: jax.Array  # (N,) each agent's chain state
     count: jax.Array  # () int32, rounds done (= the schedule's count: one step per round)
     opt_state: Any  # the server optimizer's state (() without one)
+    memory: Any = ()  # the agents' error-feedback memory (N, d) (channel.init_memory; () without)
+    hat: Any = ()  # the agents' copy of the model minus theta_star, with a downlink (() without)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> QFedTDState:
@@ -59,6 +74,8 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
         init_samplers(key, problem),
         jnp.int32(0),
         optim.init_server(config, error),
+        config.channel.init_memory(problem.num_agents, problem.dim, problem.dtype),
+        downlink_init(config, error),
     )
 
 
@@ -68,24 +85,49 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
     alpha = optim.step_sizes(config.step_size, state.count, 1, problem.dtype)
     alpha = alpha if alpha.ndim == 0 else alpha[0]
     view = ErrorCoordinates(problem)
+    start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
 
     def direction(rand_c, params, sampler):
         obs, sampler = problem.observe(params, sampler, rand_c, 1)
         first = jax.tree.map(lambda x: x[0], obs)
-        return -view.direction(params, first, state.error), sampler  # g = b(Z) - A(Z) theta
+        return -view.direction(params, first, start), sampler  # g = b(Z) - A(Z) theta
 
     g, sampler = jax.vmap(direction)(rand.obs, problem.agent_params(), state.sampler)
     ch = config.channel
-    if ch.trivial:
-        N = g.shape[0]
-        delivery = Delivery(g, jnp.ones((N,), bool), jnp.full((N,), 1.0 / N, g.dtype))
+    cohort = round_cohort(rand, config, problem)  # None: every agent
+    sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
+    if ch.trivial and cohort is None:
+        delivery = _exact(g)
     else:
-        delivery = transmit(rand.channel, g, ch)
+        delivery = transmit(rand.channel, g, ch, state.memory, cohort)
     combined = state.error + alpha * aggregate(delivery)  # sum_c w_c q(g_c), as a dot (faster)
     error, opt_state = optim.server_step(config, state.opt_state, state.error, combined, problem.theta_star)
-    info = round_info(jnp.broadcast_to(state.error, g.shape), state.error, delivery, config, problem)
+    info = round_info(jnp.broadcast_to(state.error, g.shape), state.error, delivery, config, problem, cohort)
     info = info._replace(client_drift=jnp.zeros((), g.dtype))  # one step: no local drift (nothing computed)
-    return QFedTDState(problem.theta_star + error, error, sampler, state.count + 1, opt_state), info
+    hat = downlink_step(rand.channel, config, error, state.hat)
+    state = QFedTDState(
+        problem.theta_star + error, error, sampler, state.count + 1, opt_state, delivery.memory, hat
+    )
+    return state, info
+
+
+def theory(config: LocalStepsConfig, problem):
+    """FedLSA's round with ``H = 1`` (its message is ``alpha g``). With error feedback the memories
+    are then ``alpha`` times QFedTD's, the same iterates for a constant ``alpha`` only
+    (``C(alpha x) = alpha C(x)`` for rand-k): a schedule is refused."""
+    if config.channel.error_feedback is not None and isinstance(config.step_size, optim.Schedule):
+        _validate.fail(
+            "step_size",
+            "a schedule",
+            "QFedTD's exact recursion with error feedback needs a constant step size",
+        )
+    return fedlsa_theory(config, problem)
+
+
+def _exact(g: jax.Array) -> Delivery:
+    """Every message delivered exactly, weights ``1/N``."""
+    N = g.shape[0]
+    return Delivery(g, jnp.ones((N,), bool), jnp.full((N,), 1.0 / N, g.dtype))
 
 
 def qfedtd(
@@ -94,6 +136,9 @@ def qfedtd(
     success_prob: float = 1.0,
     aggregation: str = "divide_by_n",
     server_optimizer=None,
+    error_feedback: str | None = None,
+    downlink=None,
+    clients_per_round: int | None = None,
 ) -> Algorithm:
     """QFedTD with server step ``alpha``, quantizer Q and success probability p.
 
@@ -105,6 +150,19 @@ def qfedtd(
       aggregation: ``"divide_by_n"`` (the paper's) or ``"divide_by_received"``.
       server_optimizer: None or an optax ``GradientTransformation`` on the pseudo-gradient
         ``theta_k - aggregate_k`` (:mod:`fedsa_jax.optim`).
+      error_feedback: None, ``"ef14"`` or ``"ef21"``: error feedback on the uplink, for a
+        compressor (a biased one such as ``fj.channel.top_k(k)`` needs it to converge to the
+        uncompressed limit); see :mod:`fedsa_jax.channel` for what a lost message does.
+      downlink: None (the model goes down exact) or ``fj.channel.channel(quantizer)`` (a contractive
+        compressor, :mod:`fedsa_jax.channel.downlink`): the server broadcasts
+        ``C(theta_{k+1} - theta_hat_k)`` to
+        the agents' copy ``theta_hat`` (:mod:`fedsa_jax.channel.downlink`); the agents evaluate
+        their direction ``g_c = b_c(Z) - A_c(Z) theta_hat_k`` there and the server steps its own
+        model, ``theta_{k+1} = theta_k + alpha sum_c w_c q(g_c)``.
+      clients_per_round: None (every agent, every round) or ``1 <= m <= N``: each round a
+        cohort of m agents drawn uniformly without replacement steps and sends (see
+        :func:`fedsa_jax.fedlsa`); the server divides by m (``"divide_by_n"``) or by the number
+        received from the cohort.
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -112,12 +170,22 @@ def qfedtd(
       >>> alg = fj.qfedtd(0.6, fj.channel.stochastic_uniform(bits=4), success_prob=0.6)
       >>> res = fj.simulate(jax.random.key(1), problem, alg, num_rounds=200, num_seeds=256)
     """
-    config = local_steps_config(step_size, 1, 1, quantizer, success_prob, aggregation, server_optimizer)
+    config = local_steps_config(
+        step_size, 1, 1, quantizer, success_prob, aggregation, server_optimizer, error_feedback, downlink
+    )
+    config = with_clients_per_round(config, clients_per_round)
     return Algorithm(config, "qfedtd", init, step, theory)  # FedLSA's round with H = 1
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:
-    return qfedtd(step_size, **channel)
+    return qfedtd(step_size, clients_per_round=args.clients_per_round, **channel)
 
 
-registry.register_algorithm("qfedtd", _from_options, title="QFedTD", note="one local step per round", order=2)
+registry.register_algorithm(
+    "qfedtd",
+    _from_options,
+    options=(registry.CLIENTS_PER_ROUND,),
+    title="QFedTD",
+    note="one local step per round",
+    order=2,
+)

@@ -23,6 +23,22 @@ the delivered messages ``mbar_R = (1/|R|) sum_{j in R} q(m_j)``:
 So a lost message leaves that agent's control variate as it was (its local work
 of the round is discarded), and ``sum_c xi_c`` stays exactly 0 for either rule.
 With an exact channel this is the update above (``mbar_R = theta_{t+1} - theta_t``).
+With error feedback ``q(m_c)`` is what the server reconstructs: EF14's ``C(m_c + e_c)``,
+EF21's ``g_c`` (:mod:`fedsa_jax.channel`).
+
+Partial participation (``clients_per_round = m``): SCAFFOLD with sampled clients
+(Karimireddy et al. 2020, Alg. 1, global step size 1) in SCAFFLSA's centred form. Each round
+a cohort S of m agents is drawn uniformly without replacement, independently of everything
+else; only the cohort runs its local steps (with its ``xi_c``), draws observations and
+sends. The server averages over the cohort as FedLSA does (``1/m`` or ``1/|S ∩ R|``) and
+the delivered set above becomes ``S ∩ R``: the cohort's control variates move against the
+cohort's mean message, the others keep theirs, and ``sum_c xi_c`` stays 0. (SCAFFOLD's own
+rule moves the server's ``c`` by ``(1/N) sum_{i in S} Delta c_i``, which shifts every
+agent's ``c - c_i``, the cohort's and the others' alike, by that amount; the centred rule keeps
+the idle agents' corrections as they were, so an agent's correction only changes with its
+own messages, as under erasures.) With ``m = 1`` the cohort's mean message is its only
+message, so the control variates never move and SCAFFLSA runs as FedLSA with one agent per
+round; they learn from cohorts of two or more.
 
 References: Mangold et al., "SCAFFLSA: Taming Heterogeneity in Federated Linear
 Stochastic Approximation and TD Learning", NeurIPS 2024, arXiv:2402.04114,
@@ -44,12 +60,19 @@ from fedsa_jax.algorithms._base import (
     LocalStepsConfig,
     RoundRandomness,
     control_variate_update,
+    downlink_init,
+    downlink_step,
+    downlink_theory,
+    from_reference,
     init_samplers,
     initial_error,
+    keep_outside,
     local_steps_config,
+    round_cohort,
     round_info,
     run_agents,
     server_update,
+    with_clients_per_round,
 )
 
 __all__ = ["SCAFFLSAState", "scafflsa"]
@@ -62,6 +85,8 @@ class SCAFFLSAState(NamedTuple):
     sampler: jax.Array  # (N,)
     count: jax.Array  # () int32, rounds done (a schedule's local-step count is count H + h)
     opt_state: Any  # the server optimizer's state (() without one)
+    memory: Any = ()  # the agents' error-feedback memory (N, d) (channel.init_memory; () without)
+    hat: Any = ()  # the agents' copy of the model minus theta_star, with a downlink (() without)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> SCAFFLSAState:
@@ -74,6 +99,8 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
         init_samplers(key, problem),
         jnp.int32(0),
         optim.init_server(config, error),
+        config.channel.init_memory(problem.num_agents, problem.dim, problem.dtype),
+        downlink_init(config, error),
     )
 
 
@@ -82,35 +109,56 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     variates move against the channel's aggregate, divided by the sum of the round's steps."""
     H = config.num_local_steps
     eta = optim.step_sizes(config.step_size, state.count, H, problem.dtype)
+    cohort = round_cohort(rand, config, problem)  # None: every agent
+    start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
     local, sampler = run_agents(
-        rand.obs, ErrorCoordinates(problem), state.sampler, state.error, eta, config.skip, controls=state.xi
+        rand.obs, ErrorCoordinates(problem), state.sampler, start, eta, config.skip, controls=state.xi
     )
-    aggregate, delivery = server_update(rand.channel, state.error, local, config.channel)
+    sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
+    aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
     xi = control_variate_update(
-        state.xi, aggregate, local, delivery, config.channel, optim.round_step_sum(eta, H)
+        state.xi, aggregate, local, delivery, config.channel, optim.round_step_sum(eta, H), cohort
     )
+    aggregate = from_reference(state.error, start, aggregate, config)
     error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate, problem.theta_star)
-    state = SCAFFLSAState(problem.theta_star + error, error, xi, sampler, state.count + 1, opt_state)
-    return state, round_info(local, error, delivery, config, problem)
+    hat = downlink_step(rand.channel, config, error, state.hat)
+    state = SCAFFLSAState(
+        problem.theta_star + error, error, xi, sampler, state.count + 1, opt_state, delivery.memory, hat
+    )
+    return state, round_info(local, error, delivery, config, problem, cohort)
 
 
 def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
     """The exact moment description of a round (:mod:`fedsa_jax.moments`): ``Y = (1, theta,
     xi_1..xi_N, theta^1..theta^N [, s, a])``; broadcast, H local steps with the control variates,
     the aggregate through the channel with the control variates' step against it (divided by
-    ``sum_h eta_{tH+h}``), and the server optimizer's step."""
+    ``sum_h eta_{tH+h}``), and the server optimizer's step; a compressed downlink as in FedLSA's."""
     y = moments.Augmented(problem, title="SCAFFLSA")
     y.add("xi", per_agent=True, zero_sum=True)
     y.add("loc", per_agent=True)
     into, server = moments.server_step(y, config.server_optimizer)
-    send = moments.broadcast(y)
+    reference, sent, shift, down = downlink_theory(y, config, into)
+    send = moments.broadcast(y, source=reference)
 
     def round(t, etas):
         steps = [moments.local_step(y, float(eta), controls="xi") for eta in etas]
         aggregate = moments.aggregate(
-            y, config.channel, into=into, control_variates="xi", denominator=float(np.sum(etas))
+            y,
+            config.channel,
+            into=sent,
+            reference=reference,
+            control_variates="xi",
+            denominator=float(np.sum(etas)),
+            clients_per_round=config.clients_per_round,
         )
-        return [send, *steps, aggregate, server]
+        return [
+            send,
+            *steps,
+            aggregate,
+            *([] if shift is None else [shift]),
+            server,
+            *([] if down is None else [down]),
+        ]
 
     return moments.Recursion(y, round, config.step_size, config.num_local_steps)
 
@@ -123,6 +171,9 @@ def scafflsa(
     success_prob: float = 1.0,
     aggregation: str = "divide_by_n",
     server_optimizer=None,
+    error_feedback: str | None = None,
+    downlink=None,
+    clients_per_round: int | None = None,
 ) -> Algorithm:
     """SCAFFLSA with step size ``eta`` and ``H`` local steps per round.
 
@@ -138,21 +189,45 @@ def scafflsa(
       server_optimizer: None or an optax ``GradientTransformation`` on the pseudo-gradient
         ``theta_t - aggregate_t`` (:mod:`fedsa_jax.optim`); the control variates move
         against the aggregate, as without one.
+      error_feedback: None, ``"ef14"`` or ``"ef21"``: error feedback on the uplink, for a
+        compressor (a biased one such as ``fj.channel.top_k(k)`` needs it to converge to the
+        uncompressed limit); see :mod:`fedsa_jax.channel` for what a lost message does.
+      downlink: None (the model goes down exact) or ``fj.channel.channel(quantizer)`` (a contractive
+        compressor, :mod:`fedsa_jax.channel.downlink`): the server broadcasts
+        ``C(theta_{t+1} - theta_hat_t)`` to
+        the agents' copy ``theta_hat`` (:mod:`fedsa_jax.channel.downlink`). The agents start their
+        local steps from ``theta_hat`` (with their ``xi_c``), send ``m_c = theta^c_{t,H} -
+        theta_hat_t``, and the control variates move against these messages as above
+        (``xi_c += (mbar - q(m_c)) / (eta H)``: they see only what the agents hold); the server
+        adds the aggregate of the messages to its own ``theta_t``.
+      clients_per_round: None (every agent, every round) or ``1 <= m <= N``: a uniform cohort
+        of m agents per round (see above).
     """
     config = local_steps_config(
-        step_size, num_local_steps, skip, quantizer, success_prob, aggregation, server_optimizer
+        step_size,
+        num_local_steps,
+        skip,
+        quantizer,
+        success_prob,
+        aggregation,
+        server_optimizer,
+        error_feedback,
+        downlink,
     )
+    config = with_clients_per_round(config, clients_per_round)
     return Algorithm(config, "scafflsa", init, step, theory)
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:
-    return scafflsa(step_size, args.local_steps, skip=args.skip, **channel)
+    return scafflsa(
+        step_size, args.local_steps, skip=args.skip, clients_per_round=args.clients_per_round, **channel
+    )
 
 
 registry.register_algorithm(
     "scafflsa",
     _from_options,
-    options=(registry.LOCAL_STEPS, registry.SKIP),
+    options=(registry.LOCAL_STEPS, registry.SKIP, registry.CLIENTS_PER_ROUND),
     title="SCAFFLSA",
     order=1,
     default=True,

@@ -36,7 +36,9 @@ mean of the delivered messages ``mbar_R = (1/|R|) sum_{j in R} q(m_j)``:
 
 As in SCAFFLSA, a lost message discards that agent's local work since the last
 synchronisation and leaves its control variate unchanged, and ``sum_c h_c`` stays
-exactly 0 for either rule. With an exact channel this is the update above.
+exactly 0 for either rule. With an exact channel this is the update above. Error feedback
+(:mod:`fedsa_jax.channel`) acts on the messages of the communications only: the memory moves
+when the coin says the step communicates.
 
 Randomness: the round's observations are one block, as for FedLSA (agent c's k-th
 local step uses its k-th observation). The round's channel key ``k`` is split,
@@ -51,6 +53,22 @@ each of ``channel.quantizer.bits(d)`` bits, the delivered ones counted;
 ``N H`` observations (times ``skip`` under Markov sampling); ``client_drift`` is
 ``mean_c |x_c - theta_{t+1}|^2`` at the end of the round (0 if its last step
 communicated).
+
+Partial participation (``clients_per_round = m``): ProxSkip's Scaffnew has every agent train
+and communicate; client sampling is studied in its successors 5GCS (Grudzień, Malinovsky,
+Richtárik, "Can 5th Generation Local Training Methods Support Client Sampling? Yes!", AISTATS
+2023, arXiv:2212.14370) and TAMUNA (Condat, Agarský, Malinovsky, Richtárik, arXiv:2302.09832,
+2023), where a cohort is chosen when a local-training period starts and only it trains,
+communicates and moves its control variates. We follow that structure with Scaffnew's own
+update: a cohort S of m agents is drawn uniformly without replacement at the start and after
+each communication (independently of everything else); until the next communication only S
+draws observations and steps (the others hold ``x_c = x_sync`` and their ``h_c``); the
+communication aggregates over S as SCAFFLSA does (``1/m`` or ``1/|S ∩ R|``, the delivered set
+becoming ``S ∩ R``, so ``sum_c h_c`` stays 0), and the server model goes to every agent. The
+scored iterate is the cohort's mean ``theta_t = (1/m) sum_{c in S} x_c``. Accounting: m
+messages per communication, ``m H`` observations per round. For the exact theory the idle
+agents may as well train on fresh observations whose work is discarded: S is independent of
+their iterates when it is used, so only the aggregation's weights change.
 
 References: Mishchenko, Malinovsky, Stich, Richtárik, "ProxSkip: Yes! Local Gradient
 Steps Provably Lead to Communication Acceleration! Finally!", ICML 2022,
@@ -68,19 +86,28 @@ import jax.numpy as jnp
 
 from fedsa_jax import _validate, moments, optim, registry
 from fedsa_jax.algorithms._base import (
+    COHORT_STREAM,
     LOCAL_UNROLL,
     Algorithm,
     ErrorCoordinates,
     RoundInfo,
     RoundRandomness,
+    cohort_active,
+    cohort_mask,
     control_variate_update,
+    downlink_bits,
+    downlink_init,
+    downlink_theory,
+    from_reference,
     init_samplers,
     initial_error,
+    keep_outside,
     local_steps_config,
     observations_per_step,
     server_update,
+    with_clients_per_round,
 )
-from fedsa_jax.channel import Channel
+from fedsa_jax.channel import Channel, broadcast, channel, downlink_key
 
 __all__ = ["ScaffnewConfig", "ScaffnewState", "scaffnew"]
 
@@ -97,6 +124,8 @@ class ScaffnewConfig:
     num_local_steps: int = dataclasses.field(metadata=dict(static=True))  # H local steps per round
     skip: int = dataclasses.field(default=1, metadata=dict(static=True))  # keep 1 obs out of skip
     server_optimizer: Any = None  # None or an optax transformation applied at each communication
+    downlink: Any = dataclasses.field(default=None, metadata=dict(omit_none=True))  # None or a Channel
+    clients_per_round: int | None = dataclasses.field(default=None, metadata=dict(static=True))  # m
 
 
 class ScaffnewState(NamedTuple):
@@ -110,13 +139,16 @@ class ScaffnewState(NamedTuple):
     sampler: jax.Array  # (N,) each agent's observation-stream state
     count: jax.Array  # () int32, rounds done (a schedule's local-step count is count H + h)
     opt_state: Any  # the server optimizer's state (() without one), stepped at each communication
+    memory: Any = ()  # the agents' error-feedback memory (N, d) (channel.init_memory; () without)
+    hat: Any = ()  # the agents' copy of x_sync, with a downlink (() without)
+    cohort: Any = None  # (N,) bool, the agents of the current local-training period (None: every agent)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: ScaffnewConfig) -> ScaffnewState:
     error = initial_error(problem, theta0)
     x = jnp.broadcast_to(error, (problem.num_agents, problem.dim))
     xi = jnp.zeros((problem.num_agents, problem.dim), problem.dtype)
-    return ScaffnewState(
+    state = ScaffnewState(
         problem.theta_star + error,
         error,
         x,
@@ -125,11 +157,19 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: ScaffnewConfig) -> 
         init_samplers(key, problem),
         jnp.int32(0),
         optim.init_server(config, error),
+        config.channel.init_memory(problem.num_agents, problem.dim, problem.dtype),
+        downlink_init(config, error),
     )
+    if not cohort_active(config, problem.num_agents):
+        return state
+    m = int(config.clients_per_round)  # pyright: ignore[reportArgumentType] (an int when active)
+    return state._replace(cohort=cohort_mask(jax.random.fold_in(key, COHORT_STREAM), problem.num_agents, m))
 
 
 def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewConfig):
     """One round (H local steps, each followed by a communication with probability p) for one seed."""
+    if state.cohort is not None:
+        return _cohort_step(rand, state, problem, config)
     dtype = problem.dtype
     H, ch = config.num_local_steps, config.channel
     etas = jnp.broadcast_to(optim.step_sizes(config.step_size, state.count, H, dtype), (H,))
@@ -143,38 +183,131 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
     send_keys = None if ch.trivial else jax.random.split(k_send, H)
 
     def local_step(carry, xs):
-        x, xi, x_sync, opt_state, delivered = carry
-        o, coin, key, eta = xs
-        xh = x - eta * (jax.vmap(view.direction)(params, o, x) - xi)
-        aggregate, delivery = server_update(key, x_sync, xh, ch)
-        xi_synced = control_variate_update(xi, aggregate, xh, delivery, ch, eta / p)
-        synced, opt_synced = optim.server_step(config, opt_state, x_sync, aggregate, problem.theta_star)
-        x = jnp.where(coin, jnp.broadcast_to(synced, xh.shape), xh)
-        xi = jnp.where(coin, xi_synced, xi)
-        x_sync = jnp.where(coin, synced, x_sync)
-        opt_state = jax.tree.map(lambda new, old: jnp.where(coin, new, old), opt_synced, opt_state)
-        delivered = delivered + jnp.where(coin, jnp.sum(delivery.delivered), 0).astype(jnp.int32)
-        return (x, xi, x_sync, opt_state, delivered), None
+        x, sync = carry
+        o, coin, key, down_key, eta = xs
+        xh = x - eta * (jax.vmap(view.direction)(params, o, x) - sync[0])
+        return _communicate(coin, key, down_key, xh, sync, eta / p, problem, config), None
 
-    carry = (state.x, state.xi, state.x_sync, state.opt_state, jnp.int32(0))
-    (x, xi, x_sync, opt_state, delivered), _ = jax.lax.scan(
-        local_step, carry, (obs, coins, send_keys, etas), unroll=min(LOCAL_UNROLL, H)
+    carry = (state.x, _sync_carry(state))
+    (x, (xi, x_sync, opt_state, delivered, memory, hat)), _ = jax.lax.scan(
+        local_step,
+        carry,
+        (obs, coins, send_keys, _down_keys(rand, config, H), etas),
+        unroll=min(LOCAL_UNROLL, H),
     )
     error = x.mean(axis=0)
     N, d = x.shape
-    bits = ch.quantizer.bits(d)
-    sent = jnp.int32(N) * jnp.sum(coins).astype(jnp.int32)
-    info = RoundInfo(
-        client_drift=jnp.mean(jnp.sum((x - error) ** 2, axis=-1)),
+    info = _round_info(coins, delivered, N, config, problem, jnp.mean(jnp.sum((x - error) ** 2, axis=-1)))
+    new = ScaffnewState(
+        problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state, memory, hat
+    )
+    return new, info
+
+
+def _sync_carry(state: ScaffnewState):
+    """What a communication moves besides the iterates: ``(xi, x_sync, opt_state, delivered,
+    memory, hat)`` (``delivered``: the round's count of delivered messages, from 0)."""
+    return state.xi, state.x_sync, state.opt_state, jnp.int32(0), state.memory, state.hat
+
+
+def _down_keys(rand: RoundRandomness, config, H: int):
+    """The H local steps' downlink keys (None without a compressed downlink)."""
+    if getattr(config, "downlink", None) is None:  # a user's config may have none
+        return None
+    return jax.random.split(downlink_key(rand.channel), H)
+
+
+def _round_info(coins, delivered, senders: int, config, problem, client_drift) -> RoundInfo:
+    """The round's counts: ``senders`` messages per communication (N, or m with a cohort)."""
+    d, H = problem.dim, config.num_local_steps
+    bits = config.channel.quantizer.bits(d)
+    communications = jnp.sum(coins)
+    sent = jnp.int32(senders) * communications.astype(jnp.int32)
+    down = downlink_bits(config, problem.num_agents, d, communications)
+    return RoundInfo(
+        client_drift=client_drift,
         messages_sent=sent,
         messages_delivered=delivered,
         bits_sent=sent * jnp.int32(bits),
         bits_delivered=delivered * jnp.int32(bits),
-        observations=jnp.int32(N * H * observations_per_step(problem, config.skip)),
+        observations=jnp.int32(senders * H * observations_per_step(problem, config.skip)),
+        downlink_bits_sent=down,
+        downlink_bits_delivered=down,
     )
-    return ScaffnewState(
-        problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state
-    ), info
+
+
+def _communicate(coin, key, down_key, xh, sync, denominator, problem, config, cohort=None):
+    """A local step's communication, kept where its coin says so: the aggregate of the messages
+    ``xh_c - ref`` (of the cohort, if any; ``ref`` is ``x_sync``, or the agents' copy hat with a
+    downlink), the control variates' step (divided by ``eta / p``), the optimizer's step, the
+    broadcast, every agent restarting from the new model (or its copy); returns the new
+    ``(x, sync)``, ``sync`` as :func:`_sync_carry`."""
+    xi, x_sync, opt_state, delivered, memory, hat = sync
+    ch, dl = config.channel, getattr(config, "downlink", None)
+    ref = x_sync if dl is None else hat  # the agents' copy of x_sync
+    aggregate, delivery = server_update(key, ref, xh, ch, memory, cohort)
+    xi_synced = control_variate_update(xi, aggregate, xh, delivery, ch, denominator, cohort)
+    aggregate = from_reference(x_sync, ref, aggregate, config)
+    synced, opt_synced = optim.server_step(config, opt_state, x_sync, aggregate, problem.theta_star)
+    hat_synced = hat if dl is None else broadcast(down_key, synced, hat, dl)
+    restart = synced if dl is None else hat_synced
+    x = jnp.where(coin, jnp.broadcast_to(restart, xh.shape), xh)
+    xi = jnp.where(coin, xi_synced, xi)
+    x_sync = jnp.where(coin, synced, x_sync)
+    opt_state, memory, hat = jax.tree.map(
+        lambda new, old: jnp.where(coin, new, old),
+        (opt_synced, delivery.memory, hat_synced),
+        (opt_state, memory, hat),
+    )
+    delivered = delivered + jnp.where(coin, jnp.sum(delivery.delivered), 0).astype(jnp.int32)
+    return x, (xi, x_sync, opt_state, delivered, memory, hat)
+
+
+def _cohort_step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewConfig):
+    """One round with a cohort of ``m < N`` agents per local-training period (the module's
+    "Partial participation"): each local step has its own block of one observation per agent
+    (from the round's cohort key; the H blocks and the H candidate next cohorts are drawn at once),
+    so that an agent's stream moves only on the steps where it trains; a communication switches
+    to that step's next cohort."""
+    dtype, N = problem.dtype, problem.num_agents
+    H, m = config.num_local_steps, int(config.clients_per_round or N)
+    etas = jnp.broadcast_to(optim.step_sizes(config.step_size, state.count, H, dtype), (H,))
+    p = jnp.asarray(config.comm_prob, dtype)
+    params = problem.agent_params()
+    view = ErrorCoordinates(problem)
+    k_coin, k_send = jax.random.split(rand.channel)
+    coins = jax.random.uniform(k_coin, (H,), dtype) < p
+    # per step k: (k_obs, k_next) = split(split(rand.cohort, H)[k]), drawn for all steps at once
+    k_obs, k_next = jnp.moveaxis(jax.vmap(jax.random.split)(jax.random.split(rand.cohort, H)), 1, 0)
+    blocks = jax.vmap(lambda k: problem.randomness(k, N, 1, config.skip))(k_obs)
+    next_cohorts = jax.vmap(lambda k: cohort_mask(k, N, m))(k_next)
+
+    def local_step(carry, xs):
+        x, sync, sampler, cohort = carry
+        coin, key, down_key, block, next_cohort, eta = xs
+        obs, moved = jax.vmap(lambda *a: problem.observe(*a, config.skip))(params, sampler, block)
+        sampler = keep_outside(cohort, moved, sampler)  # idle agents draw nothing
+        o = jax.tree.map(lambda a: a[:, 0], obs)
+        xh = keep_outside(cohort, x - eta * (jax.vmap(view.direction)(params, o, x) - sync[0]), x)
+        x, sync = _communicate(coin, key, down_key, xh, sync, eta / p, problem, config, cohort)
+        cohort = jnp.where(coin, next_cohort, cohort)
+        return (x, sync, sampler, cohort), None
+
+    carry = (state.x, _sync_carry(state), state.sampler, state.cohort)
+    (x, (xi, x_sync, opt_state, delivered, memory, hat), sampler, cohort), _ = jax.lax.scan(
+        local_step,
+        carry,
+        (coins, jax.random.split(k_send, H), _down_keys(rand, config, H), blocks, next_cohorts, etas),
+        unroll=min(LOCAL_UNROLL, H),
+    )
+    inside = cohort[:, None]
+    error = jnp.sum(jnp.where(inside, x, 0.0), axis=0) / m  # the cohort's mean (idle agents hold x_sync)
+    drift = jnp.sum(jnp.where(inside, (x - error) ** 2, 0.0)) / m
+    info = _round_info(coins, delivered, m, config, problem, drift)
+    new = ScaffnewState(
+        problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state, memory, hat
+    )
+    return new._replace(cohort=cohort), info
 
 
 def theory(config: ScaffnewConfig, problem) -> moments.Recursion:
@@ -183,24 +316,37 @@ def theory(config: ScaffnewConfig, problem) -> moments.Recursion:
     rounds. Each local step is followed, on a coin of probability p, by the communication:
     aggregate into ``x_sync`` (or a for the optimizer) with the control variates' step (divided
     by ``eta / p``), the optimizer's step, every agent restarting from ``x_sync``. The round
-    ends with ``theta <- mean_c x_c``."""
+    ends with ``theta <- mean_c x_c`` (with a cohort: the agents' restart point plus the cohort's
+    mean message, the aggregation of an exact channel over a cohort drawn independently of the
+    iterates). A compressed downlink: the messages are taken against the agents' copy hat, which
+    the broadcast of ``x_sync`` moves and the agents restart from."""
     y = moments.Augmented(problem, title="Scaffnew", theta_carried=False)
     y.add("xi", per_agent=True, zero_sum=True)
     y.add("loc", per_agent=True, initial=moments.START, carried=True)
     y.add("sync", initial=moments.START, carried=True)
     into, server = moments.server_step(y, config.server_optimizer, reference="sync")
-    p = float(config.comm_prob)
+    reference, sent, shift, down = downlink_theory(y, config, into, target="sync")
+    p, m = float(config.comm_prob), config.clients_per_round
 
     def step(eta):
         send = moments.aggregate(
-            y, config.channel, into=into, reference="sync", control_variates="xi", denominator=eta / p
+            y,
+            config.channel,
+            into=sent,
+            reference=reference,
+            control_variates="xi",
+            denominator=eta / p,
+            clients_per_round=m,
         )
-        talk = moments.chain(y, ("communication", eta), send, server, moments.broadcast(y, source="sync"))
+        restart = moments.broadcast(y, source=reference)
+        talk = moments.chain(y, ("communication", eta), send, shift, server, down, restart)
         return moments.chain(
             y, ("local", eta), moments.local_step(y, eta, controls="xi"), moments.coin(p, talk)
         )
 
     mean = moments.agents_mean(y)
+    if m is not None and m < y.N:  # the scored iterate is the cohort's mean: a draw of S (see the module)
+        mean = moments.aggregate(y, channel(), into="theta", reference=reference, clients_per_round=m)
     return moments.Recursion(
         y,
         lambda t, etas: [*(step(float(eta)) for eta in etas), mean],
@@ -218,6 +364,9 @@ def scaffnew(
     success_prob: float = 1.0,
     aggregation: str = "divide_by_n",
     server_optimizer=None,
+    error_feedback: str | None = None,
+    downlink=None,
+    clients_per_round: int | None = None,
 ) -> Algorithm:
     """Scaffnew with step size ``eta``, communication probability ``p`` and ``H`` local steps
     per round (a round is H local steps; it communicates ``p H`` times on average).
@@ -234,6 +383,18 @@ def scaffnew(
       aggregation: ``"divide_by_n"`` or ``"divide_by_received"``.
       server_optimizer: None or an optax ``GradientTransformation``, stepped at each
         communication on the pseudo-gradient ``x_sync - aggregate`` (:mod:`fedsa_jax.optim`).
+      error_feedback: None, ``"ef14"`` or ``"ef21"``: error feedback on the uplink, for a
+        compressor (a biased one such as ``fj.channel.top_k(k)`` needs it to converge to the
+        uncompressed limit); see :mod:`fedsa_jax.channel` for what a lost message does.
+      downlink: None (``x_sync`` goes down exact) or ``fj.channel.channel(quantizer)`` (a contractive
+        compressor): at each communication the server broadcasts
+        ``C(x_sync - x_hat)`` to the agents' copy ``x_hat`` (:mod:`fedsa_jax.channel.downlink`);
+        the agents restart from ``x_hat`` (so ``theta = mean_c x_c`` is ``x_hat`` after a
+        communication), send ``m_c = xh_c - x_hat``, and their control variates move against these
+        messages as above; the server adds the aggregate to its own ``x_sync``. One broadcast per
+        communication, counted once per agent.
+      clients_per_round: None (every agent) or ``1 <= m <= N``: a uniform cohort of m agents per
+        local-training period, drawn at each communication (see the module's "Partial participation").
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -243,12 +404,21 @@ def scaffnew(
       >>> sent = res.communications[-1]  # about 20 rounds x 10 steps x 0.2 x 4 agents = 160
     """
     base = local_steps_config(
-        step_size, num_local_steps, skip, quantizer, success_prob, aggregation, server_optimizer
+        step_size,
+        num_local_steps,
+        skip,
+        quantizer,
+        success_prob,
+        aggregation,
+        server_optimizer,
+        error_feedback,
+        downlink,
     )
     p = _validate.real("comm_prob", comm_prob, 0.0, 1.0, low_open=True)
     config = ScaffnewConfig(
-        base.step_size, p, base.channel, base.num_local_steps, base.skip, base.server_optimizer
+        base.step_size, p, base.channel, base.num_local_steps, base.skip, base.server_optimizer, base.downlink
     )
+    config = with_clients_per_round(config, clients_per_round)
     return Algorithm(config, "scaffnew", init, step, theory)
 
 
@@ -264,13 +434,20 @@ COMM_PROB = registry.Option(
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:
-    return scaffnew(step_size, args.comm_prob, args.local_steps, skip=args.skip, **channel)
+    return scaffnew(
+        step_size,
+        args.comm_prob,
+        args.local_steps,
+        skip=args.skip,
+        clients_per_round=args.clients_per_round,
+        **channel,
+    )
 
 
 registry.register_algorithm(
     "scaffnew",
     _from_options,
-    options=(COMM_PROB, registry.LOCAL_STEPS, registry.SKIP),
+    options=(COMM_PROB, registry.LOCAL_STEPS, registry.SKIP, registry.CLIENTS_PER_ROUND),
     title="Scaffnew",
     order=3,
 )

@@ -1,26 +1,44 @@
-"""Finite-rate, lossy uplink: unbiased random quantizers and Bernoulli erasures."""
+"""Finite-rate, lossy uplink (quantizers, biased compressors with error feedback, Bernoulli erasures) and
+a compressed downlink."""
 
-from fedsa_jax.channel.erasures import AGGREGATIONS, Channel, Delivery, aggregate, channel, transmit
+from fedsa_jax.channel.downlink import broadcast, downlink_arg, downlink_key
+from fedsa_jax.channel.erasures import (
+    AGGREGATIONS,
+    ERROR_FEEDBACK,
+    Channel,
+    Delivery,
+    aggregate,
+    channel,
+    transmit,
+)
 from fedsa_jax.channel.quantizers import (
     Quantizer,
     identity,
     natural,
     qsgd,
     rand_k,
+    scaled_sign,
     stochastic_uniform,
+    top_k,
 )
 
 __all__ = [
     "AGGREGATIONS",
+    "ERROR_FEEDBACK",
     "Channel",
     "Delivery",
     "Quantizer",
     "aggregate",
+    "broadcast",
     "channel",
+    "downlink_arg",
+    "downlink_key",
     "identity",
     "natural",
     "qsgd",
     "rand_k",
+    "scaled_sign",
     "stochastic_uniform",
+    "top_k",
     "transmit",
 ]

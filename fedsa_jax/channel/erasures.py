@@ -9,6 +9,27 @@ one of two explicit rules:
   as a zero update (QFedTD, eq. (2));
 * ``"divide_by_received"``: ``(1/|R|) sum_{c in R} q(m_c)``, and no update when
   nothing arrives.
+
+Error feedback (``error_feedback=``, for a compressor C other than the identity) gives each
+sender a memory, zero at start, that the algorithm carries in its state (``memory``, from
+:meth:`Channel.init_memory`; ``()`` without error feedback) and :func:`transmit` updates:
+
+* ``"ef14"`` (Seide et al. 2014; Stich et al. 2018): agent c sends ``v_c = C(m_c + e_c)`` and
+  keeps ``e_c <- m_c + e_c - v_c``; the server aggregates the ``v_c`` as above.
+* ``"ef21"`` (Richtárik, Sokolov, Fatkhullin 2021): agent c sends ``C(m_c - g_c)`` and sets
+  ``g_c <- g_c + C(m_c - g_c)``; the server keeps its own copy of every ``g_c``, updated the
+  same way, and uses ``(1/N) sum_c g_c`` in place of the aggregate (so only
+  ``"divide_by_n"``).
+
+A lost message: the server broadcasts which messages arrived (R), so an agent updates its
+memory only when its message was delivered (acknowledged). EF21: the server keeps the last
+``g_c`` it received and the agent leaves ``g_c`` as it was, so the two copies stay equal
+(the state holds one); the server still uses every ``g_c``, the lost agents' stale ones
+included (EF21 with partial participation, Fatkhullin et al. 2021, "EF21 with bells and
+whistles"). EF14: ``e_c`` stays as it was; the round's message ``m_c`` is dropped, as
+without error feedback (a lost message counts as a zero update).
+
+The memory is per sender (``(num_senders, d)``), so one mechanism serves any direction.
 """
 
 from __future__ import annotations
@@ -22,21 +43,28 @@ import jax.numpy as jnp
 from fedsa_jax import _prng, _validate
 from fedsa_jax.channel.quantizers import Quantizer, identity
 
-__all__ = ["AGGREGATIONS", "Channel", "Delivery", "aggregate", "channel", "transmit"]
+__all__ = ["AGGREGATIONS", "ERROR_FEEDBACK", "Channel", "Delivery", "aggregate", "channel", "transmit"]
 
 AGGREGATIONS = ("divide_by_n", "divide_by_received")
+ERROR_FEEDBACK = ("ef14", "ef21")
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Channel:
     """Uplink channel: a quantizer, a success probability (a traced leaf, so
-    sweeping it does not recompile) and an aggregation rule."""
+    sweeping it does not recompile), an aggregation rule and an error-feedback rule."""
 
     success_prob: float
     quantizer: Quantizer = dataclasses.field(default_factory=identity, metadata=dict(static=True))
     aggregation: str = dataclasses.field(default="divide_by_n", metadata=dict(static=True))
     erasures: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    error_feedback: str | None = dataclasses.field(default=None, metadata=dict(static=True))
+
+    def init_memory(self, num_senders: int, dim: int, dtype) -> Any:
+        """The senders' error-feedback memory at start: ``()`` without error feedback, else
+        zeros ``(num_senders, dim)`` (EF14's ``e_c``, EF21's ``g_c``)."""
+        return () if self.error_feedback is None else jnp.zeros((num_senders, dim), dtype)
 
     @property
     def trivial(self) -> bool:
@@ -44,33 +72,62 @@ class Channel:
         return self.quantizer.kind == "identity" and not self.erasures
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out = {
             "success_prob": float(self.success_prob),
             "quantizer": self.quantizer.describe(),
             "aggregation": self.aggregation,
         }
+        if self.error_feedback is not None:
+            out["error_feedback"] = self.error_feedback
+        return out
 
 
 def channel(
-    quantizer: Quantizer | None = None, success_prob: float = 1.0, aggregation: str = "divide_by_n"
+    quantizer: Quantizer | None = None,
+    success_prob: float = 1.0,
+    aggregation: str = "divide_by_n",
+    error_feedback: str | None = None,
 ) -> Channel:
-    """Validated :class:`Channel` (``quantizer=None`` is the identity)."""
+    """Validated :class:`Channel` (``quantizer=None`` is the identity; ``error_feedback``:
+    None, ``"ef14"`` or ``"ef21"``, which needs a compressor and, for EF21, ``"divide_by_n"``)."""
     q = identity() if quantizer is None else quantizer
     if not isinstance(q, Quantizer):
         _validate.fail("quantizer", q, "expected a quantizer from fedsa_jax.channel (or None)")
     p = _validate.real("success_prob", success_prob, 0.0, 1.0, low_open=True)
     agg = _validate.choice("aggregation", aggregation, AGGREGATIONS)
-    return Channel(p, q, agg, erasures=p < 1.0)
+    if error_feedback is not None:
+        _validate.choice("error_feedback", error_feedback, ERROR_FEEDBACK)
+        if q.kind == "identity":
+            _validate.fail(
+                "error_feedback",
+                error_feedback,
+                "expected None with the identity quantizer (nothing to feed back)",
+            )
+        if error_feedback == "ef21" and agg != "divide_by_n":
+            _validate.fail(
+                "error_feedback",
+                error_feedback,
+                f"EF21 averages all N of the server's g_c: needs aggregation='divide_by_n', not {agg!r}",
+            )
+    return Channel(p, q, agg, erasures=p < 1.0, error_feedback=error_feedback)
 
 
 class Delivery(NamedTuple):
-    messages: jax.Array  # (N, d) quantized messages, zero where lost
+    messages: jax.Array  # (N, d) quantized messages, zero where lost (EF21: the server's g_c, all N)
     delivered: jax.Array  # (N,) bool
-    weights: jax.Array  # (N,) aggregation weights: 1/N or 1/|R| on delivered, 0 elsewhere
+    weights: jax.Array  # (N,) aggregation weights: 1/N or 1/|R| on delivered, 0 elsewhere (EF21: 1/N)
+    memory: Any = ()  # the senders' error-feedback memory after this round (() without error feedback)
 
 
-def transmit(key: jax.Array, messages: jax.Array, ch: Channel) -> Delivery:
-    """Send every agent's message ``(N, d)`` through the channel.
+def transmit(
+    key: jax.Array, messages: jax.Array, ch: Channel, memory: Any = (), cohort: jax.Array | None = None
+) -> Delivery:
+    """Send every agent's message ``(N, d)`` through the channel (with error feedback, from the
+    senders' ``memory``, see the module's docstring; the new memory is ``delivery.memory``).
+
+    ``cohort``: a mask ``(N,) bool`` of the agents that send this round (partial participation,
+    None: all). The others' messages count as lost, their memory stays, and ``"divide_by_n"``
+    divides by the cohort's size m: ``R`` becomes ``R ∩ S``, weights ``1/m`` or ``1/|R ∩ S|``.
 
     Randomness: ``(k_q, k_e) = split(key)``; agent c's quantizer uses
     ``uniform(split(k_q, N)[c], (d,))`` and the erasures ``uniform(k_e, (N,)) < p``
@@ -80,22 +137,36 @@ def transmit(key: jax.Array, messages: jax.Array, ch: Channel) -> Delivery:
     N, d = messages.shape
     dtype = messages.dtype
     k_q, k_e = _prng.split(key)
+    ef = ch.error_feedback
+    payload = messages if ef is None else messages + memory if ef == "ef14" else messages - memory
     if ch.quantizer.kind == "identity":
-        quantized = messages
+        quantized = payload
+    elif ch.quantizer.deterministic:
+        quantized = jax.vmap(lambda x: ch.quantizer.apply(None, x))(payload)
     else:
         u = jax.vmap(lambda k: _prng.uniform(k, (d,), dtype))(_prng.split(k_q, N))
-        quantized = jax.vmap(ch.quantizer.apply)(u, messages)
+        quantized = jax.vmap(ch.quantizer.apply)(u, payload)
     if ch.erasures:
         p = jnp.asarray(ch.success_prob, dtype)
         delivered = _prng.uniform(k_e, (N,), dtype) < p
     else:
         delivered = jnp.ones((N,), bool)
+    if cohort is not None:
+        delivered = delivered & cohort
     count = jnp.sum(delivered)
     if ch.aggregation == "divide_by_n":
-        weights = delivered / jnp.asarray(N, messages.dtype)
+        senders = N if cohort is None else jnp.sum(cohort)
+        weights = delivered / jnp.asarray(senders, messages.dtype)
     else:
         weights = delivered / jnp.maximum(count, 1).astype(messages.dtype)
-    return Delivery(jnp.where(delivered[:, None], quantized, 0.0), delivered, weights.astype(messages.dtype))
+    received = jnp.where(delivered[:, None], quantized, 0.0)
+    if ef is None:
+        return Delivery(received, delivered, weights.astype(messages.dtype))
+    if ef == "ef14":  # e_c <- m_c + e_c - v_c on delivery, unchanged when lost
+        memory = jnp.where(delivered[:, None], payload - quantized, memory)
+        return Delivery(received, delivered, weights.astype(messages.dtype), memory)
+    memory = memory + received  # EF21: g_c <- g_c + C(m_c - g_c) on delivery, on both sides
+    return Delivery(memory, delivered, jnp.full((N,), 1.0 / N, dtype), memory)
 
 
 def aggregate(delivery: Delivery) -> jax.Array:

@@ -1,8 +1,9 @@
-"""Random quantizers ``q(key, x) -> x_hat`` for the uplink.
+"""Random quantizers and biased compressors ``q(key, x) -> x_hat`` for the uplink.
 
 Each quantizer acts on one message ``x (d,)``, is jit/vmap friendly, and exposes
 its variance constant ``zeta(d)`` (``E|q(x) - x|^2 <= zeta |x|^2``, Definition 1
-of Dal Fabbro et al. 2023) and its cost ``bits(d)`` in bits per message:
+of Dal Fabbro et al. 2023), its cost ``bits(d)`` in bits per message and the flag
+``unbiased`` (``E q(x) = x``):
 
 | quantizer | unbiased | zeta(d) | bits(d) |
 |---|---|---|---|
@@ -10,10 +11,19 @@ of Dal Fabbro et al. 2023) and its cost ``bits(d)`` in bits per message:
 | ``stochastic_uniform(b, range=R)`` (*) | **no** if ``|x|_inf > R`` | ``inf`` (*) | ``d b`` |
 | ``qsgd(s)`` | yes | ``min(d / s^2, sqrt(d) / s)`` | ``32 + d (1 + ceil(log2(s + 1)))`` |
 | ``rand_k(k)`` (scaled by ``d/k``) | yes | ``d / k - 1`` | ``k (32 + ceil(log2 d))`` |
+| ``rand_k(k, unbiased=False)`` (**) | **no** | ``1 - k / d`` | ``k (32 + ceil(log2 d))`` |
+| ``top_k(k)`` (**) | **no** | ``1 - k / d`` | ``k (32 + ceil(log2 d))`` |
+| ``scaled_sign()`` (**) | **no** | ``1 - 1 / d`` | ``32 + d`` |
 | ``natural()`` | yes | ``1 / 8`` | ``9 d`` |
 | ``identity()`` | yes | ``0`` | ``32 d`` |
 
 (*) clipped to ``[-R, R]``; absolute error ``<= d R^2 / (2^b - 1)^2``.
+(**) biased compressors: ``zeta = 1 - delta`` is their contraction,
+``E|C(x) - x|^2 <= (1 - delta) |x|^2`` (Stich et al. 2018; Richtárik et al. 2021).
+Used as they are, they bias the algorithm (its mean no longer follows the uncompressed
+one); error feedback (``error_feedback="ef14"`` or ``"ef21"`` on the channel,
+:func:`fedsa_jax.channel.channel`) is what makes them usable. ``top_k`` and ``scaled_sign``
+are deterministic; ``top_k`` breaks ties in ``|x_i|`` towards the lower index.
 
 Stochastic rounding of ``y`` between grid points ``lo <= y < lo + delta`` goes up
 with probability ``(y - lo) / delta``: unbiased, with variance at most
@@ -22,7 +32,9 @@ with probability ``(y - lo) / delta``: unbiased, with variance at most
 References: Alistarh et al., "QSGD", NeurIPS 2017; Horváth et al., "Natural
 Compression for Distributed Deep Learning", 2019; Stich et al., "Sparsified SGD
 with Memory", NeurIPS 2018 (rand-k); Dal Fabbro, Mitra, Pappas, "Federated TD
-Learning over Finite-Rate Erasure Channels", IEEE L-CSS 2023 (Definition 1).
+Learning over Finite-Rate Erasure Channels", IEEE L-CSS 2023 (Definition 1);
+Bernstein et al., "signSGD", ICML 2018 and Karimireddy et al., "Error Feedback Fixes
+SignSGD", ICML 2019 (scaled sign); Richtárik, Sokolov, Fatkhullin, "EF21", NeurIPS 2021.
 """
 
 from __future__ import annotations
@@ -33,12 +45,23 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedsa_jax import _prng, _validate, registry
 
-__all__ = ["Quantizer", "identity", "natural", "qsgd", "rand_k", "stochastic_uniform"]
+__all__ = [
+    "Quantizer",
+    "identity",
+    "natural",
+    "qsgd",
+    "rand_k",
+    "scaled_sign",
+    "stochastic_uniform",
+    "top_k",
+]
 
-KINDS = ("identity", "stochastic_uniform", "qsgd", "rand_k", "natural")
+KINDS = ("identity", "stochastic_uniform", "qsgd", "rand_k", "natural", "top_k", "scaled_sign")
+DETERMINISTIC = ("identity", "top_k", "scaled_sign")  # draw no uniforms
 
 
 def _stochastic_round(u, y):
@@ -70,7 +93,18 @@ def _qsgd(q, u, x):
 def _rand_k(q, u, x):
     d = x.shape[-1]
     rank = jnp.argsort(jnp.argsort(u))  # the k smallest uniforms: k coordinates without replacement
-    return jnp.where(rank < q.k, x * (d / q.k), 0.0)
+    return jnp.where(rank < q.k, x if q.unscaled else x * (d / q.k), 0.0)
+
+
+def _top_k(q, u, x):
+    del u
+    rank = jnp.argsort(jnp.argsort(-jnp.abs(x), stable=True), stable=True)  # ties: lower index first
+    return jnp.where(rank < q.k, x, 0.0)
+
+
+def _scaled_sign(q, u, x):
+    del q, u
+    return jnp.sum(jnp.abs(x)) / x.shape[-1] * jnp.sign(x)
 
 
 def _natural(q, u, x):
@@ -93,6 +127,8 @@ _APPLY = {
     "qsgd": _qsgd,
     "rand_k": _rand_k,
     "natural": _natural,
+    "top_k": _top_k,
+    "scaled_sign": _scaled_sign,
 }
 
 
@@ -108,18 +144,34 @@ class Quantizer:
     range: float | None = dataclasses.field(default=None, metadata=dict(static=True))
     levels: int | None = dataclasses.field(default=None, metadata=dict(static=True))
     k: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+    unscaled: bool | None = dataclasses.field(default=None, metadata=dict(static=True))  # rand_k: no d/k
 
     def __call__(self, key: jax.Array, x: jax.Array) -> jax.Array:
-        return self.apply(None if self.kind == "identity" else _prng.uniform(key, x.shape, x.dtype), x)
+        return self.apply(None if self.deterministic else _prng.uniform(key, x.shape, x.dtype), x)
+
+    @property
+    def deterministic(self) -> bool:
+        """``q(x)`` does not depend on the key (identity, top-k, scaled sign): no uniforms drawn."""
+        return self.kind in DETERMINISTIC
+
+    @property
+    def linear(self) -> bool:
+        """``q(x) = M x`` with a random matrix ``M`` drawn independently of ``x`` (identity, rand-k
+        scaled or not): what exact second moments with error feedback need."""
+        return self.kind in ("identity", "rand_k")
 
     def apply(self, u: jax.Array | None, x: jax.Array) -> jax.Array:
         """The quantizer on ``x`` with its random numbers given: ``u`` holds one uniform in
-        ``[0, 1)`` per coordinate (shape of ``x``; ``None`` for the identity).
+        ``[0, 1)`` per coordinate (shape of ``x``; ``None`` for the deterministic ones).
         ``q(key, x) == q.apply(jax.random.uniform(key, x.shape, x.dtype), x)``."""
         return _APPLY[self.kind](self, u, x)
 
     @property
     def unbiased(self) -> bool:
+        """``E q(x) = x`` for every ``x``: false for top-k, scaled sign, unscaled rand-k and a
+        clipped stochastic-uniform quantizer."""
+        if self.kind in ("top_k", "scaled_sign") or self.unscaled:
+            return False
         return not (self.kind == "stochastic_uniform" and self.range is not None)
 
     def zeta(self, d: int) -> float:
@@ -130,8 +182,12 @@ class Quantizer:
             return math.inf if self.range is not None else d / (2**self.bits_per_coordinate - 1) ** 2  # pyright: ignore[reportOperatorIssue]
         if self.kind == "qsgd":
             return min(d / self.levels**2, math.sqrt(d) / self.levels)  # pyright: ignore[reportOperatorIssue, reportOptionalOperand]
+        if self.kind == "top_k" or (self.kind == "rand_k" and self.unscaled):
+            return 1.0 - self.k / d  # pyright: ignore[reportOptionalOperand]
         if self.kind == "rand_k":
             return d / self.k - 1.0  # pyright: ignore[reportOperatorIssue]
+        if self.kind == "scaled_sign":
+            return 1.0 - 1.0 / d
         return 1.0 / 8.0  # natural
 
     def bits(self, d: int) -> int:
@@ -142,13 +198,15 @@ class Quantizer:
             return d * self.bits_per_coordinate + (0 if self.range is not None else 32)  # pyright: ignore[reportOperatorIssue]
         if self.kind == "qsgd":
             return 32 + d * (1 + math.ceil(math.log2(self.levels + 1)))  # pyright: ignore[reportOptionalOperand]
-        if self.kind == "rand_k":
+        if self.kind in ("rand_k", "top_k"):  # k values and their indices
             return self.k * (32 + math.ceil(math.log2(d))) if d > 1 else 32 * self.k  # pyright: ignore[reportOperatorIssue, reportOptionalOperand]
+        if self.kind == "scaled_sign":
+            return 32 + d  # the scale |x|_1 / d and d signs
         return 9 * d  # natural: sign + 8-bit exponent
 
     def check_dim(self, d: int) -> None:
         """Raise if the quantizer cannot act on messages of dimension ``d``."""
-        if self.kind == "rand_k" and self.k > d:  # pyright: ignore[reportOptionalOperand]
+        if self.kind in ("rand_k", "top_k") and self.k > d:  # pyright: ignore[reportOptionalOperand]
             _validate.fail("k", self.k, f"expected k <= d = {d} (the message dimension)")
 
     def describe(self) -> dict[str, Any]:
@@ -190,9 +248,29 @@ def qsgd(levels: int) -> Quantizer:
     return Quantizer("qsgd", levels=_validate.integer("levels", levels))
 
 
-def rand_k(k: int) -> Quantizer:
-    """Keep ``k`` coordinates chosen uniformly without replacement, scaled by ``d/k``."""
-    return Quantizer("rand_k", k=_validate.integer("k", k))
+def rand_k(k: int, unbiased: bool = True) -> Quantizer:
+    """Keep ``k`` coordinates chosen uniformly without replacement, scaled by ``d/k``
+    (unbiased); with ``unbiased=False`` not scaled: ``E C(x) = (k/d) x``, **biased**, a
+    contraction ``E|C(x) - x|^2 = (1 - k/d) |x|^2``. Either way ``C(x) = M x`` with a random
+    diagonal ``M`` independent of ``x``: the exact theory covers both, with or without error
+    feedback."""
+    kept = _validate.integer("k", k)
+    if not isinstance(unbiased, (bool, np.bool_)):
+        _validate.fail("unbiased", unbiased, "expected True or False")
+    return Quantizer("rand_k", k=kept) if unbiased else Quantizer("rand_k", k=kept, unscaled=True)
+
+
+def top_k(k: int) -> Quantizer:
+    """Keep the ``k`` coordinates of largest ``|x_i|`` (ties: the lower index), unscaled:
+    deterministic and **biased** (``|C(x) - x|^2 <= (1 - k/d) |x|^2``); ``k`` values and their
+    indices are sent. Pair it with error feedback (Stich et al. 2018; Mitra et al. 2023)."""
+    return Quantizer("top_k", k=_validate.integer("k", k))
+
+
+def scaled_sign() -> Quantizer:
+    """``|x|_1 / d * sign(x)``: d sign bits and one float; deterministic and **biased**
+    (``|C(x) - x|^2 = |x|^2 - |x|_1^2 / d``); Karimireddy et al., 2019."""
+    return Quantizer("scaled_sign")
 
 
 def natural() -> Quantizer:
@@ -229,7 +307,7 @@ LEVELS = registry.Option(
     params=("levels",),
 )
 K = registry.Option(
-    ("--k",), "k", "rand-k: coordinates kept", registry.positive_int, 1, group="channel", params=("k",)
+    ("--k",), "k", "rand-k, top-k: coordinates kept", registry.positive_int, 1, group="channel", params=("k",)
 )
 
 
@@ -247,3 +325,11 @@ registry.register_quantizer(
 registry.register_quantizer("qsgd", _qsgd_from_options, options=(LEVELS,))
 registry.register_quantizer("rand-k", lambda args: rand_k(args.k), options=(K,))
 registry.register_quantizer("natural", lambda args: natural())
+registry.register_quantizer(
+    "rand-k-unscaled",
+    lambda args: rand_k(args.k, unbiased=False),
+    options=(K,),
+    caption=lambda a: f" k={a.k}",
+)
+registry.register_quantizer("top-k", lambda args: top_k(args.k), options=(K,), caption=lambda a: f" k={a.k}")
+registry.register_quantizer("scaled-sign", lambda args: scaled_sign())

@@ -19,11 +19,18 @@ def _make_problem(args, key):
     return problems[args.problem].build(key, args)
 
 
-def _make_quantizer(args):
-    quantizers = registry.quantizers()
-    if args.quantizer not in quantizers:
-        raise ValueError(f"quantizer={args.quantizer!r} is invalid: expected one of {', '.join(quantizers)}")
-    return quantizers[args.quantizer].build(args)
+def _make_quantizer(args, dest: str = "quantizer"):
+    quantizers, name = registry.quantizers(), getattr(args, dest)
+    if name not in quantizers:
+        raise ValueError(f"{dest}={name!r} is invalid: expected one of {', '.join(quantizers)}")
+    return quantizers[name].build(args)
+
+
+def _make_downlink(args) -> dict:
+    """``{"downlink": channel}`` from ``--downlink-quantizer``, ``{}`` for ``none``."""
+    if getattr(args, "downlink_quantizer", "none") == "none":
+        return {}
+    return {"downlink": fj.channel.channel(_make_quantizer(args, "downlink_quantizer"))}
 
 
 def _make_algorithm(name: str, args, option: str = "--algorithms", param_option: str = "--param"):
@@ -49,6 +56,8 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
             quantizer=_make_quantizer(args),
             success_prob=args.success_prob,
             aggregation=args.aggregation,
+            **({} if args.error_feedback == "none" else {"error_feedback": args.error_feedback}),
+            **_make_downlink(args),
             server_optimizer=_make_server_optimizer(args),
         )
     if args.average is not None:

@@ -78,6 +78,10 @@ def _readers(args, kind: str) -> dict[str, tuple[str, bool, str]]:
             any(n not in table for n in args.algorithms),
             f"--algorithms {','.join(args.algorithms)}",
         )
+    elif kind == "quantizer":  # the uplink's and the downlink's quantizers read the same options
+        down = getattr(args, "downlink_quantizer", "none")
+        chosen, plugins, has = [table[args.quantizer], table[down]], False, f"--quantizer {args.quantizer}"
+        has += "" if down == "none" else f" and --downlink-quantizer {down}"
     else:
         chosen, plugins, has = [table[getattr(args, kind)]], False, f"--{kind} {getattr(args, kind)}"
     readers: dict[str, tuple[str, bool, str]] = {}
@@ -113,7 +117,13 @@ def _check_applicable(args) -> None:
     )
     table.update(_readers(args, "problem"))
     table.update(_readers(args, "algorithm"))
-    for dest in ("quantizer", "success_prob", "aggregation"):
+    for dest in (
+        "quantizer",
+        "success_prob",
+        "aggregation",
+        "error_feedback",
+        "downlink_quantizer",
+    ):
         table[dest] = (options[dest].read_by, builtin, algorithms)  # pyright: ignore[reportArgumentType]
     for dest, (read_by, read, has) in table.items():
         value = getattr(args, dest)

@@ -12,10 +12,10 @@ from pathlib import Path
 import fedsa_jax  # noqa: F401  (registers the built-in algorithms, problems and quantizers)
 from fedsa_jax import registry
 from fedsa_jax.registry import Option, nonnegative_int, positive_int, positive_real, real, seed
+from fedsa_jax.result import X_AXES
 
 SCHEDULES = ("constant", "inverse-time")
 SERVER_OPTIMIZERS = ("none", "sgd", "adam")
-X_AXES = ("rounds", "communications", "samples", "bits_sent", "bits_delivered")  # = fedsa_jax.result.X_AXES
 GROUPS = {
     "problem": "problem",
     "algorithms": "algorithms",
@@ -152,6 +152,14 @@ def _common() -> list[Option]:
             params=("step_size", "eta0"),
         ),
         *_schedule(),
+        *_channel(),
+        *_simulation(),
+    ]
+
+
+def _channel() -> list[Option]:
+    """The uplink's options (the built-in algorithms read them)."""
+    return [
         Option(
             ("--quantizer",),
             "quantizer",
@@ -182,7 +190,32 @@ def _common() -> list[Option]:
             params=("aggregation",),
             read_by=BUILT_IN_CHANNEL,
         ),
+        Option(
+            ("--error-feedback",),
+            "error_feedback",
+            "error feedback on the uplink, for a compressor (--quantizer top-k, scaled-sign, "
+            "rand-k-unscaled, ...): ef14 (the agent adds its compression error to the next message) "
+            "or ef21 (both sides keep the agent's last reconstruction g_c)",
+            default="none",
+            choices=("none", "ef14", "ef21"),
+            group="channel",
+            params=("error_feedback",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--downlink-quantizer",),
+            "downlink_quantizer",
+            "compressed downlink: the server broadcasts C(theta - theta_hat) to the agents' copy "
+            "theta_hat with this quantizer (names as --quantizer, its parameters --k, --levels, --bits "
+            "shared with the uplink; a contractive one: top-k, rand-k-unscaled, scaled-sign; none: the "
+            "model goes down exact and uncounted)",
+            default="none",
+            choices=tuple(registry.quantizers()),
+            group="channel",
+            read_by=BUILT_IN_CHANNEL,
+        ),
         *_simulation(),
+        *_statistics(),
     ]
 
 
@@ -321,7 +354,8 @@ def _simulation() -> list[Option]:
             ("--x-axis",),
             "x_axis",
             "figure's x axis: communication rounds, uplink messages, observations "
-            "drawn, uplink bits sent or delivered ('bits' means bits_delivered)",
+            "drawn, bits sent or delivered (uplink + downlink; uplink_bits_* or downlink_bits_* for "
+            "one direction; 'bits' means bits_delivered, the uplink's alone without a downlink)",
             x_axis,
             "rounds",
             choices=X_AXES,
@@ -330,9 +364,10 @@ def _simulation() -> list[Option]:
         Option(
             ("--band",),
             "band",
-            "figure's band: mean +- 2 standard errors, or 5-95%% / 25-75%% quantiles over seeds",
+            "figure's band: mean +- 2 standard errors, 5-95%% / 25-75%% quantiles over seeds, or the "
+            "95%% t interval of the MSE",
             default="sem",
-            choices=("sem", "quantiles"),
+            choices=("sem", "quantiles", "t"),
             grid=False,
         ),
         Option(
@@ -347,6 +382,31 @@ def _simulation() -> list[Option]:
         ),
         Option(
             ("--no-plot",), "no_plot", "skip the PNG figure", default=False, action="store_true", grid=False
+        ),
+    ]
+
+
+def _statistics() -> list[Option]:
+    """Options of the Monte Carlo statistics: precision targets and paired comparisons."""
+    return [
+        Option(
+            ("--rel-sem",),
+            "rel_sem",
+            "run seed batches until the MSE's relative standard error is at most this at every recorded "
+            "round, with at most --seeds seeds (fj.until; the result says how many ran and why it stopped)",
+            positive_real,
+            params=("rel_sem",),
+            grid=False,
+        ),
+        Option(
+            ("--compare",),
+            "compare",
+            "run the algorithms together on the same seeds (fj.compare: common random numbers) and print "
+            "each pair's paired difference of the MSE and the ratio of MSEs at the last round, with 95%% "
+            "intervals",
+            default=False,
+            action="store_true",
+            grid=False,
         ),
     ]
 

@@ -146,29 +146,81 @@ def _algorithms(args, problem) -> tuple[list, list[str]]:
     return algs, names
 
 
+def _run_options(args, checkpoint_name: str) -> dict:
+    """The keywords of ``fj.simulate`` / ``fj.compare`` that the options set."""
+    return dict(
+        record_every=min(args.record_every, args.rounds),
+        chunk_rounds=args.chunk_rounds,
+        checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / checkpoint_name,
+        progress=args.progress,
+        quantiles=True if args.band == "quantiles" else None,
+        metrics=["last_iterate_mse"] if args.average is not None else None,
+    )
+
+
 def _simulate_one(args, problem, alg, file_name: str, summary: dict):
     """Simulate ``alg``, write its result files, add its line to ``summary`` and print it."""
     import jax
 
     import fedsa_jax as fj
 
+    seeds = args.seeds if args.rel_sem is None else fj.until(rel_sem=args.rel_sem, max_seeds=args.seeds)
     with _CompileTimer() as timer:
         t0 = time.perf_counter()
         res = fj.simulate(
-            jax.random.key(args.seed),
-            problem,
-            alg,
-            args.rounds,
-            args.seeds,
-            record_every=min(args.record_every, args.rounds),
-            chunk_rounds=args.chunk_rounds,
-            checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / file_name,
-            progress=args.progress,
-            quantiles=True if args.band == "quantiles" else None,
-            metrics=["last_iterate_mse"] if args.average is not None else None,
+            jax.random.key(args.seed), problem, alg, args.rounds, seeds, **_run_options(args, file_name)
         )
         seconds = time.perf_counter() - t0
-    timing = _timing(res, seconds, timer.seconds, problem, alg)
+    _write_one(
+        args, res, problem, alg, file_name, summary, _timing(res, seconds, timer.seconds, problem, alg)
+    )
+    return res
+
+
+def _compare_all(args, problem, algs, names: list[str], summary: dict) -> dict:
+    """``--compare``: every algorithm on the same seeds in one run (:func:`fedsa_jax.compare`); each
+    result written as a lone run's, then each pair's paired difference and ratio at the last round."""
+    import jax
+
+    import fedsa_jax as fj
+
+    with _CompileTimer() as timer:
+        t0 = time.perf_counter()
+        cmp = fj.compare(
+            jax.random.key(args.seed),
+            problem,
+            {alg.name: alg for alg in algs},
+            args.rounds,
+            args.seeds,
+            **_run_options(args, "compare__" + "__".join(names)),
+        )
+        seconds = time.perf_counter() - t0
+    for alg, name in zip(algs, names, strict=True):
+        timing = _timing(cmp.results[alg.name], seconds, timer.seconds, problem, alg)
+        _write_one(args, cmp.results[alg.name], problem, alg, name, summary, timing)
+    summary["differences"] = {}
+    for i, a in enumerate(algs):
+        for j, b in enumerate(algs[i + 1 :], start=i + 1):
+            d = cmp.difference(a.name, b.name)
+            d.to_csv(args.out / f"difference_{names[i]}__{names[j]}.csv")
+            low, high = (float(v[-1]) for v in d.interval())
+            r_low, r_high = (float(v[-1]) for v in d.ratio_interval())
+            summary["differences"][f"{a.name} - {b.name}"] = {
+                "mean": float(d.mean[-1]),
+                "sem": float(d.sem[-1]),
+                "interval": [low, high],
+                "ratio": float(d.ratio[-1]),
+                "ratio_interval": [r_low, r_high],
+            }
+            print(
+                f"{a.name} - {b.name}: paired MSE difference {d.mean[-1]:.4g} +- {d.sem[-1]:.2g} (s.e.), "
+                f"95% [{low:.4g}, {high:.4g}]; ratio {d.ratio[-1]:.6g}, 95% [{r_low:.6g}, {r_high:.6g}]"
+            )
+    return cmp.results
+
+
+def _write_one(args, res, problem, alg, file_name: str, summary: dict, timing: dict) -> None:
+    """Write a result's files, add its line to ``summary`` and print it."""
     path = args.out / f"result_{file_name}.npz"
     res.save(path)
     res.to_csv(args.out / f"result_{file_name}.csv")
@@ -176,6 +228,9 @@ def _simulate_one(args, problem, alg, file_name: str, summary: dict):
         "file": path.name,
         "final_mse": float(res.mse_mean[-1]),
         "final_mse_sem": float(res.mse_sem[-1]),
+        "final_mse_interval": [float(v[-1]) for v in res.mse_interval()],
+        "num_seeds": res.num_seeds,
+        **({"until": res.config["until"]} if "until" in res.config else {}),
         "num_diverged": int(res.num_diverged[-1]),
         "bits_sent": float(res.bits_sent[-1]),
         "bits_delivered": float(res.bits_delivered[-1]),
@@ -184,9 +239,15 @@ def _simulate_one(args, problem, alg, file_name: str, summary: dict):
     }
     print(
         f"{alg.name:9s} final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g} (s.e.), "
-        f"{int(res.num_diverged[-1])} diverged, {_describe_timing(timing, args.rounds)} -> {path}"
+        f"{int(res.num_diverged[-1])} diverged{_seeds_note(res)}, {_describe_timing(timing, args.rounds)} "
+        f"-> {path}"
     )
-    return res
+
+
+def _seeds_note(res) -> str:
+    """For a precision-targeted run (``--rel-sem``): the seeds it ran and why it stopped."""
+    until = res.config.get("until")
+    return "" if until is None else f", {res.num_seeds} seeds ({until['stopped']})"
 
 
 def _bias_lines(args, problem, summary: dict) -> dict:
@@ -207,8 +268,9 @@ def _bias_lines(args, problem, summary: dict) -> dict:
     return lines
 
 
-def _exact_curves(args, problem, algs, summary: dict) -> dict:
-    """``--exact``: the exact MSE of every algorithm that has an exact description (built-in or not)."""
+def _exact_curves(args, problem, algs, summary: dict, lines: dict) -> dict:
+    """``--exact``: the exact MSE of every algorithm that has an exact description (built-in or not),
+    and, with a constant step, its stationary MSE (the floor, a dashed line in ``lines``)."""
     import fedsa_jax as fj
 
     exact = {}
@@ -220,7 +282,28 @@ def _exact_curves(args, problem, algs, summary: dict) -> dict:
             continue
         summary["runs"][alg.name]["exact_final_mse"] = float(exact[alg.name][-1])
         print(f"{alg.name:9s} exact final MSE {exact[alg.name][-1]:.4g}")
+        try:
+            floor = fj.theory.stationary_mse(problem, alg)
+        except ValueError as err:  # a schedule, an unstable step, too many unknowns: no floor
+            print(f"fedsa-jax: no stationary MSE for {alg.name}: {err}", file=sys.stderr)
+            continue
+        summary["runs"][alg.name]["stationary_mse"] = floor
+        lines[f"{alg.name} stationary MSE"] = floor
+        print(f"{alg.name:9s} stationary MSE {floor:.4g} (the limit with this constant step)")
     return exact
+
+
+def _check_compare(args, algs) -> None:
+    """``--compare`` needs two algorithms or more, and a seed count."""
+    if not args.compare:
+        return
+    if len(algs) < 2:
+        raise ValueError(
+            f"--compare is invalid: it compares two algorithms or more, and --algorithms has one "
+            f"({','.join(args.algorithms)})"
+        )
+    if args.rel_sem is not None:
+        raise ValueError(f"--rel-sem={args.rel_sem!r} is invalid: it applies to runs without --compare")
 
 
 @options_checked
@@ -233,18 +316,22 @@ def cmd_run(args) -> int:
 
     problem = _make_problem(args, jax.random.key(args.problem_seed))
     algs, names = _algorithms(args, problem)
+    _check_compare(args, algs)
     builtin = [alg for spec, alg in zip(args.algorithms, algs, strict=True) if spec in registry.algorithms()]
     if builtin and (args.quantizer != "none" or args.success_prob != 1.0):
         print(f"uplink channel: {json.dumps(builtin[0].config.channel.describe())}")
     out: Path = args.out
     print(f"problem: {json.dumps(problem.describe())}")
     summary = {"problem": problem.describe(), "runs": {}}
-    results = {
-        alg.name: _simulate_one(args, problem, alg, name, summary)
-        for alg, name in zip(algs, names, strict=True)
-    }
+    if args.compare:
+        results = _compare_all(args, problem, algs, names, summary)
+    else:
+        results = {
+            alg.name: _simulate_one(args, problem, alg, name, summary)
+            for alg, name in zip(algs, names, strict=True)
+        }
     lines = _bias_lines(args, problem, summary)
-    exact = _exact_curves(args, problem, algs, summary)
+    exact = _exact_curves(args, problem, algs, summary, lines)
     if not args.no_plot:
         import matplotlib
 

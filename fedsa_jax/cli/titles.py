@@ -27,6 +27,10 @@ def run_title(args, problem) -> str:
     if args.quantizer != "none":
         caption = registry.quantizers()[args.quantizer].caption
         title += f", {args.quantizer}" + (caption(args) if caption is not None else "")
+    if getattr(args, "error_feedback", "none") != "none":
+        title += f", {args.error_feedback.upper()}"
+    if getattr(args, "downlink_quantizer", "none") != "none":
+        title += f", downlink {args.downlink_quantizer}"
     if args.success_prob != 1.0:
         title += f", p={args.success_prob:g}"
     return title

@@ -76,7 +76,9 @@ Uplink channels keep the mean dynamics linear for every algorithm: in
 the expected products ``E[1{c in R} 1{j in R} / |R|]``.
 
 Also: :func:`fedlsa_bias` (limit and per-round), :func:`fedlsa_round_bias`,
-:func:`lsa_step_size_bound` and :func:`max_stable_step_size` (mean stability),
+:func:`lsa_step_size_bound` and :func:`max_stable_step_size` (mean or mean-square stability),
+:func:`stationary_mean`, :func:`stationary_mse` and :func:`mean_square_spectral_radius` (the
+limits with a constant step, solved directly: :mod:`fedsa_jax.theory.stationary`),
 :func:`tv_to_stationary` and :func:`mixing_time` (per-agent Markov chains).
 
 References: Mangold et al., SCAFFLSA, NeurIPS 2024, arXiv:2402.04114, Sec. 3-4
@@ -103,19 +105,35 @@ from fedsa_jax.moments import (
     averaging,
     broadcast,
     chain,
+    channel_memory,
     coin,
+    downlink,
+    downlink_blocks,
     local_step,
     noise_model as _noise_model,
     recursion_of,
     server_step,
+    shift,
 )
-from fedsa_jax.theory.engine import _second_moments, exact_mean, exact_mse, lsa_step_size_bound
+from fedsa_jax.theory.engine import (
+    _second_moments,
+    exact_mean,
+    exact_mse,
+    lsa_step_size_bound,
+    mean_spectral_radius,
+)
 from fedsa_jax.theory.references import (
     fedlsa_bias,
     fedlsa_round_bias,
     max_stable_step_size,
     mixing_time,
     tv_to_stationary,
+)
+from fedsa_jax.theory.stationary import (
+    MAX_STATIONARY_UNKNOWNS,
+    mean_square_spectral_radius,
+    stationary_mean,
+    stationary_mse,
 )
 
 __all__ = [
@@ -125,7 +143,11 @@ __all__ = [
     "fedlsa_round_bias",
     "lsa_step_size_bound",
     "max_stable_step_size",
+    "mean_spectral_radius",
+    "mean_square_spectral_radius",
     "mixing_time",
+    "stationary_mean",
+    "stationary_mse",
     "tv_to_stationary",
 ]
 __all__ += _moments.__all__

@@ -10,6 +10,7 @@ import numpy as np
 from fedsa_jax import _validate, algorithms, registry
 from fedsa_jax.moments import _arrays
 from fedsa_jax.theory.engine import stable_step_size
+from fedsa_jax.theory.stationary import mean_square_spectral_radius
 
 __all__ = ["fedlsa_bias", "fedlsa_round_bias", "max_stable_step_size", "mixing_time", "tv_to_stationary"]
 
@@ -77,10 +78,17 @@ def fedlsa_bias(problem, step_size: float, num_local_steps: int, num_rounds: int
 
 
 def max_stable_step_size(
-    problem, algorithm="fedlsa", num_local_steps: int | None = None, grid_points: int = 200, tol: float = 1e-6
+    problem,
+    algorithm="fedlsa",
+    num_local_steps: int | None = None,
+    grid_points: int = 200,
+    tol: float = 1e-6,
+    kind: str = "mean",
 ) -> float:
     """Largest step size up to which the exact mean recursion of ``algorithm``
-    contracts (spectral radius of one round < 1 for every smaller step size).
+    contracts (spectral radius of one round < 1 for every smaller step size), or with
+    ``kind="mean_square"`` its second-moment recursion
+    (:func:`~fedsa_jax.theory.mean_square_spectral_radius`: the MSE stays bounded).
 
     Args:
       algorithm: the name of a built-in algorithm whose factory needs only a step size and H
@@ -96,15 +104,22 @@ def max_stable_step_size(
     :func:`lsa_step_size_bound` of ``mean_c A_bar[c]``) up to its first unstable
     point, then bisects to relative precision ``tol``. For H = 1 FedLSA this is
     ``eta_lsa``. If the whole grid is stable it returns ``100 eta_lsa``, a lower
-    bound. Mean stability is necessary, not sufficient, for a bounded MSE; check
-    :func:`exact_mse` at the chosen step size for that.
+    bound. Mean stability is necessary, not sufficient, for a bounded MSE: the
+    ``"mean_square"`` bound is at most the mean one; it scans ``grid_points`` (at most 25)
+    log-spaced steps from ``1e-4`` times the mean bound up to it, then bisects, building the
+    second-moment operator at each (:mod:`fedsa_jax.theory.stationary`: small problems).
     """
+    kind = _validate.choice("kind", kind, ("mean", "mean_square"))
     if isinstance(algorithm, algorithms.Algorithm):
         if num_local_steps is not None:
             _validate.fail("num_local_steps", num_local_steps, "leave it out: it is taken from the algorithm")
     else:
         algorithm = _from_name(algorithm, num_local_steps)
-    return stable_step_size(problem, algorithm, grid_points, tol)
+    bound = stable_step_size(problem, algorithm, grid_points, tol)
+    if kind == "mean" or bound == 0.0:
+        return bound
+    points = min(grid_points, 25)
+    return stable_step_size(problem, algorithm, points, tol, mean_square_spectral_radius, upper=bound)
 
 
 def _from_name(name, num_local_steps):

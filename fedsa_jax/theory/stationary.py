@@ -1,0 +1,186 @@
+"""The limits of the exact recursions with a constant step size, solved directly, and mean-square
+stability.
+
+With a constant step size a round is the same affine map every round: the mean of the augmented
+state Y (:mod:`fedsa_jax.moments`) follows ``m <- R m`` and its second moment ``S = E[Y Y^T]``
+follows ``S <- G(S)``, with G affine in S (the conjugations ``L S L^T`` of the round's phases plus
+the noise covariances, which are linear in S, plus constants). Only the blocks that persist across
+rounds matter at a round's start (the columns of R that are not zero: theta, control variates,
+optimizer states, memories; scratch blocks such as the local iterates of FedLSA are overwritten
+before they are read), so both recursions are written on those coordinates K. Per-agent blocks
+whose sum over agents stays 0 (control variates, ``zero_sum``) are written in an orthonormal
+basis of that subspace: there the sum direction, which a round keeps exactly (eigenvalue 1), is
+left out.
+
+* :func:`stationary_mean`: the fixed point of ``m <- R m`` on K, ``(I - R_KK) m_K = R_K0`` (the
+  affine constant lives in column 0 of R, ``Y_0 = 1``), then one round to read theta.
+* :func:`stationary_mse`: the fixed point of G on the symmetric matrices over K with
+  ``S_00 = 1``: the operator is assembled column by column by applying one round to each element
+  of a basis (``n = K'(K'+1)/2`` rounds, K' the number of coordinates), then
+  ``(I - M) s = c`` is solved, M the linear part of G on the entries other than ``S_00``.
+* :func:`mean_square_spectral_radius`: the spectral radius of M. The second moment converges from
+  every start iff it is below 1 (the recursion is affine: ``s_t = s* + M^t (s_0 - s*)``); it is at
+  least the spectral radius of the mean recursion (the entries ``S_0k = E[Y_k]`` are among s), so
+  mean-square stability implies mean stability, and the converse fails at large step sizes.
+
+References: Costa, Fragoso, Marques, "Discrete-Time Markov Jump Linear Systems", Springer 2005,
+Ch. 3 (mean-square stability of linear systems with multiplicative noise through the spectral
+radius of the second-moment operator).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedsa_jax import _validate, optim
+from fedsa_jax.moments import Combination, Recursion, recursion_of
+from fedsa_jax.theory.engine import _recursion, round_map, second_moment_round
+
+__all__ = ["MAX_STATIONARY_UNKNOWNS", "mean_square_spectral_radius", "stationary_mean", "stationary_mse"]
+
+MAX_STATIONARY_UNKNOWNS = 5000  # entries of the stationary second moment solved for (a dense n x n system)
+_PROBE_ROUNDS = (0, 1, 2, 3, 1000)  # rounds whose maps must agree for a limit to exist
+
+
+@dataclasses.dataclass
+class _Stationary:
+    """A constant-step recursion written on its persistent coordinates: ``Y_K = P z``."""
+
+    rec: Recursion
+    etas: np.ndarray  # (H,) the round's step sizes
+    R: np.ndarray  # (D, D) the round's mean map
+    keep: np.ndarray  # K, the persistent coordinates of Y (0 first)
+    P: np.ndarray  # (|K|, K') orthonormal columns, zero-sum blocks in their subspace; P[0] = e_0
+
+
+def _setup(problem, algorithm, what: str) -> _Stationary:
+    description = recursion_of(algorithm, problem)
+    name = getattr(algorithm, "name", algorithm)
+    if isinstance(description, Combination):
+        _validate.fail("algorithm", name, f"{what} does not cover {description.what}; {description.hint}")
+    if not optim.is_constant(description.step_size):
+        _validate.fail("algorithm", name, f"{what} needs a constant step size; this algorithm has a schedule")
+    rec, etas = _recursion(description, algorithm, 1, second=what != "stationary_mean")
+    R = round_map(rec, 0, etas[0])
+    for t in _PROBE_ROUNDS[1:]:
+        if not np.array_equal(round_map(rec, t, etas[0]), R):
+            _validate.fail(
+                "algorithm",
+                name,
+                f"its round changes with t (round {t} differs from round 0: a running average or a "
+                f"count-dependent rule), so {what} has no fixed point to solve; use exact_mean/exact_mse",
+            )
+    y = rec.state
+    keep = np.union1d([0], np.nonzero(np.any(R != 0, axis=0))[0])
+    position = {int(k): i for i, k in enumerate(keep)}
+    P = np.eye(len(keep))
+    for block in y.zero_sum:
+        idx = y.indices(block)
+        if not np.all(np.isin(idx, keep)):
+            continue
+        rows = np.array([position[int(k)] for k in idx])  # agent c's coordinates, agent after agent
+        N, d = y.N, len(idx) // y.N
+        sums = np.kron(np.ones((1, N)), np.eye(d))  # (d, N d): sum over agents
+        Q = np.linalg.svd(sums)[2][d:].T  # (N d, (N - 1) d) orthonormal basis of {sum_c x_c = 0}
+        others = np.setdiff1d(np.arange(P.shape[1]), rows)
+        block_basis = np.zeros((len(keep), Q.shape[1]))
+        block_basis[rows] = Q
+        P = np.concatenate([P[:, others], block_basis], axis=1)
+    return _Stationary(rec, etas[0], R, keep, P)  # column 0 stays e_0: the constant is never zero-sum
+
+
+def _solve_fixed_point(M: np.ndarray, c: np.ndarray, what: str, name) -> np.ndarray:
+    radius = float(np.max(np.abs(np.linalg.eigvals(M)))) if M.size else 0.0
+    if not radius < 1.0:
+        _validate.fail(
+            "algorithm",
+            name,
+            f"the {what} operator has spectral radius {radius:.6g} >= 1: no limit to solve for "
+            "(lower the step size; fj.theory.max_stable_step_size gives the bound)",
+        )
+    return np.linalg.solve(np.eye(len(c)) - M, c)
+
+
+def stationary_mean(problem, algorithm) -> np.ndarray:
+    """``lim_t E[theta_t]`` (shape ``(d,)``) with a constant step size, solved as the fixed point of
+    the exact mean recursion (no iteration). Refused, with the reason, for schedules, running
+    averages and when the mean recursion does not contract (spectral radius >= 1)."""
+    st = _setup(problem, algorithm, "stationary_mean")
+    y = st.rec.state
+    K, P = st.keep, st.P
+    M = P.T @ st.R[np.ix_(K, K)] @ P  # z' = M z, z_0 = 1
+    z = _solve_fixed_point(M[1:, 1:], M[1:, 0], "mean recursion's", algorithm.name)
+    m = st.R[:, K] @ (P @ np.concatenate([[1.0], z]))  # one round from the fixed point: every block
+    return m[y[st.rec.scored(1)]] + y.theta_star
+
+
+def _second_moment_operator(st: _Stationary):
+    """``(M, c, lift)``: the linear part M of one round of ``S -> G(S)`` on the upper-triangular
+    entries of ``Z`` (``S_K = P Z P^T``) other than ``Z_00 = 1``, the entries c of ``G(E_00)``, and
+    ``lift(z) -> S`` (D x D, the persistent block filled)."""
+    y = st.rec.state
+    K, P = st.keep, st.P
+    k = P.shape[1]
+    iu = np.triu_indices(k)
+    n = len(iu[0])
+    if n - 1 > MAX_STATIONARY_UNKNOWNS:
+        _validate.fail(
+            "algorithm",
+            st.rec.state.name,
+            f"its stationary second moment has {n - 1} unknowns ({k} persistent coordinates of the "
+            f"{y.D} of its exact recursion, N={y.N}, d={y.d}) > MAX_STATIONARY_UNKNOWNS = "
+            f"{MAX_STATIONARY_UNKNOWNS}",
+        )
+    advance = second_moment_round(st.rec)
+
+    def lift(Z):
+        S = np.zeros((y.D, y.D))
+        S[np.ix_(K, K)] = P @ Z @ P.T
+        return S
+
+    def image(Z):
+        out = P.T @ advance(lift(Z), 0, st.etas)[np.ix_(K, K)] @ P
+        return out[iu]
+
+    base = image(np.zeros((k, k)))
+    columns = np.empty((n, n))
+    for j, (a, b) in enumerate(zip(*iu)):
+        B = np.zeros((k, k))
+        B[a, b] = B[b, a] = 1.0
+        columns[:, j] = image(B) - base
+    c = base + columns[:, 0]  # G(E_00): Z_00 = 1 is entry 0 of the upper triangle
+    return columns[1:, 1:], c[1:], lambda z: lift(_symmetric(np.concatenate([[1.0], z]), iu, k))
+
+
+def _symmetric(values, iu, k):
+    Z = np.zeros((k, k))
+    Z[iu] = values
+    return Z + np.triu(Z, 1).T
+
+
+def stationary_mse(problem, algorithm) -> float:
+    """``lim_t E|theta_t - theta_star|^2`` with a constant step size: the fixed point of the exact
+    second-moment recursion (:func:`fedsa_jax.theory.exact_mse`), a linear system on the
+    persistent coordinates solved directly. Refused, with the reason and the sizes, for schedules,
+    running averages, second moments with more than ``MAX_STATIONARY_UNKNOWNS`` unknowns, and when
+    the recursion is not mean-square stable (:func:`mean_square_spectral_radius` >= 1)."""
+    st = _setup(problem, algorithm, "stationary_mse")
+    M, c, lift = _second_moment_operator(st)
+    z = _solve_fixed_point(M, c, "second-moment", algorithm.name)
+    S = second_moment_round(st.rec)(lift(z), 0, st.etas)  # one round from the fixed point
+    scored = st.rec.state[st.rec.scored(1)]
+    return float(np.trace(S[scored, scored]))
+
+
+def mean_square_spectral_radius(problem, algorithm) -> float:
+    """Spectral radius of one round of the exact second-moment recursion (constant step) on the
+    persistent coordinates: below 1 iff the second moment converges from every start (mean-square
+    stability); at least :func:`~fedsa_jax.theory.engine.mean_spectral_radius`."""
+    st = _setup(problem, algorithm, "mean_square_spectral_radius")
+    with np.errstate(over="ignore", invalid="ignore"):
+        M, _, _ = _second_moment_operator(st)
+    if not np.all(np.isfinite(M)):
+        return np.inf
+    return float(np.max(np.abs(np.linalg.eigvals(M)))) if M.size else 0.0
