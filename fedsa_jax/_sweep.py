@@ -92,6 +92,19 @@ def config_name(config: Mapping[str, Any]) -> str:
     return f"{_paths.safe_name(text)}__{_digest(config)}"
 
 
+def varying_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The keys, in first-seen order, whose values differ between ``configs``."""
+    keys = list(dict.fromkeys(k for c in configs for k in c))
+    return [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1]
+
+
+def config_label(config: Mapping[str, Any], keys: Sequence[str]) -> str:
+    """``config``'s values of ``keys`` for a reader (console lines, legends): ``key=value`` pairs,
+    keys set to None left out and ``params.`` dropped from names; ``""`` when none is set."""
+    shown = [(k.removeprefix("params."), config.get(k)) for k in keys]
+    return ", ".join(f"{k}={v}" for k, v in shown if v is not None)
+
+
 def _digest(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from fedsa_jax import _validate
+from fedsa_jax._sweep import config_label
 from fedsa_jax.result import X_AXES, SimulationResult
 
 __all__ = ["plot_difference", "plot_final_mse_vs_agents", "plot_mse", "plot_sweep"]
@@ -258,8 +259,8 @@ def plot_final_mse_vs_agents(
     return _final_mse_axes(fig, ax, "number of agents $N$", title, legend_size=8)
 
 
-def _final_mse_axes(fig, ax, xlabel: str, title: str | None, legend_size: int):
-    """Log final-MSE axis, labels, grid and legend of the final-MSE figures."""
+def _final_mse_axes(fig, ax, xlabel: str, title: str | None, legend_size: int | None):
+    """Log final-MSE axis, labels, grid and (``legend_size`` not None) legend of the final-MSE figures."""
     ax.set_yscale("log")
     ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel("final " + MSE_LABEL, fontsize=9)
@@ -267,8 +268,9 @@ def _final_mse_axes(fig, ax, xlabel: str, title: str | None, legend_size: int):
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=legend_size, title=rf"mean $\pm$ {_BAND_Z:g} s.e.", title_fontsize=8)
-    fig.tight_layout()
+    if legend_size is not None:
+        ax.legend(fontsize=legend_size, title=rf"mean $\pm$ {_BAND_Z:g} s.e.", title_fontsize=8)
+        fig.tight_layout()
     return fig
 
 
@@ -276,12 +278,21 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
-def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None, max_lines: int = 12):
+def plot_sweep(
+    entries,
+    x: str | None = None,
+    ax=None,
+    title: str | None = None,
+    max_lines: int = 20,
+    panels: str | None = None,
+):
     """Final-round MSE of a sweep's configurations against one swept option.
 
-    One line per combination of the other options that vary (its legend says
-    which), mean +- 2 standard errors. A numeric option is drawn on a linear
-    axis (log when its positive values span a factor 10 or more); other values
+    One panel per value of a structural option (``panels``), in each one line per combination
+    of the other options that vary, mean +- 2 standard errors; a line keeps its colour across
+    panels and the legend, outside the panels, names only what varies (options left at None,
+    such as ``params.beta`` of a built-in algorithm, are left out). A numeric option is drawn
+    on a linear axis (log when its positive values span a factor 10 or more); other values
     (algorithm names) as categories.
 
     Args:
@@ -289,8 +300,11 @@ def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None,
         ``config`` and ``result``), e.g. the return value of :func:`fedsa_jax.sweep`.
       x: the option on the x axis; default: the varying option with the most
         distinct numeric values (or, if none is numeric, the first varying one).
-      max_lines: lines drawn at most (the legend stays readable); the rest are
-        left out with a note in the legend.
+      ax: draw into these axes (one panel, legend inside); default: a new figure.
+      max_lines: lines drawn at most per panel; the rest are left out with a note in the legend.
+      panels: the option whose values get one panel each; default (without ``ax``): the varying
+        option, other than ``x`` and ``algorithm``, that is not numeric and has the fewest
+        values (``heterogeneity``, ``problem``, ``sampling``), if any.
 
     Returns:
       The matplotlib figure.
@@ -301,39 +315,89 @@ def plot_sweep(entries, x: str | None = None, ax=None, title: str | None = None,
     keys = list(dict.fromkeys(k for e in entries for k in e.config))
     values = {k: list(dict.fromkeys(_json_key(e.config.get(k)) for e in entries)) for k in keys}
     varying = [k for k in keys if len(values[k]) > 1]
+    numeric = [k for k in varying if all(_is_number(e.config.get(k)) for e in entries)]
     if x is None:
-        numeric = [k for k in varying if all(_is_number(e.config.get(k)) for e in entries)]
         x = max(numeric, key=lambda k: len(values[k])) if numeric else (varying[0] if varying else keys[0])
     elif x not in keys:
         _validate.fail("x", x, f"expected one of the configurations' keys ({', '.join(keys)})")
     others = [k for k in varying if k != x]
-    numeric_x = all(_is_number(e.config.get(x)) for e in entries)
-    categories = values[x]
-    lines: dict[str, list] = {}
+    if panels is None and ax is None:
+        structural = [k for k in others if k != "algorithm" and k not in numeric]
+        panels = min(structural, key=lambda k: len(values[k])) if structural else None
+    elif panels is not None and (ax is not None or panels not in others):
+        allowed = "a varying option other than x, without ax" if ax is None else "None when ax is given"
+        _validate.fail("panels", panels, f"expected {allowed} ({', '.join(others) or 'none vary'})")
+    in_line = [k for k in others if k != panels]
+    label = lambda e: config_label(e.config, in_line) or "final MSE"
+    labels = list(dict.fromkeys(label(e) for e in entries))
+    groups: dict[str, list] = {}
     for e in entries:
-        label = ", ".join(f"{k}={e.config.get(k)}" for k in others) or "final MSE"
-        lines.setdefault(label, []).append(e)
-    fig, ax = _axes(ax)
-    for i, (label, members) in enumerate(list(lines.items())[:max_lines]):
-        if numeric_x:
-            members = sorted(members, key=lambda e: e.config[x])
-            xs = np.array([float(e.config[x]) for e in members])
-        else:
-            xs = np.array([categories.index(_json_key(e.config.get(x))) for e in members], dtype=float)
-        final = np.array([e.result.mse_mean[-1] for e in members])
-        sem = np.array([e.result.mse_sem[-1] for e in members])
-        ax.errorbar(
-            xs, final, yerr=_BAND_Z * sem, fmt="o-", color=f"C{i % 10}", ms=4, lw=1.4, capsize=3, label=label
+        groups.setdefault(_json_key(e.config.get(panels)) if panels else "", []).append(e)
+    if ax is None:
+        fig, grid = plt.subplots(
+            1,
+            len(groups),
+            figsize=(3.6 * len(groups) + 3.0, 4.0),
+            dpi=130,
+            sharey=True,
+            squeeze=False,
+            layout="constrained",
         )
+        axes = list(grid[0])
+    else:
+        fig, axes = ax.figure, [ax]
+    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    for (value, members), panel in zip(groups.items(), axes):
+        _sweep_panel(panel, members, x, values[x], label, labels, cmap, max_lines)
+        _final_mse_axes(fig, panel, x, f"{panels} = {json.loads(value)}" if panels else title, None)
+        if panel is not axes[0]:
+            panel.set_ylabel("")
+    if ax is not None:
+        ax.legend(fontsize=7, title=rf"mean $\pm$ {_BAND_Z:g} s.e.", title_fontsize=8)
+    else:
+        if panels and title:
+            fig.suptitle(title, fontsize=10)
+        handles, names = axes[0].get_legend_handles_labels()
+        for panel in axes[1:]:  # a line absent from the first panel still gets its entry
+            for h, n in zip(*panel.get_legend_handles_labels()):
+                if n not in names:
+                    handles.append(h)
+                    names.append(n)
+        fig.legend(
+            handles,
+            names,
+            loc="outside right center",
+            fontsize=7,
+            title=rf"mean $\pm$ {_BAND_Z:g} s.e.",
+            title_fontsize=8,
+        )
+    return fig
+
+
+def _sweep_panel(ax, members, x, categories, label, labels, cmap, max_lines: int) -> None:
+    """The lines of one panel of :func:`plot_sweep`, coloured by their index in ``labels``."""
+    lines: dict[str, list] = {}
+    for e in members:
+        lines.setdefault(label(e), []).append(e)
+    numeric_x = all(_is_number(e.config.get(x)) for e in members)
+    for name, line in list(lines.items())[:max_lines]:
+        if numeric_x:
+            line = sorted(line, key=lambda e: e.config[x])
+            xs = np.array([float(e.config[x]) for e in line])
+        else:
+            xs = np.array([categories.index(_json_key(e.config.get(x))) for e in line], dtype=float)
+        final = np.array([e.result.mse_mean[-1] for e in line])
+        sem = np.array([e.result.mse_sem[-1] for e in line])
+        color = cmap(labels.index(name) % cmap.N)
+        ax.errorbar(xs, final, yerr=_BAND_Z * sem, fmt="o-", color=color, ms=4, lw=1.4, capsize=3, label=name)
     if len(lines) > max_lines:
         ax.plot([], [], " ", label=f"({len(lines) - max_lines} more not drawn)")
     if numeric_x:
-        xs = np.array([float(e.config[x]) for e in entries])
+        xs = np.array([float(e.config[x]) for e in members])
         if np.all(xs > 0) and xs.max() >= 10 * xs.min():
             ax.set_xscale("log")
     else:
         ax.set_xticks(range(len(categories)), [str(json.loads(c)) for c in categories], fontsize=8)
-    return _final_mse_axes(fig, ax, x, title, legend_size=7)  # pyright: ignore[reportArgumentType]
 
 
 def _json_key(value) -> str:

@@ -505,10 +505,10 @@ def step(rand, state, problem, config):
     return new._replace(theta=problem.theta_star + error, error=error), info
 
 
-def fedavgm(beta, step_size, num_local_steps):
+def relaxed_fedlsa(beta, step_size, num_local_steps):
     base = fj.fedlsa(step_size, num_local_steps).config
     config = Config(base.step_size, float(beta), base.channel, base.num_local_steps, base.skip)
-    return fj.Algorithm(config, "fedavgm", init, step)
+    return fj.Algorithm(config, "relaxed_fedlsa", init, step)
 
 
 def raises(beta=1.0):
@@ -535,7 +535,7 @@ agents = 2
 dim = 2
 local_steps = 3
 step_size = 0.1
-algorithm = ["fedlsa", "{module}:fedavgm"]
+algorithm = ["fedlsa", "{module}:relaxed_fedlsa"]
 
 [params]
 beta = [0.0, 1.0]
@@ -567,7 +567,7 @@ def test_user_algorithm_runs_through_the_cli_files_and_sweeps(tmp_path, monkeypa
         "float64",
         "--no-plot",
         "--algorithms",
-        f"fedlsa,{module}:fedavgm",
+        f"fedlsa,{module}:relaxed_fedlsa",
         "--param",
         "beta=1",
         "--out",
@@ -584,13 +584,13 @@ def test_user_algorithm_runs_through_the_cli_files_and_sweeps(tmp_path, monkeypa
     assert [p.returncode for p in procs] == [0, 0, 0], [log[1][-2000:] for log in logs]
     # beta = 1 is FedLSA; the result file is named after the algorithm
     mine, ref = (
-        fj.load(tmp_path / "run" / "result_fedavgm.npz"),
+        fj.load(tmp_path / "run" / "result_relaxed_fedlsa.npz"),
         fj.load(tmp_path / "run" / "result_fedlsa.npz"),
     )
     np.testing.assert_allclose(mine.final_theta, ref.final_theta, rtol=1e-10, atol=1e-14)
-    assert mine.config["algorithm"]["algorithm"] == "fedavgm"
+    assert mine.config["algorithm"]["algorithm"] == "relaxed_fedlsa"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert set(summary["runs"]) == {"fedlsa", "fedavgm"}
+    assert set(summary["runs"]) == {"fedlsa", "relaxed_fedlsa"}
     assert "shard 1/2: 1 of 3 configurations" in logs[2][0]
     # collect the shards: everything loads (fedlsa once: [params] do not apply to it), index and figure
     monkeypatch.chdir(tmp_path)
@@ -624,16 +624,20 @@ def test_user_algorithm_runs_through_the_cli_files_and_sweeps(tmp_path, monkeypa
         ("{m}:raises", [], "{m}:raises() raised RuntimeError: beta must be small"),  # takes no step_size
         ("{m}:returns_int", [], "{m}:returns_int returned a int, expected a fedsa_jax.Algorithm"),
         (
-            "{m}:fedavgm",
+            "{m}:relaxed_fedlsa",
             ["--param", "gamma=2"],
-            "--param='gamma=2' is invalid: {m}:fedavgm takes no argument 'gamma'",
+            "--param='gamma=2' is invalid: {m}:relaxed_fedlsa takes no argument 'gamma'",
         ),
         (
             "fedlsa",
             ["--param", "beta=2"],
             "--param is invalid: it applies to 'module:factory' algorithms only",
         ),
-        ("{m}:fedavgm,{m}:fedavgm", ["--param", "beta=2"], "two algorithms are named 'fedavgm'"),
+        (
+            "{m}:relaxed_fedlsa,{m}:relaxed_fedlsa",
+            ["--param", "beta=2"],
+            "two algorithms are named 'relaxed_fedlsa'",
+        ),
     ],
 )
 def test_user_algorithm_errors_name_the_option(tmp_path, monkeypatch, capsys, spec, params, says):

@@ -71,7 +71,11 @@ def test_squared_bias_and_exact_curve_are_reported(tmp_path, monkeypatch, capsys
     summary = json.loads((out / "summary.json").read_text())
     assert summary["fedlsa_predicted_squared_bias"] == pytest.approx(level, rel=1e-12)
     assert f"= {level:.4g}" in printed
-    assert list(drawn["reference_lines"].values()) == [pytest.approx(level, rel=1e-12)]
+    stationary = fj.theory.stationary_mse(problem, alg)  # --exact also draws the floor
+    assert list(drawn["reference_lines"].values()) == [
+        pytest.approx(level, rel=1e-12),
+        pytest.approx(stationary, rel=1e-12),
+    ]
     exact = fj.theory.exact_mse(problem, alg, 6)
     np.testing.assert_allclose(drawn["theory"]["fedlsa"], exact, rtol=1e-12)
     run = summary["runs"]["fedlsa"]

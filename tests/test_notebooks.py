@@ -142,3 +142,39 @@ def test_notebook_runs(name, tmp_path):
     outputs = [o for c in book.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook draws figures"
+
+
+def _regenerator():
+    import importlib.util
+
+    path = NOTEBOOKS.parent / "benchmarks" / "notebooks.py"
+    spec = importlib.util.spec_from_file_location("notebooks_script", path)
+    module = importlib.util.module_from_spec(spec)  # pyright: ignore[reportArgumentType]
+    spec.loader.exec_module(module)  # pyright: ignore[reportOptionalMemberAccess]
+    return module
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_stored_outputs_are_one_top_to_bottom_execution(name):
+    """Every code cell carries the output of one execution in order (none stale from another run
+    order), and the result lines are there for benchmarks/notebooks.py --check to compare."""
+    book = nbformat.read(NOTEBOOKS / name, as_version=4)
+    counts = [c.execution_count for c in book.cells if c.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1)), counts
+    assert len(_regenerator().key_numbers(book)) >= 10
+
+
+def test_key_numbers_compare_to_the_last_printed_digit():
+    script = _regenerator()
+    assert script.differences(["0.1351", "0.00089", "1.642e-01"], ["0.1351", "0.00090", "1.643e-01"]) == []
+    assert script.differences(["0.1351"], ["0.1341"]) == ["number 0: stored 0.1351, now 0.1341"]
+    assert script.differences(["1", "2"], ["1"]) == ["2 key numbers stored, 1 printed now"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_fresh_execution_reproduces_the_stored_key_numbers(name):
+    """Full sizes (minutes each): a fresh execution prints the stored key numbers."""
+    script = _regenerator()
+    stored = script.key_numbers(nbformat.read(NOTEBOOKS / name, as_version=4))
+    assert script.differences(stored, script.key_numbers(script.execute(NOTEBOOKS / name))) == []

@@ -161,3 +161,62 @@ def test_plot_sweep_draws_final_mse_against_the_richest_numeric_axis():
     ax = plot_sweep(entries, x="algorithm").axes[0]  # categories
     assert [t.get_text() for t in ax.get_xticklabels()] == ["fedlsa", "scafflsa"]
     plt.close("all")
+
+
+def test_plot_sweep_panels_by_structural_option_and_legend_outside():
+    from types import SimpleNamespace
+
+    import matplotlib.pyplot as plt
+
+    from fedsa_jax.plotting import plot_sweep
+
+    def entry(config, mse):
+        return SimpleNamespace(
+            config=config, result=SimpleNamespace(mse_mean=np.array([mse]), mse_sem=np.array([0.0]))
+        )
+
+    entries = [
+        entry({"heterogeneity": h, "algorithm": a, "step_size": s, "params.beta": beta}, s * (1 + i) + j)
+        for i, h in enumerate(("homogeneous", "heterogeneous"))
+        for j, (a, beta) in enumerate((("fedlsa", None), ("mine", 0.5), ("mine", 1.0)))
+        for s in (0.01, 0.1)
+    ]
+    fig = plot_sweep(entries, title="grid")
+    assert [ax.get_title() for ax in fig.axes] == [
+        "heterogeneity = homogeneous",
+        "heterogeneity = heterogeneous",
+    ]
+    (legend,) = fig.legends  # one legend for every panel, outside them
+    names = [t.get_text() for t in legend.get_texts()]
+    assert names == ["algorithm=fedlsa", "algorithm=mine, beta=0.5", "algorithm=mine, beta=1.0"]
+    for i, ax in enumerate(fig.axes):
+        lines = [c.lines[0] for c in ax.containers]
+        assert [c.get_label() for c in ax.containers] == names
+        for j, line in enumerate(lines):  # the data of its panel and line, in its line's colour
+            np.testing.assert_allclose(line.get_ydata(), np.array([0.01, 0.1]) * (1 + i) + j)
+            assert line.get_color() == fig.axes[0].containers[j].lines[0].get_color()
+    assert len({c.lines[0].get_color() for c in fig.axes[0].containers}) == 3
+    with pytest.raises(ValueError, match="panels='step_size' is invalid"):
+        plot_sweep(entries, panels="step_size")  # the x axis cannot also split the panels
+    plt.close("all")
+
+
+def test_sweep_console_lines_name_every_varying_value(capsys):
+    from types import SimpleNamespace
+
+    from fedsa_jax.cli.sweep_file import _report
+
+    long = {f"option_{i:02d}": "a-long-fixed-value" for i in range(12)}  # names are cut at 120 characters
+    entries = [
+        SimpleNamespace(
+            config={**long, "step_size": s, "params.beta": None},
+            result=SimpleNamespace(mse_mean=np.array([s]), mse_sem=np.array([0.0])),
+            status="ran",
+            seconds=0.1,
+        )
+        for s in (0.01, 0.05)
+    ]
+    _report(entries)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["step_size=0.01", "step_size=0.05"]
+    assert sweep_mod.config_name(entries[0].config)[:-14] == sweep_mod.config_name(entries[1].config)[:-14]

@@ -237,19 +237,20 @@ class _Grid:
 
 
 def _report(entries) -> None:
-    from fedsa_jax._sweep import config_name
+    """One console line per configuration: the values that vary across the sweep (all of them
+    legible; the file name, cut to a portable length, is in sweep.json), then its final MSE."""
+    from fedsa_jax._sweep import config_label, varying_keys
 
+    varying = varying_keys([e.config for e in entries]) or list(entries[0].config if entries else ())
     for e in entries:
+        label = config_label(e.config, varying)
         if e.result is None:
-            print(f"{config_name(e.config)}: missing")
+            print(f"{label}: missing")
             continue
         state = {"loaded": "loaded", "recomputed": f"damaged file recomputed, {e.seconds:.1f} s"}.get(
             e.status, f"{e.seconds:.1f} s"
         )
-        print(
-            f"{config_name(e.config)}: final MSE {e.result.mse_mean[-1]:.4g} "
-            f"+- {e.result.mse_sem[-1]:.2g} ({state})"
-        )
+        print(f"{label}: final MSE {e.result.mse_mean[-1]:.4g} +- {e.result.mse_sem[-1]:.2g} ({state})")
 
 
 def cmd_sweep(args) -> int:
