@@ -1,0 +1,101 @@
+"""Exact moments under Markov sampling (``fj.theory.exact_mean`` / ``exact_mse`` on
+``sampling="markov"``): against an enumeration of every chain path, against Monte Carlo, the
+refusals, and the power of the check (the i.i.d. curve is far from Markov Monte Carlo)."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import Z_TOL
+from reference import markov_enumerated_moments
+
+import fedsa_jax as fj
+
+
+def small_garnet(num_agents, num_states, sampling="markov", **kw):
+    """A Garnet problem with one action: each state reaches two others (sparse chains: few paths)."""
+    return fj.problems.garnet(
+        jax.random.key(0),
+        num_agents=num_agents,
+        num_states=num_states,
+        num_actions=1,
+        branching=2,
+        dim=2,
+        gamma=0.8,
+        sampling=sampling,
+        **kw,
+    )
+
+
+THETA0 = np.array([1.0, -1.0])
+
+
+@pytest.mark.parametrize(
+    "kind, algorithm, T, skip",
+    [
+        ("fedlsa", fj.fedlsa(0.6, 2), 3, 1),
+        ("fedlsa", fj.fedlsa(0.6, 2, skip=2), 2, 2),
+        ("scafflsa", fj.scafflsa(0.6, 2), 3, 1),
+        ("scafflsa", fj.scafflsa(0.6, 2, skip=2), 2, 2),
+        ("qfedtd", fj.qfedtd(0.9, fj.channel.rand_k(1), success_prob=0.7), 3, 1),
+    ],
+)
+def test_exact_equals_path_enumeration(kind, algorithm, T, skip):
+    problem = small_garnet(2, 3)
+    eta = float(algorithm.config.step_size)
+    H = algorithm.config.num_local_steps
+    kw = dict(success_prob=0.7, rand_k=1) if kind == "qfedtd" else {}
+    mean, mse = markov_enumerated_moments(problem, kind, eta, H, T, skip, THETA0, **kw)
+    np.testing.assert_allclose(fj.theory.exact_mean(problem, algorithm, T, THETA0), mean, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(fj.theory.exact_mse(problem, algorithm, T, THETA0), mse, rtol=0, atol=1e-12)
+    # power: the i.i.d. recursion misses the enumeration by far more than rounding
+    iid = small_garnet(2, 3, sampling="generative")
+    assert np.max(np.abs(fj.theory.exact_mse(iid, algorithm, T, THETA0) - mse)) > 1e-4
+
+
+ALGORITHMS = {
+    "fedlsa": fj.fedlsa(0.5, 3),
+    "fedlsa, skip 2": fj.fedlsa(0.5, 3, skip=2),
+    "scafflsa": fj.scafflsa(0.5, 3),
+    "qfedtd": fj.qfedtd(0.8, fj.channel.rand_k(1), success_prob=0.7),
+}
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_monte_carlo_within_standard_errors(name):
+    problem = small_garnet(3, 4)
+    alg, T, n = ALGORITHMS[name], 8, 3000
+    res = fj.simulate(jax.random.key(1), problem, alg, T, n, theta0=THETA0)
+    exact = fj.theory.exact_mse(problem, alg, T, theta0=THETA0)
+    z = np.abs(res.mse_mean[1:] - exact[1:]) / res.mse_sem[1:]
+    assert np.all(z < Z_TOL), z
+    mean = fj.theory.exact_mean(problem, alg, T, theta0=THETA0)
+    sem = np.sqrt(exact[:, None] / n)  # E|e|^2 / n bounds each coordinate's variance of the mean
+    assert np.all(np.abs(res.theta_mean - mean) <= Z_TOL * sem + 1e-12)
+    if alg.skip == 1 and alg.config.num_local_steps > 1:  # power: the i.i.d. curve is far outside
+        iid = fj.theory.exact_mse(small_garnet(3, 4, sampling="generative"), alg, T, theta0=THETA0)
+        assert np.max(np.abs(res.mse_mean[1:] - iid[1:]) / res.mse_sem[1:]) > 3 * Z_TOL
+
+
+def test_refusals_name_the_sizes():
+    big = fj.problems.garnet(jax.random.key(0), num_agents=4, num_states=30, dim=2, sampling="markov")
+    with pytest.raises(ValueError, match=r"S\^N \* D\^2 = 30\^4 \* 11\^2 = 98010000 entries.*limit"):
+        fj.theory.exact_mse(big, fj.fedlsa(0.1, 2), 3)
+    with pytest.raises(ValueError, match=r"S\^N \* D = 30\^4 \* 11 = 8910000 entries.*8388608"):
+        fj.theory.exact_mean(big, fj.fedlsa(0.1, 2), 3)
+    problem = small_garnet(3, 4)
+
+    class NoChains:  # Markov sampling from a problem that does not describe its chains
+        def __init__(self, problem):
+            self.problem = problem
+
+        def __getattr__(self, name):
+            if name == "markov_observations":
+                raise AttributeError(name)
+            return getattr(self.problem, name)
+
+    with pytest.raises(ValueError, match="problem.sampling='markov' is invalid.*markov_observations"):
+        fj.theory.exact_mean(NoChains(problem), fj.fedlsa(0.1, 2), 3)
+    with pytest.raises(ValueError, match="clients_per_round=2 is invalid.*Markov sampling.*every agent"):
+        fj.theory.exact_mse(problem, fj.fedlsa(0.1, 2, clients_per_round=2), 3)
+    with pytest.raises(ValueError, match="clients_per_round=2 is invalid.*Markov sampling"):
+        fj.theory.exact_mean(problem, fj.scafflsa(0.1, 2, clients_per_round=2), 3)
