@@ -99,3 +99,36 @@ def test_refusals_name_the_sizes():
         fj.theory.exact_mse(problem, fj.fedlsa(0.1, 2, clients_per_round=2), 3)
     with pytest.raises(ValueError, match="clients_per_round=2 is invalid.*Markov sampling"):
         fj.theory.exact_mean(problem, fj.scafflsa(0.1, 2, clients_per_round=2), 3)
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [fj.fedlsa(0.6, 2, skip=2), fj.scafflsa(0.6, 2), fj.qfedtd(0.9, fj.channel.rand_k(1), success_prob=0.7)],
+    ids=["fedlsa-skip2", "scafflsa", "qfedtd"],
+)
+def test_stationary_values_are_the_long_run_exact_values(algorithm):
+    """Under Markov sampling the stationary mean and MSE (fixed points of the conditional moments'
+    round) equal exact_mean / exact_mse at a horizon where the recursion has converged."""
+    problem = small_garnet(2, 3)
+    radius = fj.theory.mean_square_spectral_radius(problem, algorithm)
+    assert 0.5 < radius < 1.0
+    T = int(np.ceil(np.log(1e-15) / np.log(radius)))
+    mean = fj.theory.stationary_mean(problem, algorithm)
+    np.testing.assert_allclose(mean, fj.theory.exact_mean(problem, algorithm, T)[-1], rtol=0, atol=1e-11)
+    mse = fj.theory.stationary_mse(problem, algorithm)
+    np.testing.assert_allclose(mse, fj.theory.exact_mse(problem, algorithm, T)[-1], rtol=1e-10)
+    # power: the generative limit is another point
+    iid = fj.theory.stationary_mean(small_garnet(2, 3, sampling="generative"), algorithm)
+    assert np.max(np.abs(iid - mean)) > 1e-3
+
+
+def test_stationary_refusals_name_the_sizes():
+    problem = fj.problems.garnet(jax.random.key(0), num_agents=3, num_states=12, dim=2, sampling="markov")
+    with pytest.raises(
+        ValueError, match=r"stationary mean under Markov.*S\^N \* 6 = 12\^3 \* 6 = 10368 unknowns"
+    ):
+        fj.theory.stationary_mean(problem, fj.scafflsa(0.1, 2))
+    with pytest.raises(
+        ValueError, match=r"second moment under Markov.*S\^N \* 5 = 12\^3 \* 5 = 8640 unknowns"
+    ):
+        fj.theory.stationary_mse(problem, fj.fedlsa(0.1, 2))
