@@ -153,13 +153,31 @@ def second(phase, stack: np.ndarray, law: MarkovLaw, conjugate) -> np.ndarray:
         return stack
     if isinstance(phase, Coin):
         return (1.0 - phase.p) * stack + phase.p * second(phase.phase, stack, law, conjugate)
+    if getattr(phase, "noiseless", False) is True:  # S_j -> L S_j L^T for every j at once
+        return _conjugate_all(phase.mean(), stack)
     return np.stack([phase.second(S, conjugate) for S in stack])
+
+
+def _conjugate_all(L: np.ndarray, stack: np.ndarray) -> np.ndarray:
+    """``L S_j L^T`` for every ``S_j`` of ``stack (J, D, D)``, touching only the rows (then columns)
+    where L differs from I, and in them L's nonzero columns."""
+    D = L.shape[0]
+    rows = np.nonzero(np.any(L != np.eye(D), axis=1))[0]
+    cols = np.nonzero(np.any(L[rows] != 0, axis=0))[0]
+    block = L[np.ix_(rows, cols)]
+    left = stack.copy()
+    left[:, rows, :] = block @ stack[:, cols, :]  # L S
+    out = left.copy()
+    out[:, :, rows] = left[:, :, cols] @ block.T  # (L S) L^T
+    return out
 
 
 def _local(phase: LocalStep, stack: np.ndarray, law: MarkovLaw, second: bool) -> np.ndarray:
     """One local step on the stack: agent by agent, the sum over its transitions ``x -> x'`` of
     ``P_c(x, x') L_c(x, x') (.) L_c(x, x')^T`` (or ``L_c (.)`` for means) along its axis, then
-    the ``k - 1`` further moves ``P_c^{k-1}``."""
+    the ``k - 1`` further moves ``P_c^{k-1}``. ``L_c`` rewrites only agent c's rows (and, on the
+    right, its columns): the rest of the sum is ``sum_x P_c(x, x') Z_x``, and only the new rows are
+    computed per transition."""
     y, eta = phase.y, phase.eta
     N, S = law.N, law.S
     tail = stack.shape[1:]
@@ -172,26 +190,33 @@ def _local(phase: LocalStep, stack: np.ndarray, law: MarkovLaw, second: bool) ->
         Z = X.reshape((S, -1) + tail)  # (S, R, D, D or B)
         B = np.eye(y.d) - eta * law.A[c]  # (S, S', d, d)
         const = -eta * law.rho[c]  # (S, S', d)
-        U = np.zeros((S,) + Z.shape[1:])
+        step = (loc[c], xi[c] if xi else None, eta)
+        U = _along(law.P[c], Z)  # the rows no transition changes
+        rows = 0.0
         for x in range(S):
-            rows = (loc[c], xi[c] if xi else None, B[x], const[x], eta)
-            T = _rows(Z[x], *rows)  # (S', R, D, B): L_c(x, x') Z[x]
-            if second:
-                T = _rows(np.swapaxes(T, -1, -2), *rows)  # L Z L^T (Z[x] symmetric)
-            U += law.P[c, x].reshape((S,) + (1,) * (T.ndim - 1)) * T
-        Z = np.einsum("ab,a...->b...", law.after[c], U)
+            new = _rows(Z[x], B[x], const[x], *step)  # (S', R, d, D or B): (L_c(x, x') Z_x)[loc]
+            if second:  # the columns loc of those rows: (L Z L^T)[loc, loc]
+                block = _rows(np.swapaxes(new, -1, -2), B[x], const[x], *step)  # (S', R, d, d), transposed
+                new[..., loc[c]] = np.swapaxes(block, -1, -2)
+            rows = rows + law.P[c, x][:, None, None, None] * new
+        U[..., loc[c], :] = rows
+        if second:
+            U[..., loc[c]] = np.swapaxes(rows, -1, -2)
+        Z = _along(law.after[c], U)
         X = np.moveaxis(Z.reshape((S,) + others + tail), 0, c)
     return X.reshape(stack.shape)
 
 
-def _rows(M: np.ndarray, loc: slice, xi, B: np.ndarray, const: np.ndarray, eta: float):
-    """``L_c(x, x') M`` for every ``x'`` at once: ``M (R, D, B)`` or ``(S', R, D, B)``, ``B (S', d,
-    d)``, ``const (S', d)``; only agent c's rows ``loc`` change: ``B M[loc] + const M[0] (+ eta
-    M[xi])``. Returns ``(S', R, D, B)``."""
-    lead = M.shape[:-2] if M.ndim == 4 else (B.shape[0],) + M.shape[:-2]
-    out = np.array(np.broadcast_to(M, lead + M.shape[-2:]))
+def _along(P: np.ndarray, Z: np.ndarray) -> np.ndarray:
+    """``sum_x P[x, y] Z[x]`` ``(S', ...)`` as one matrix product."""
+    return (P.T @ Z.reshape(Z.shape[0], -1)).reshape((P.shape[1],) + Z.shape[1:])
+
+
+def _rows(M: np.ndarray, B: np.ndarray, const: np.ndarray, loc: slice, xi, eta: float) -> np.ndarray:
+    """Agent c's new rows ``(L_c(x, x') M)[loc] = B M[loc] + const M[0] (+ eta M[xi])`` for every
+    ``x'`` at once: ``M (R, D, B)`` or ``(S', R, D, B)``, ``B (S', d, d)``, ``const (S', d)``;
+    returns ``(S', R, d, B)``."""
     new = B[:, None] @ M[..., loc, :] + const[:, None, :, None] * M[..., 0:1, :]
     if xi is not None:
         new = new + eta * M[..., xi, :]
-    out[..., loc, :] = new
-    return out
+    return new
