@@ -4,6 +4,7 @@ refusals, and the power of the check (the i.i.d. curve is far from Markov Monte 
 
 import jax
 import numpy as np
+import optax
 import pytest
 from conftest import Z_TOL
 from reference import markov_enumerated_moments
@@ -74,6 +75,49 @@ def test_monte_carlo_within_standard_errors(name):
     if alg.skip == 1 and alg.config.num_local_steps > 1:  # power: the i.i.d. curve is far outside
         iid = fj.theory.exact_mse(small_garnet(3, 4, sampling="generative"), alg, T, theta0=THETA0)
         assert np.max(np.abs(res.mse_mean[1:] - iid[1:]) / res.mse_sem[1:]) > 3 * Z_TOL
+
+
+def test_mean_stability_under_markov_sampling():
+    """``mean_spectral_radius`` (hence ``max_stable_step_size``) under Markov sampling is the radius
+    of the conditional means' round: the exact Markov mean settles below the bound and blows up
+    above it, where the generative radius (and bound) would call the step stable."""
+    problem, iid = small_garnet(2, 3), small_garnet(2, 3, sampling="generative")
+    bound = fj.theory.max_stable_step_size(problem, "fedlsa", 2)
+    assert bound < 0.85 * fj.theory.max_stable_step_size(iid, "fedlsa", 2)  # power
+    for factor, stable in ((0.97, True), (1.03, False)):
+        alg = fj.fedlsa(factor * bound, 2)
+        assert bool(fj.theory.mean_spectral_radius(problem, alg) < 1.0) == stable
+        assert fj.theory.mean_spectral_radius(iid, alg) < 0.5
+        norms = np.linalg.norm(fj.theory.exact_mean(problem, alg, 1500, theta0=[3.0, -2.0]), axis=1)
+        assert bool(norms[-1] < 10.0) == stable and bool(norms[-1] > 1e30) != stable
+    # the radius is the exact mean's rate of convergence (skip 2: one real dominant mode)
+    alg = fj.fedlsa(0.6, 2, skip=2)
+    radius = fj.theory.mean_spectral_radius(problem, alg)
+    mean = fj.theory.exact_mean(problem, alg, 150, theta0=[3.0, -2.0])
+    gap = np.linalg.norm(mean - fj.theory.stationary_mean(problem, alg), axis=1)
+    np.testing.assert_allclose((gap[150] / gap[100]) ** (1 / 50), radius, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "alg",
+    [
+        fj.scaffnew(0.5, 0.4, 3, skip=2),
+        fj.fedlsa(0.5, 3, server_optimizer=optax.sgd(1.0, momentum=0.3)),
+        fj.fedlsa(0.5, 3, quantizer=fj.channel.rand_k(1), success_prob=0.6, aggregation="divide_by_received"),
+    ],
+    ids=["scaffnew-skip2", "fedlsa-momentum", "fedlsa-lossy"],
+)
+def test_monte_carlo_other_rounds(alg):
+    """The other phases act on each conditional moment as on an unconditional one: Scaffnew's coins
+    around its local steps, a server optimizer, a lossy channel."""
+    problem = small_garnet(3, 4)
+    T, n = 8, 4000
+    res = fj.simulate(jax.random.key(2), problem, alg, T, n, theta0=THETA0)
+    exact = fj.theory.exact_mse(problem, alg, T, theta0=THETA0)
+    assert np.all(np.abs(res.mse_mean[1:] - exact[1:]) / res.mse_sem[1:] < Z_TOL)
+    mean = fj.theory.exact_mean(problem, alg, T, theta0=THETA0)
+    assert np.all(np.abs(res.theta_mean - mean) <= Z_TOL * np.sqrt(exact[:, None] / n) + 1e-12)
 
 
 def test_refusals_name_the_sizes():

@@ -75,7 +75,9 @@ step is a deterministic affine map, so Y is a Markov jump linear system (Costa, 
 Marques, "Discrete-Time Markov Jump Linear Systems", Springer 2005): :func:`exact_mean`,
 :func:`exact_mse`, :func:`stationary_mean` and :func:`stationary_mse` propagate (or solve for) the
 moments ``E[Y 1{s = j}]`` and ``E[Y Y^T 1{s = j}]`` conditioned on the agents' joint chain state j,
-one per each of the ``S^N`` joint states (at most ``MAX_MARKOV_ENTRIES`` entries), skip included.
+one per each of the ``S^N`` joint states (at most ``MAX_MARKOV_ENTRIES`` entries), skip included;
+:func:`mean_spectral_radius`, :func:`mean_square_spectral_radius` and hence
+:func:`max_stable_step_size` take the radii of those conditional recursions.
 
 Uplink channels keep the mean dynamics linear for every algorithm: in
 :func:`exact_mean` the server step uses the expected aggregation weights

@@ -266,12 +266,15 @@ def lsa_step_size_bound(A) -> float:
 def mean_spectral_radius(problem, algorithm) -> float:
     """Spectral radius of one round of the exact mean recursion (constant step), on the blocks
     that persist across rounds (``carried``), restricted to ``sum_c xi_c = 0`` for the per-agent
-    blocks whose sum stays 0 (``zero_sum``: control variates)."""
+    blocks whose sum stays 0 (``zero_sum``: control variates). Under Markov sampling: of one round
+    of the means conditioned on the joint chain state (:mod:`fedsa_jax.theory.markov`), on the same
+    blocks of each."""
     rec, etas = _recursion(recursion_of(algorithm, problem), algorithm, 1)
     y = rec.state
+    law = markov.markov_law(problem, getattr(algorithm, "skip", 1), y, second=False)
     with np.errstate(over="ignore", invalid="ignore"):
-        R = round_map(rec, 0, etas[0])
-    if not np.all(np.isfinite(R)):
+        R = round_map(rec, 0, etas[0]) if law is None else None
+    if R is not None and not np.all(np.isfinite(R)):
         return np.inf
     d = y.d
     zero = [sl for name in y.zero_sum for sl in y[name]]
@@ -279,16 +282,35 @@ def mean_spectral_radius(problem, algorithm) -> float:
         sl for name in y.carried for sl in (y[name] if isinstance(y[name], list) else [y[name]])
     ]
     keep = np.concatenate([np.arange(y.D)[sl] for sl in parts])
-    M = R[np.ix_(keep, keep)]
-    if not zero:
-        return float(np.max(np.abs(np.linalg.eigvals(M))))
-    # Orthonormal basis of {sum_c xi_c = 0} in the kept coordinates (the xi blocks come first).
-    sums = np.zeros((d, len(keep)))
-    for c in range(len(zero)):
-        sums[:, c * d : (c + 1) * d] = np.eye(d)
-    _, _, Vt = np.linalg.svd(sums)
-    Q = Vt[d:].T
-    return float(np.max(np.abs(np.linalg.eigvals(Q.T @ M @ Q))))
+    Q = np.eye(len(keep))
+    if zero:  # orthonormal basis of {sum_c xi_c = 0} in the kept coordinates (the xi blocks come first)
+        sums = np.zeros((d, len(keep)))
+        for c in range(len(zero)):
+            sums[:, c * d : (c + 1) * d] = np.eye(d)
+        Q = np.linalg.svd(sums)[2][d:].T
+    if law is not None:
+        M = _markov_mean_operator(rec, law, etas[0], keep, Q)
+    else:
+        M = Q.T @ R[np.ix_(keep, keep)] @ Q  # pyright: ignore[reportOptionalSubscript]
+    if not np.all(np.isfinite(M)):
+        return np.inf
+    return float(np.max(np.abs(np.linalg.eigvals(M))))
+
+
+def _markov_mean_operator(rec: Recursion, law, etas: np.ndarray, keep: np.ndarray, Q: np.ndarray):
+    """One round of the conditional means ``E[Y_keep 1{s = j}] = Q z_j`` as a matrix on the z_j
+    (``S^N`` blocks), from the round applied to every basis element at once."""
+    y, J, k = rec.state, law.S**law.N, Q.shape[1]
+    n = markov.check_unknowns(law, k, y.name)
+    for phase in _phases(rec, 0, etas):
+        markov.prepare(phase, second=False)
+    basis = np.zeros((J, y.D, n))
+    for j in range(J):
+        basis[j][np.ix_(keep, j * k + np.arange(k))] = Q
+    with np.errstate(over="ignore", invalid="ignore"):
+        for phase in _phases(rec, 0, etas):
+            basis = markov.mean(phase, basis, law)
+    return np.einsum("ki,jkc->jic", Q, basis[:, keep, :]).reshape(n, n)
 
 
 def stable_step_size(

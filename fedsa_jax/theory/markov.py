@@ -35,9 +35,10 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.moments import Aggregation, Augmented, Chain, Coin, LocalStep
 
-__all__ = ["MAX_MARKOV_ENTRIES", "MarkovLaw", "markov_law"]
+__all__ = ["MAX_MARKOV_ENTRIES", "MAX_MARKOV_UNKNOWNS", "MarkovLaw", "check_unknowns", "markov_law"]
 
 MAX_MARKOV_ENTRIES = 2**23  # conditional moments' entries (64 MiB in float64)
+MAX_MARKOV_UNKNOWNS = 5000  # a dense operator on the conditional means (mean_spectral_radius)
 
 
 @dataclasses.dataclass
@@ -106,6 +107,21 @@ def markov_law(problem, skip: int, y: Augmented, second: bool) -> MarkovLaw | No
     A = np.asarray(obs.A, np.float64)
     rho = np.einsum("cstij,j->csti", A, y.theta_star) - np.asarray(obs.b, np.float64)
     return MarkovLaw(np.asarray(obs.initial, np.float64), P, after, A, rho)
+
+
+def check_unknowns(law: MarkovLaw, per_state: int, name) -> int:
+    """``S^N per_state`` unknowns of a dense operator on the conditional moments, refused beyond
+    ``MAX_MARKOV_UNKNOWNS`` with the sizes."""
+    n = law.S**law.N * per_state
+    if n > MAX_MARKOV_UNKNOWNS:
+        _validate.fail(
+            "algorithm",
+            name,
+            f"its mean recursion under Markov sampling has S^N * {per_state} = {law.S}^{law.N} * "
+            f"{per_state} = {n} unknowns (one set per joint chain state) > MAX_MARKOV_UNKNOWNS = "
+            f"{MAX_MARKOV_UNKNOWNS}",
+        )
+    return n
 
 
 def prepare(phase, second: bool) -> None:
