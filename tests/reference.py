@@ -613,3 +613,105 @@ def assert_monte_carlo_matches_exact(problem, alg, T: int = 8, n: int = 4000, se
     mean = fj.theory.exact_mean(problem, alg, T, theta0=theta0)
     assert np.all(np.abs(res.theta_mean - mean) <= Z_TOL * np.sqrt(exact[:, None] / n) + 1e-12)
     return exact
+
+
+# ---------------------------------------------------------------------------------------------
+# Markov sampling: enumeration of every chain path
+
+
+def chain_paths(P, mu, length):
+    """Every state sequence ``s_0..s_{length-1}`` of one chain with positive probability:
+    ``(paths (M, length) int, probabilities (M,))``, ``s_0 ~ mu``, ``s_{i+1} ~ P(s_i, .)``."""
+    paths = np.array([[s] for s in range(len(mu)) if mu[s] > 0])
+    prob = np.array([mu[s] for s in paths[:, 0]])
+    for _ in range(length - 1):
+        nxt_paths, nxt_prob = [], []
+        for path, q in zip(paths, prob):
+            for s in np.nonzero(P[path[-1]] > 0)[0]:
+                nxt_paths.append(np.append(path, s))
+                nxt_prob.append(q * P[path[-1], s])
+        paths, prob = np.array(nxt_paths), np.array(nxt_prob)
+    return paths, prob
+
+
+def markov_enumerated_moments(problem, kind, eta, H, T, skip=1, theta0=None, success_prob=1.0, rand_k=None):
+    """``(E[theta_t] (T+1, d), E|theta_t - theta_star|^2 (T+1,))`` of FedLSA, SCAFFLSA or QFedTD
+    (``kind``) on a federated TD problem under Markov sampling, by summing over every joint path of
+    the agents' chains (and, for QFedTD, every delivery pattern and rand-k coordinate choice) its
+    probability times the iterate it leads to. Each chain starts from its stationary law and runs
+    on across rounds; local step h of round t reads the transition ``(s_i, s_{i+1})``,
+    ``i = (t H + h) skip``. Written from the update rules (module docstring); only the problem's
+    arrays are read. Tiny problems only: the outcomes multiply."""
+    P = np.asarray(problem.transitions, np.float64)
+    mu = np.asarray(problem.stationary, np.float64)
+    r = np.asarray(problem.rewards, np.float64)
+    phi = np.asarray(problem.features, np.float64)
+    gamma = float(problem.gamma)
+    theta_star = np.asarray(problem.theta_star, np.float64)
+    N, S, _ = P.shape
+    d = phi.shape[1]
+    length = (T * H - 1) * skip + 2  # the last transition read is (s_{(TH-1)skip}, s_{(TH-1)skip+1})
+    # per agent: every path, and for QFedTD every round's channel draw (delivered, kept coordinate)
+    per_agent = []
+    for c in range(N):
+        paths, prob = chain_paths(P[c], mu[c], length)
+        if kind == "qfedtd":
+            k = d if rand_k is None else rand_k
+            subsets = list(itertools.combinations(range(d), k))
+            draws = [(ok, sub) for ok in (True, False) for sub in range(len(subsets))]
+            draw_prob = [(success_prob if ok else 1 - success_prob) / len(subsets) for ok, _ in draws]
+            combos = np.array(list(itertools.product(range(len(draws)), repeat=T))).reshape(-1, T)
+            combo_prob = np.array([np.prod([draw_prob[i] for i in combo]) for combo in combos])
+            n_paths = len(prob)
+            paths = np.repeat(paths, len(combos), axis=0)
+            channel = np.tile(combos, (n_paths, 1))
+            prob = np.repeat(prob, len(combos)) * np.tile(combo_prob, n_paths)
+            per_agent.append((paths, prob, channel, draws, subsets, k))
+        else:
+            per_agent.append((paths, prob))
+    # the joint outcomes: the product over agents (agents' chains and channels are independent)
+    sizes = [len(a[1]) for a in per_agent]
+    grids = np.meshgrid(*[np.arange(m) for m in sizes], indexing="ij")
+    index = [g.ravel() for g in grids]
+    weight = np.prod([per_agent[c][1][index[c]] for c in range(N)], axis=0)
+    M = len(weight)
+    theta = np.tile(np.zeros(d) if theta0 is None else np.asarray(theta0, np.float64), (M, 1))
+    xi = np.zeros((N, M, d))
+
+    def direction(c, i, x):  # b_c(Z) - A_c(Z) x for the transition read at position i
+        path = per_agent[c][0][index[c]]
+        s, s_next = path[:, i], path[:, i + 1]
+        td = r[c, s] + gamma * np.sum(phi[s_next] * x, 1) - np.sum(phi[s] * x, 1)
+        return td[:, None] * phi[s]
+
+    def moments(theta):
+        return weight @ theta, weight @ np.sum((theta - theta_star) ** 2, 1)
+
+    out = [moments(theta)]
+    for t in range(T):
+        if kind == "qfedtd":
+            total = np.zeros((M, d))
+            for c in range(N):
+                paths, prob, channel, draws, subsets, k = per_agent[c]
+                g = direction(c, t * skip, theta)
+                draw = channel[index[c], t]
+                ok = np.array([o for o, _ in draws])[draw]
+                sub = np.array([j for _, j in draws])[draw]
+                mask = np.zeros((M, d))  # rand-k: the kept coordinates, scaled by d / k
+                for j, subset in enumerate(subsets):
+                    mask[np.ix_(sub == j, list(subset))] = d / k
+                total += ok[:, None] * mask * g / N  # divide_by_n
+            theta = theta + eta * total
+        else:
+            loc = []
+            for c in range(N):
+                x = theta.copy()
+                for h in range(H):
+                    x = x + eta * (direction(c, (t * H + h) * skip, x) + xi[c])
+                loc.append(x)
+            theta = np.mean(loc, axis=0)
+            if kind == "scafflsa":
+                for c in range(N):
+                    xi[c] = xi[c] + (theta - loc[c]) / (eta * H)
+        out.append(moments(theta))
+    return np.array([m for m, _ in out]), np.array([e for _, e in out])

@@ -154,9 +154,9 @@ def test_mixing_time_two_state_chain():
 
 def test_theory_errors(tiny_td, het_gaussian):
     P, r, Phi = tiny_td
-    markov = fj.problems.federated_td(P, r, Phi, 0.9, sampling="markov")
-    with pytest.raises(ValueError, match="problem.sampling='markov' is invalid.*generative"):
-        fj.theory.exact_mse(markov, fj.fedlsa(0.1, 2), 3)
+    markov = fj.problems.federated_td(np.tile(P, (4, 1, 1)), np.tile(r, (4, 1)), Phi, 0.9, sampling="markov")
+    with pytest.raises(ValueError, match=r"S\^N \* D\^2 = 4\^12 \* 27\^2 = 12230590464 entries"):
+        fj.theory.exact_mse(markov, fj.fedlsa(0.1, 2), 3)  # Markov sampling: small chains only
     with pytest.raises(ValueError, match="quantizer=.*qsgd.*identity\\(\\) or rand_k"):
         fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 2, quantizer=fj.channel.qsgd(4)), 3)
     with pytest.raises(ValueError, match="SCAFFLSA with an exact channel"):

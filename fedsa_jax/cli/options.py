@@ -374,7 +374,8 @@ def _simulation() -> list[Option]:
             ("--exact",),
             "exact",
             "also compute the exact MSE curve (fj.theory.exact_mse; every algorithm "
-            "with an exact description, plugins included, on Gaussian or generative TD problems, small N d) "
+            "with an exact description, plugins included, on Gaussian or generative TD problems, small N d, "
+            "or Markov TD on small chains) "
             "and draw it dotted",
             default=False,
             action="store_true",

@@ -109,7 +109,13 @@ class Problem(Protocol):
       :func:`direction_second_moment` computes the mean part (or a finite sum).
     * ``sampling: str``: ``"generative"`` (the default when absent: observations
       independent across local steps and rounds) or anything else (e.g.
-      ``"markov"``), for which the exact recursions refuse the problem.
+      ``"markov"``), for which the exact recursions refuse the problem unless it has
+      ``markov_observations()``.
+    * ``markov_observations() -> MarkovObservations`` (``fedsa_jax.problems.td``): under
+      ``sampling="markov"``, each agent's chain (initial law, kernel) and its observation
+      ``(A_c(s, s'), b_c(s, s'))`` as a function of the transition; with it
+      :func:`fedsa_jax.theory.exact_mean` and :func:`~fedsa_jax.theory.exact_mse` condition
+      their moments on the agents' joint chain state (small chains; federated TD has it).
     """
 
     A_bar: jax.Array

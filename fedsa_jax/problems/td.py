@@ -51,7 +51,7 @@ from fedsa_jax.problems._base import (
 )
 from fedsa_jax.problems.protocol import direction_second_moment
 
-__all__ = ["FederatedTD", "federated_td"]
+__all__ = ["FederatedTD", "MarkovObservations", "federated_td"]
 
 SAMPLING_MODES = ("generative", "markov")
 # Pair tables (one row per (s, s'): phi(s) and phi(s) - gamma phi(s')) when they hold at most this
@@ -65,6 +65,19 @@ class TDObservation(NamedTuple):
     next_state: jax.Array  # () int32, s'
     reward: jax.Array  # () r_c(s)
     pair: jax.Array  # () int32, s * S + s'
+
+
+class MarkovObservations(NamedTuple):
+    """Observations along per-agent Markov chains as a function of the transition (float64):
+    ``initial (N, S)`` the law of each chain's first state, ``transitions (N, S, S)`` the
+    kernels, ``A (N, S, S, d, d)`` and ``b (N, S, S, d)`` the observation ``(A_c(s, s'),
+    b_c(s, s'))`` of agent c's transition ``s -> s'``. Chains of different agents are
+    independent."""
+
+    initial: np.ndarray
+    transitions: np.ndarray
+    A: np.ndarray
+    b: np.ndarray
 
 
 @jax.tree_util.register_dataclass
@@ -215,6 +228,23 @@ class FederatedTD:
             return second - mean_part(m, X)
 
         return cov
+
+    def markov_observations(self) -> MarkovObservations:
+        """The law of the observations along the agents' chains, float64 numpy (the optional
+        protocol member read by the exact recursions under Markov sampling): each chain starts from
+        ``mu_c`` (:meth:`init_sampler`), moves by ``P_c``, and the observation of the transition
+        ``s -> s'`` is ``A(s, s') = phi(s) (phi(s) - gamma phi(s'))^T``, ``b(s, s') = r_c(s) phi(s)``
+        (:meth:`observe`: with ``skip = k`` the local step reads the transition
+        ``(s_{hk}, s_{hk+1})`` and the chain moves on to ``s_{(h+1)k}``)."""
+        P = np.asarray(self.transitions, np.float64)  # (N, S, S)
+        r = np.asarray(self.rewards, np.float64)  # (N, S)
+        phi = np.asarray(self.features, np.float64)  # (S, d)
+        g = float(self.gamma)
+        N, S = r.shape
+        psi = phi[:, None, :] - g * phi[None, :, :]  # (S, S, d): phi(s) - gamma phi(s')
+        A = np.broadcast_to(np.einsum("si,stj->stij", phi, psi)[None], (N, S, S) + 2 * (phi.shape[1],))
+        b = np.broadcast_to((r[:, :, None] * phi[None])[:, :, None, :], (N, S, S, phi.shape[1]))
+        return MarkovObservations(np.asarray(self.stationary, np.float64), P, A, b)
 
     def describe(self) -> dict[str, Any]:
         return {

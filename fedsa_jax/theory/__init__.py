@@ -69,6 +69,16 @@ RMSProp) or whose state counts steps are refused. Averaging adds the running mea
 ``v <- v + (theta - v) / (t - b)`` (``t > b``) to Y, and v is reported after the burn-in.
 Richardson-Romberg's mean is ``2 E[theta(eta)] - E[theta(2 eta)]`` (:func:`exact_mean`).
 
+**Markov sampling** (``sampling="markov"``, federated TD, small chains:
+:mod:`fedsa_jax.theory.markov`). Given the transition ``s -> s'`` of each agent's chain a local
+step is a deterministic affine map, so Y is a Markov jump linear system (Costa, Fragoso,
+Marques, "Discrete-Time Markov Jump Linear Systems", Springer 2005): :func:`exact_mean`,
+:func:`exact_mse`, :func:`stationary_mean` and :func:`stationary_mse` propagate (or solve for) the
+moments ``E[Y 1{s = j}]`` and ``E[Y Y^T 1{s = j}]`` conditioned on the agents' joint chain state j,
+one per each of the ``S^N`` joint states (at most ``MAX_MARKOV_ENTRIES`` entries), skip included;
+:func:`mean_spectral_radius`, :func:`mean_square_spectral_radius` and hence
+:func:`max_stable_step_size` take the radii of those conditional recursions.
+
 Uplink channels keep the mean dynamics linear for every algorithm: in
 :func:`exact_mean` the server step uses the expected aggregation weights
 ``E[w_c]`` (``p / N`` for ``"divide_by_n"``, ``(1 - (1 - p)^N) / N`` for
@@ -122,6 +132,7 @@ from fedsa_jax.theory.engine import (
     lsa_step_size_bound,
     mean_spectral_radius,
 )
+from fedsa_jax.theory.markov import MAX_MARKOV_ENTRIES
 from fedsa_jax.theory.references import (
     fedlsa_bias,
     fedlsa_round_bias,

@@ -14,7 +14,8 @@ import jax
 import numpy as np
 
 from fedsa_jax import _validate, algorithms, optim
-from fedsa_jax.moments import Combination, Recursion, recursion_of, require_iid
+from fedsa_jax.moments import Combination, Recursion, recursion_of
+from fedsa_jax.theory import markov
 
 __all__ = ["exact_mean", "exact_mse", "lsa_step_size_bound", "mean_spectral_radius", "stable_step_size"]
 
@@ -76,8 +77,13 @@ def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     without momentum), their Polyak-Ruppert average (:func:`fedsa_jax.averaged`) and
     Richardson-Romberg extrapolation (:func:`fedsa_jax.richardson`: ``2 E[theta(eta)] -
     E[theta(2 eta)]``), and yours (``fj.Algorithm(..., theory=fn)``, :mod:`fedsa_jax.moments`).
+
+    Markov sampling (``sampling="markov"``, any ``skip``; a problem with ``markov_observations()``,
+    federated TD): exact too, on small chains. The means ``E[Y 1{s = j}]`` conditioned on the
+    agents' joint chain state j (``S^N`` of them) follow a Markov jump linear system (Costa,
+    Fragoso, Marques 2005, Ch. 3; :mod:`fedsa_jax.theory.markov`); refused beyond
+    ``S^N * D = MAX_MARKOV_ENTRIES`` entries, and with a cohort (``clients_per_round < N``).
     """
-    require_iid(problem)
     T = _validate.integer("num_rounds", num_rounds, 0)
     description = recursion_of(algorithm, problem)
     if isinstance(description, Combination):
@@ -88,11 +94,28 @@ def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     rec, etas = _recursion(description, algorithm, T)
     y = rec.state
     m = y.initial(theta0)
+    law = markov.markov_law(problem, getattr(algorithm, "skip", 1), y, second=False)
+    if law is not None:
+        return _markov_mean(rec, law, etas, T, m)
     out = [m[y[rec.scored(0)]].copy()]
     for t in range(T):
         m = round_map(rec, t, etas[t]) @ m
         out.append(m[y[rec.scored(t + 1)]].copy())
     return np.asarray(out) + y.theta_star  # from error coordinates
+
+
+def _markov_mean(rec: Recursion, law, etas: np.ndarray, T: int, m: np.ndarray) -> np.ndarray:
+    """:func:`exact_mean` under Markov sampling: the stack of conditional means through the phases."""
+    y = rec.state
+    for phase in _phases(rec, 0, etas[0]) if T else []:
+        markov.prepare(phase, second=False)
+    stack = law.initial_stack(m, second=False)
+    out = [m[y[rec.scored(0)]].copy()]
+    for t in range(T):
+        for phase in _phases(rec, t, etas[t]):
+            stack = markov.mean(phase, stack, law)
+        out.append(stack.sum(0)[y[rec.scored(t + 1)]])
+    return np.asarray(out) + y.theta_star
 
 
 def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
@@ -118,6 +141,17 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     Cost O(N d^2 D) per local step and O(N d D^2) per round (O(N^2 d^2 D) with control variates)
     with D the size of Y (``1 + d + N d`` plus the algorithm's blocks; at most
     ``MAX_AUGMENTED_DIM``); memory O(D^2).
+
+    Markov sampling (``sampling="markov"``, any ``skip``, chains started from their stationary
+    laws and carried across rounds; a problem with ``markov_observations()``, federated TD): the
+    observation is a deterministic function ``(A_c(s, s'), b_c(s, s'))`` of the transition, so Y is
+    a Markov jump linear system (Costa, Fragoso, Marques, "Discrete-Time Markov Jump Linear
+    Systems", Springer 2005, Ch. 3) and ``S_j = E[Y Y^T 1{s = j}]``, one per joint chain state j of
+    the N agents, evolve linearly: a local step sums ``P(x, x') L(x, x') S_x L(x, x')^T`` over
+    transitions (one agent at a time, :mod:`fedsa_jax.theory.markov`), every other phase acts on
+    each ``S_j`` as above, and ``E[Y Y^T] = sum_j S_j``. Cost ``O(N S^{N+1} d D^2)`` per local
+    step; refused beyond ``S^N * D^2 = MAX_MARKOV_ENTRIES`` entries (the sizes named), and with a
+    cohort (``clients_per_round < N``: idle agents' chains stand still).
     """
     rec, moments = _second_moments(problem, algorithm, num_rounds, theta0)
     y = rec.state
@@ -135,8 +169,14 @@ def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
         _validate.fail(
             "algorithm", algorithm.name, f"exact_mse does not cover {description.what}; exact_mean does"
         )
-    rec, etas = _recursion(description, algorithm, T, second=True)
+    rec, etas = _recursion(description, algorithm, T)
     y = rec.state
+    law = markov.markov_law(problem, getattr(algorithm, "skip", 1), y, second=True)
+    if law is None:
+        _recursion(description, algorithm, T, second=True)  # the phases' checks
+    m = y.initial(theta0)
+    if law is not None:
+        return rec, _markov_second_moments(rec, law, etas, T, m)
     y.noise  # noqa: B018 (the problem's noise law, or a refusal)
     advance = second_moment_round(rec)
 
@@ -146,21 +186,28 @@ def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
             S = advance(S, t, etas[t])
             yield S
 
-    m = y.initial(theta0)
     return rec, moments(np.outer(m, m))
+
+
+def _markov_second_moments(rec: Recursion, law, etas: np.ndarray, T: int, m: np.ndarray):
+    """The iterator of :func:`_second_moments` under Markov sampling: ``sum_j S_j``, the stack of
+    second moments conditioned on the joint chain state propagated phase by phase."""
+    for phase in _phases(rec, 0, etas[0] if T else _etas(rec, 1)[0]):
+        markov.prepare(phase, second=True)
+    conjugate = _cached_conjugate()
+    stack = law.initial_stack(m, second=True)
+    yield stack.sum(0)
+    for t in range(T):
+        for phase in _phases(rec, t, etas[t]):
+            stack = markov.second(phase, stack, law, conjugate)
+        stack = 0.5 * (stack + np.swapaxes(stack, -1, -2))  # see second_moment_round
+        yield stack.sum(0)
 
 
 def second_moment_round(rec: Recursion):
     """``advance(S, t, etas) -> S'``: ``S = E[Y Y^T]`` through round t's phases (the conjugations
     ``S -> L S L^T`` of the affine phases cached per map), symmetrised."""
-    conjugators: dict = {}
-
-    def conjugate(L, S):
-        if id(L) not in conjugators:
-            if len(conjugators) >= CACHE_SIZE:
-                conjugators.pop(next(iter(conjugators)))
-            conjugators[id(L)] = (L, _conjugator(L))  # L kept alive while cached: its id stays unique
-        return conjugators[id(L)][1](S)
+    conjugate = _cached_conjugate()
 
     def advance(S, t, etas):
         for phase in _phases(rec, t, etas):
@@ -172,6 +219,21 @@ def second_moment_round(rec: Recursion):
         return 0.5 * (S + S.T)
 
     return advance
+
+
+def _cached_conjugate():
+    """``conjugate(L, S) -> L S L^T``, the conjugator of each map L built once (the last
+    ``CACHE_SIZE`` kept)."""
+    conjugators: dict = {}
+
+    def conjugate(L, S):
+        if id(L) not in conjugators:
+            if len(conjugators) >= CACHE_SIZE:
+                conjugators.pop(next(iter(conjugators)))
+            conjugators[id(L)] = (L, _conjugator(L))  # L kept alive while cached: its id stays unique
+        return conjugators[id(L)][1](S)
+
+    return conjugate
 
 
 def _conjugator(L):
@@ -204,12 +266,15 @@ def lsa_step_size_bound(A) -> float:
 def mean_spectral_radius(problem, algorithm) -> float:
     """Spectral radius of one round of the exact mean recursion (constant step), on the blocks
     that persist across rounds (``carried``), restricted to ``sum_c xi_c = 0`` for the per-agent
-    blocks whose sum stays 0 (``zero_sum``: control variates)."""
+    blocks whose sum stays 0 (``zero_sum``: control variates). Under Markov sampling: of one round
+    of the means conditioned on the joint chain state (:mod:`fedsa_jax.theory.markov`), on the same
+    blocks of each."""
     rec, etas = _recursion(recursion_of(algorithm, problem), algorithm, 1)
     y = rec.state
+    law = markov.markov_law(problem, getattr(algorithm, "skip", 1), y, second=False)
     with np.errstate(over="ignore", invalid="ignore"):
-        R = round_map(rec, 0, etas[0])
-    if not np.all(np.isfinite(R)):
+        R = round_map(rec, 0, etas[0]) if law is None else None
+    if R is not None and not np.all(np.isfinite(R)):
         return np.inf
     d = y.d
     zero = [sl for name in y.zero_sum for sl in y[name]]
@@ -217,16 +282,35 @@ def mean_spectral_radius(problem, algorithm) -> float:
         sl for name in y.carried for sl in (y[name] if isinstance(y[name], list) else [y[name]])
     ]
     keep = np.concatenate([np.arange(y.D)[sl] for sl in parts])
-    M = R[np.ix_(keep, keep)]
-    if not zero:
-        return float(np.max(np.abs(np.linalg.eigvals(M))))
-    # Orthonormal basis of {sum_c xi_c = 0} in the kept coordinates (the xi blocks come first).
-    sums = np.zeros((d, len(keep)))
-    for c in range(len(zero)):
-        sums[:, c * d : (c + 1) * d] = np.eye(d)
-    _, _, Vt = np.linalg.svd(sums)
-    Q = Vt[d:].T
-    return float(np.max(np.abs(np.linalg.eigvals(Q.T @ M @ Q))))
+    Q = np.eye(len(keep))
+    if zero:  # orthonormal basis of {sum_c xi_c = 0} in the kept coordinates (the xi blocks come first)
+        sums = np.zeros((d, len(keep)))
+        for c in range(len(zero)):
+            sums[:, c * d : (c + 1) * d] = np.eye(d)
+        Q = np.linalg.svd(sums)[2][d:].T
+    if law is not None:
+        M = _markov_mean_operator(rec, law, etas[0], keep, Q)
+    else:
+        M = Q.T @ R[np.ix_(keep, keep)] @ Q  # pyright: ignore[reportOptionalSubscript]
+    if not np.all(np.isfinite(M)):
+        return np.inf
+    return float(np.max(np.abs(np.linalg.eigvals(M))))
+
+
+def _markov_mean_operator(rec: Recursion, law, etas: np.ndarray, keep: np.ndarray, Q: np.ndarray):
+    """One round of the conditional means ``E[Y_keep 1{s = j}] = Q z_j`` as a matrix on the z_j
+    (``S^N`` blocks), from the round applied to every basis element at once."""
+    y, J, k = rec.state, law.S**law.N, Q.shape[1]
+    n = markov.check_unknowns(law, k, y.name)
+    for phase in _phases(rec, 0, etas):
+        markov.prepare(phase, second=False)
+    basis = np.zeros((J, y.D, n))
+    for j in range(J):
+        basis[j][np.ix_(keep, j * k + np.arange(k))] = Q
+    with np.errstate(over="ignore", invalid="ignore"):
+        for phase in _phases(rec, 0, etas):
+            basis = markov.mean(phase, basis, law)
+    return np.einsum("ki,jkc->jic", Q, basis[:, keep, :]).reshape(n, n)
 
 
 def stable_step_size(

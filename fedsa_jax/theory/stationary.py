@@ -31,12 +31,14 @@ radius of the second-moment operator).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
 from fedsa_jax import _validate, optim
 from fedsa_jax.moments import Combination, Recursion, recursion_of
-from fedsa_jax.theory.engine import _recursion, round_map, second_moment_round
+from fedsa_jax.theory import markov
+from fedsa_jax.theory.engine import _cached_conjugate, _phases, _recursion, round_map, second_moment_round
 
 __all__ = ["MAX_STATIONARY_UNKNOWNS", "mean_square_spectral_radius", "stationary_mean", "stationary_mse"]
 
@@ -53,6 +55,7 @@ class _Stationary:
     R: np.ndarray  # (D, D) the round's mean map
     keep: np.ndarray  # K, the persistent coordinates of Y (0 first)
     P: np.ndarray  # (|K|, K') orthonormal columns, zero-sum blocks in their subspace; P[0] = e_0
+    law: Any = None  # the agents' chains under Markov sampling (fedsa_jax.theory.markov), else None
 
 
 def _setup(problem, algorithm, what: str) -> _Stationary:
@@ -62,7 +65,18 @@ def _setup(problem, algorithm, what: str) -> _Stationary:
         _validate.fail("algorithm", name, f"{what} does not cover {description.what}; {description.hint}")
     if not optim.is_constant(description.step_size):
         _validate.fail("algorithm", name, f"{what} needs a constant step size; this algorithm has a schedule")
-    rec, etas = _recursion(description, algorithm, 1, second=what != "stationary_mean")
+    second = what != "stationary_mean"
+    rec, etas = _recursion(description, algorithm, 1)
+    law = markov.markov_law(problem, getattr(algorithm, "skip", 1), rec.state, second)
+    if law is None:
+        _recursion(description, algorithm, 1, second=second)  # the phases' checks
+    else:
+        for phase in _phases(rec, 0, etas[0]):
+            markov.prepare(phase, second)
+        if not np.allclose(np.einsum("cs,cst->ct", law.initial, law.P), law.initial, rtol=0, atol=1e-12):
+            _validate.fail(
+                "problem", "markov_observations()", "expected chains started from their stationary laws"
+            )
     R = round_map(rec, 0, etas[0])
     for t in _PROBE_ROUNDS[1:]:
         if not np.array_equal(round_map(rec, t, etas[0]), R):
@@ -88,7 +102,7 @@ def _setup(problem, algorithm, what: str) -> _Stationary:
         block_basis = np.zeros((len(keep), Q.shape[1]))
         block_basis[rows] = Q
         P = np.concatenate([P[:, others], block_basis], axis=1)
-    return _Stationary(rec, etas[0], R, keep, P)  # column 0 stays e_0: the constant is never zero-sum
+    return _Stationary(rec, etas[0], R, keep, P, law)  # column 0 stays e_0: the constant is never zero-sum
 
 
 def _solve_fixed_point(M: np.ndarray, c: np.ndarray, what: str, name) -> np.ndarray:
@@ -106,14 +120,112 @@ def _solve_fixed_point(M: np.ndarray, c: np.ndarray, what: str, name) -> np.ndar
 def stationary_mean(problem, algorithm) -> np.ndarray:
     """``lim_t E[theta_t]`` (shape ``(d,)``) with a constant step size, solved as the fixed point of
     the exact mean recursion (no iteration). Refused, with the reason, for schedules, running
-    averages and when the mean recursion does not contract (spectral radius >= 1)."""
+    averages and when the mean recursion does not contract (spectral radius >= 1).
+
+    Markov sampling (small chains, :func:`~fedsa_jax.theory.exact_mean`): the fixed point of the
+    means conditioned on the agents' joint chain state, ``S^N`` times the persistent coordinates'
+    unknowns (at most ``MAX_STATIONARY_UNKNOWNS``), the chains at their stationary laws."""
     st = _setup(problem, algorithm, "stationary_mean")
+    if st.law is not None:
+        return _markov_stationary_mean(st, algorithm.name)
     y = st.rec.state
     K, P = st.keep, st.P
     M = P.T @ st.R[np.ix_(K, K)] @ P  # z' = M z, z_0 = 1
     z = _solve_fixed_point(M[1:, 1:], M[1:, 0], "mean recursion's", algorithm.name)
     m = st.R[:, K] @ (P @ np.concatenate([[1.0], z]))  # one round from the fixed point: every block
     return m[y[st.rec.scored(1)]] + y.theta_star
+
+
+def _markov_round(st: _Stationary, second: bool):
+    """One round on the stack of conditional moments (:mod:`fedsa_jax.theory.markov`)."""
+    phases = _phases(st.rec, 0, st.etas)
+    conjugate = _cached_conjugate()
+
+    def advance(stack):
+        for phase in phases:
+            stack = (
+                markov.second(phase, stack, st.law, conjugate)
+                if second
+                else markov.mean(phase, stack, st.law)
+            )
+        return 0.5 * (stack + np.swapaxes(stack, -1, -2)) if second else stack
+
+    return advance
+
+
+def _markov_unknowns(st: _Stationary, per_state: int, what: str) -> int:
+    """``S^N per_state`` unknowns, refused beyond ``MAX_STATIONARY_UNKNOWNS`` with the sizes."""
+    law, n = st.law, st.law.S**st.law.N * per_state
+    if n > MAX_STATIONARY_UNKNOWNS:
+        _validate.fail(
+            "algorithm",
+            st.rec.state.name,
+            f"its stationary {what} under Markov sampling has S^N * {per_state} = {law.S}^{law.N} * "
+            f"{per_state} = {n} unknowns (one set per joint chain state) > MAX_STATIONARY_UNKNOWNS = "
+            f"{MAX_STATIONARY_UNKNOWNS}",
+        )
+    return n
+
+
+def _markov_stationary_mean(st: _Stationary, name) -> np.ndarray:
+    """:func:`stationary_mean` under Markov sampling: the fixed point of one round on the conditional
+    means ``E[Y_K 1{s = j}] = P z_j`` (``z_j0 = pi_j``, pi the chains' stationary joint law), the
+    round's linear part assembled by applying it to every basis element at once."""
+    y, K, P, law = st.rec.state, st.keep, st.P, st.law
+    J, k = law.S**law.N, P.shape[1] - 1
+    n = _markov_unknowns(st, k, "mean")
+    pi = law.initial_stack(np.ones(1), second=False)[:, 0]
+    advance = _markov_round(st, second=False)
+    basis = np.zeros((J, y.D, n + 1))  # column 0: the constant (Y_0 = 1 with law pi); then z_{j,i}
+    basis[:, 0, 0] = pi
+    for j in range(J):
+        basis[j][np.ix_(K, 1 + j * k + np.arange(k))] = P[:, 1:]
+    image = np.einsum("ki,jkc->jic", P[:, 1:], advance(basis)[:, K, :]).reshape(n, n + 1)
+    z = _solve_fixed_point(image[:, 1:], image[:, 0], "mean recursion's", name)
+    stack = np.zeros((J, y.D))
+    stack[:, 0] = pi
+    stack[:, K] += z.reshape(J, k) @ P[:, 1:].T
+    m = advance(stack).sum(0)  # one round from the fixed point: every block
+    return m[y[st.rec.scored(1)]] + y.theta_star
+
+
+def _markov_second_moment_operator(st: _Stationary):
+    """:func:`_second_moment_operator` under Markov sampling: the unknowns are the upper triangles of
+    ``Z_j`` (``S_{j,K} = P Z_j P^T``) but ``Z_j00 = pi_j``, one per joint chain state j."""
+    y, K, P, law = st.rec.state, st.keep, st.P, st.law
+    J, k = law.S**law.N, P.shape[1]
+    iu = np.triu_indices(k)
+    per = len(iu[0]) - 1
+    n = _markov_unknowns(st, per, "second moment")
+    pi = law.initial_stack(np.ones(1), second=False)[:, 0]
+    advance = _markov_round(st, second=True)
+
+    def lift(Z):  # (J, k, k) -> the stack (J, D, D)
+        stack = np.zeros((J, y.D, y.D))
+        stack[:, K[:, None], K[None, :]] = P @ Z @ P.T
+        return stack
+
+    def image(Z):
+        out = advance(lift(Z))[:, K[:, None], K[None, :]]
+        return (P.T @ out @ P)[:, iu[0], iu[1]][:, 1:].reshape(-1)
+
+    base = np.zeros((J, k, k))
+    base[:, 0, 0] = pi
+    c = image(base)
+    columns = np.empty((n, n))
+    for j in range(J):
+        for e, (a, b) in enumerate(zip(iu[0][1:], iu[1][1:])):
+            B = base.copy()
+            B[j, a, b] = B[j, b, a] = 1.0
+            columns[:, j * per + e] = image(B) - c
+
+    def finish(z):  # E[Y Y^T] one round after the fixed point
+        Z = np.zeros((J, len(iu[0])))
+        Z[:, 0], Z[:, 1:] = pi, z.reshape(J, per)
+        full = np.stack([_symmetric(row, iu, k) for row in Z])
+        return advance(lift(full)).sum(0)
+
+    return columns, c, finish
 
 
 def _second_moment_operator(st: _Stationary):
@@ -165,11 +277,18 @@ def stationary_mse(problem, algorithm) -> float:
     second-moment recursion (:func:`fedsa_jax.theory.exact_mse`), a linear system on the
     persistent coordinates solved directly. Refused, with the reason and the sizes, for schedules,
     running averages, second moments with more than ``MAX_STATIONARY_UNKNOWNS`` unknowns, and when
-    the recursion is not mean-square stable (:func:`mean_square_spectral_radius` >= 1)."""
+    the recursion is not mean-square stable (:func:`mean_square_spectral_radius` >= 1). Under
+    Markov sampling the unknowns are the second moments conditioned on the joint chain state
+    (``S^N`` sets; Costa, Fragoso, Marques 2005, Ch. 3), and so is the operator of
+    :func:`mean_square_spectral_radius`."""
     st = _setup(problem, algorithm, "stationary_mse")
-    M, c, lift = _second_moment_operator(st)
-    z = _solve_fixed_point(M, c, "second-moment", algorithm.name)
-    S = second_moment_round(st.rec)(lift(z), 0, st.etas)  # one round from the fixed point
+    if st.law is not None:
+        M, c, finish = _markov_second_moment_operator(st)
+        S = finish(_solve_fixed_point(M, c, "second-moment", algorithm.name))
+    else:
+        M, c, lift = _second_moment_operator(st)
+        z = _solve_fixed_point(M, c, "second-moment", algorithm.name)
+        S = second_moment_round(st.rec)(lift(z), 0, st.etas)  # one round from the fixed point
     scored = st.rec.state[st.rec.scored(1)]
     return float(np.trace(S[scored, scored]))
 
@@ -180,7 +299,7 @@ def mean_square_spectral_radius(problem, algorithm) -> float:
     stability); at least :func:`~fedsa_jax.theory.engine.mean_spectral_radius`."""
     st = _setup(problem, algorithm, "mean_square_spectral_radius")
     with np.errstate(over="ignore", invalid="ignore"):
-        M, _, _ = _second_moment_operator(st)
+        M, _, _ = _second_moment_operator(st) if st.law is None else _markov_second_moment_operator(st)
     if not np.all(np.isfinite(M)):
         return np.inf
     return float(np.max(np.abs(np.linalg.eigvals(M)))) if M.size else 0.0
