@@ -15,12 +15,12 @@ import jax
 import numpy as np
 import pytest
 from conftest import Z_TOL
-from test_extension import MyConfig, my_init, my_step  # FedAvgM as docs/write-your-own/algorithm.md writes it
+from test_extension import MyConfig, my_init, my_step  # server momentum, as the docs write it
 
 import fedsa_jax as fj
 from fedsa_jax.algorithms.fedlsa import init as fedlsa_init, step as fedlsa_step
 
-# ------------------------------------ FedAvgM (docs/write-your-own/algorithm.md, "Write your own algorithm")
+# ---------------------------- server momentum, FedAvgM (docs/write-your-own/algorithm.md)
 
 
 def fedavgm_theory(config, problem):
