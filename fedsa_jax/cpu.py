@@ -9,11 +9,11 @@ of the seeds instead. Measured on a 2-core machine with
 ``benchmarks/kernel_paths.py`` (1000 seeds, warm agent-steps/s, 1 -> 2 devices):
 TD FedLSA 4.08e7 -> 6.4e7, TD SCAFFLSA 3.77e7 -> 5.6e7, QFedTD (4 bits, p = 0.6)
 2.19e7 -> 2.8e7, Gaussian FedLSA 2.49e7 -> 2.7e7 (its normal draw already used
-both cores); ``benchmarks/README.md``.
+both cores); ``benchmarks/README.md`` ("Throughput").
 
 Per-seed results do not depend on the device count (means differ at float
-rounding only, from the different batch shape; see "Precision and
-reproducibility" in the README).
+rounding only, from the different batch shape; see "What is reproducible"
+in ``docs/guide/precision.md``).
 
 JAX fixes the number of CPU devices when its backends start (the first array,
 ``jax.devices()``, the first computation), so :func:`use_cpu_cores` must run

@@ -887,7 +887,7 @@ def recursion_of(algorithm, problem):
             "has no exact moment description: pass theory=fn to fj.Algorithm, with "
             "fn(config, problem) returning fj.theory.Recursion(state, round, step_size, "
             "num_local_steps) built from the blocks of fj.theory (broadcast, local_step, aggregate, "
-            "server_step, assign...; see the README, 'Write your own algorithm')",
+            "server_step, assign...; see docs/write-your-own/theory.md)",
         )
     out = describe(algorithm.config, problem)
     if isinstance(out, Recursion) and out.state.name is None:

@@ -97,7 +97,7 @@ def test_identical_seeds_have_zero_standard_error_in_float32():
 
 
 def test_per_seed_results_across_batch_shapes():
-    """What is reproducible (README, "Reproducibility"): seed i's random streams depend on (key, i)
+    """What is reproducible (docs/guide/precision.md): seed i's random streams depend on (key, i)
     only; its trajectory is bitwise identical for the same batch shape (same call, resume, chunking)
     and equal up to float rounding when the batch shape changes. Measured here on a realistic
     float32 case: federated TD, d = 5, SCAFFLSA eta = 0.5, H = 5 (8 vs 512 seeds)."""

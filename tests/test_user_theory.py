@@ -1,6 +1,6 @@
 """A user's algorithm gets exact moments by describing its round with the public blocks of fj.theory.
 
-Two algorithms written from the public API only, as the README shows them: FedAvgM (server
+Two algorithms written from the public API only, as the documentation shows them: FedAvgM (server
 momentum on FedLSA's average) and a relaxed FedLSA whose server moves a fraction beta toward the
 agents' mean. Each describes its round in at most 25 lines; Monte Carlo (``fj.simulate``) then
 matches ``fj.theory.exact_mean`` and ``exact_mse`` within Z_TOL standard errors at every recorded
@@ -15,12 +15,12 @@ import jax
 import numpy as np
 import pytest
 from conftest import Z_TOL
-from test_extension import MyConfig, my_init, my_step  # FedAvgM as the README writes it
+from test_extension import MyConfig, my_init, my_step  # server momentum, as the docs write it
 
 import fedsa_jax as fj
 from fedsa_jax.algorithms.fedlsa import init as fedlsa_init, step as fedlsa_step
 
-# ------------------------------------------------------- FedAvgM (README, "Write your own algorithm")
+# ---------------------------- server momentum, FedAvgM (docs/write-your-own/algorithm.md)
 
 
 def fedavgm_theory(config, problem):
@@ -52,7 +52,7 @@ def fedavgm(step_size, momentum, num_local_steps):
     )
 
 
-# ------------------------------------------------------- relaxed FedLSA (README, "Your own algorithm")
+# ------------------------------------- relaxed FedLSA (docs/write-your-own/theory.md, "Example")
 
 
 @jax.tree_util.register_dataclass

@@ -1,5 +1,5 @@
 """Federated SA algorithms, one file each, written for one agent and one seed, and the public
-building blocks to write your own (see :class:`Algorithm` and the README, "Write your own algorithm")."""
+building blocks to write your own (see :class:`Algorithm` and ``docs/write-your-own/algorithm.md``)."""
 
 from fedsa_jax.algorithms._base import (
     Algorithm,

@@ -9,7 +9,7 @@
     fedsa-jax sweep CONFIG.toml --shard 3/8   # one task of a cluster job array
 
 The sweep file's format (``[run]``, ``[grid]`` and ``[params]`` tables) is
-documented with a complete example in the README ("Sweeps from a TOML file").
+documented with a complete example in ``docs/guide/cli.md`` ("Sweeps from a TOML file").
 
 The algorithms, problems and quantizers, and the options each reads, come from
 :mod:`fedsa_jax.registry` (each registered in its own file); this package names none of them:

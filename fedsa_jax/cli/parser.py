@@ -76,10 +76,10 @@ def _sweep_parser(sub) -> None:
         "sweep",
         help="run a grid of configurations from a TOML file; finished ones are skipped on rerun",
         description="Run every configuration of a TOML grid ([run], [grid] and [params] tables: see the "
-        "README). Step sizes and success probabilities of otherwise identical configurations run side "
-        "by side in one compiled kernel. Each finished configuration is saved to OUT/<name>.npz at once; "
-        "OUT/sweep.json indexes them and OUT/sweep.png plots their final MSE; rerunning skips what is done "
-        "and recomputes damaged files.",
+        "documentation, docs/guide/cli.md). Step sizes and success probabilities of otherwise "
+        "identical configurations run side by side in one compiled kernel. Each finished configuration "
+        "is saved to OUT/<name>.npz at once; OUT/sweep.json indexes them and OUT/sweep.png plots their "
+        "final MSE; rerunning skips what is done and recomputes damaged files.",
         formatter_class=_Help,
     )
     sw.add_argument("config", type=Path, help="the sweep's TOML file")

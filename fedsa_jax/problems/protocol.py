@@ -209,7 +209,7 @@ def missing_members(problem: Any) -> list[str]:
     """Names of the :class:`Problem` members ``problem`` lacks (methods that are
     not callable count as missing), in protocol order; ``[]`` for a complete one.
 
-    Example:
+    Examples:
       >>> import numpy as np, fedsa_jax as fj
       >>> fj.problems.missing_members(fj.problems.gaussian_lsa(np.eye(2)[None], np.ones((1, 2))))
       []

@@ -53,7 +53,8 @@ def fedlsa_round_bias(problem, step_size: float, num_local_steps: int) -> np.nda
 
 
 def fedlsa_bias(problem, step_size: float, num_local_steps: int, num_rounds: int | None = None) -> np.ndarray:
-    """FedLSA's heterogeneity bias (DESIGN §2; SCAFFLSA paper, Sec. 4).
+    """FedLSA's heterogeneity bias (SCAFFLSA paper, Sec. 4; derived step by step in the documentation,
+    ``docs/guide/theory.md``, "FedLSA's heterogeneity bias").
 
     The mean iterate follows ``E[theta_{t+1}] - theta* = Gamma_bar (E[theta_t] - theta*) + rho_bar``
     with ``Gamma_bar = mean_c (I - eta A_bar[c])^H`` and ``rho_bar`` from

@@ -1,0 +1,143 @@
+"""The documentation runs: every ```python block of README.md and docs/**/*.md executes, and every
+public name of the package is in the API reference.
+
+The blocks run in one process of their own (``tests/docs_blocks.py``: its docstring and
+tests/README.md give the rules: ``<!-- test: continue -->``, ``<!-- test: skip -->``, the seed
+cap ``FEDSA_DOCS_MAX_SEEDS``), started once for all pages; each page is one test here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fedsa_jax as fj
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if "notebooks" not in p.parts)]
+NAMES = [p.relative_to(ROOT).as_posix() for p in PAGES]
+
+sys.path.insert(0, str(Path(__file__).parent))
+from docs_blocks import python_blocks  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    """Each page's outcome (None: every block ran), from one run of tests/docs_blocks.py."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "docs_blocks.py"), *NAMES],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
+    lines = done.stdout.strip().splitlines()
+    assert lines, done.stderr[-3000:]
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("page", NAMES)
+def test_code_blocks_run(page, outcomes):
+    assert outcomes[page] is None, outcomes[page]
+
+
+def test_block_directives_are_read():
+    text = (
+        "a\n```python\nx = 1\n```\n<!-- test: continue -->\n```python\ny = x\n```\n\n"
+        "<!-- test: skip cluster -->\n\n```python\nz\n```\n```bash\nls\n```\n"
+    )
+    assert [(d, c) for _, d, c in python_blocks(text)] == [
+        ("", "x = 1"),
+        ("continue", "y = x"),
+        ("skip", "z"),
+    ]
+
+
+def test_pages_have_python_blocks():
+    """Pages that show Python show runnable Python, and at most two blocks are skipped in all."""
+    found = {name: python_blocks(p.read_text()) for name, p in zip(NAMES, PAGES)}
+    for page in ("README.md", "docs/getting-started.md", "docs/write-your-own/algorithm.md"):
+        assert found[page] and any(d != "skip" for _, d, _ in found[page]), page
+    skipped = [(p, line) for p, blocks in found.items() for line, d, _ in blocks if d == "skip"]
+    assert len(skipped) <= 2, skipped
+
+
+# ------------------------------------------------------------------------- the API reference
+
+
+def public_names() -> list[tuple[str, str]]:
+    """``(module, name)`` for every name in ``__all__`` of fedsa_jax and its public modules."""
+    package = Path(fj.__file__).parent
+    modules = ["fedsa_jax"] + [m.name for m in pkgutil.walk_packages([str(package)], prefix="fedsa_jax.")]
+    public = [
+        m
+        for m in modules
+        if not any(p.startswith("_") for p in m.split(".")) and not m.startswith("fedsa_jax.cli")
+    ]
+    return [(m, n) for m in sorted(public) for n in importlib.import_module(m).__all__]
+
+
+def resolve(path: str):
+    """The object a ``::: dotted.path`` directive renders (the longest importable module prefix,
+    then attributes)."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(path)
+
+
+def documented(pages) -> set[tuple[str, int]]:
+    """``(name, id(object))`` of every object rendered by a ``:::`` directive of the pages."""
+    found = set()
+    for page in pages:
+        for path in re.findall(r"^::: *([\w.]+)", page.read_text(), re.M):
+            found.add((path.rsplit(".", 1)[-1], id(resolve(path))))
+    return found
+
+
+def missing_from_reference(pages) -> list[str]:
+    found = documented(pages)
+    missing = []
+    for module, name in public_names():
+        obj = getattr(importlib.import_module(module), name)
+        if inspect.ismodule(obj):
+            # a subpackage is covered by its own names (checked as a public module)
+            continue
+        if (name, id(obj)) not in found:
+            missing.append(f"{module}.{name}")
+    return missing
+
+
+def test_every_public_name_is_in_the_api_reference():
+    api = sorted((DOCS / "api").glob("*.md"))
+    assert len(public_names()) > 250
+    assert missing_from_reference(api) == []
+
+
+def test_the_api_check_sees_a_removed_name(tmp_path):
+    """Power: the same check fails when one directive (``fj.simulate``'s) is removed."""
+    pages = []
+    for page in sorted((DOCS / "api").glob("*.md")):
+        copy = tmp_path / page.name
+        copy.write_text(page.read_text().replace("::: fedsa_jax.simulate\n", ""))
+        pages.append(copy)
+    assert missing_from_reference(pages) == ["fedsa_jax.simulate"]
