@@ -35,7 +35,7 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.moments import Aggregation, Augmented, Chain, Coin, LocalStep
 
-__all__ = ["MAX_MARKOV_ENTRIES", "MAX_MARKOV_UNKNOWNS", "MarkovLaw", "check_unknowns", "markov_law"]
+__all__ = ["MAX_MARKOV_ENTRIES", "MAX_MARKOV_UNKNOWNS"]
 
 MAX_MARKOV_ENTRIES = 2**23  # conditional moments' entries (64 MiB in float64)
 MAX_MARKOV_UNKNOWNS = 5000  # a dense operator on the conditional means (mean_spectral_radius)
