@@ -184,7 +184,7 @@ def test_stationary_mse_applies_few_rounds_and_equals_the_assembled_solve(monkey
     alg = fj.scafflsa(0.2, 3)
     st = stationary._setup(problem, alg, "stationary_mse")
     op = stationary._operator(st, alg.name, "MAX_ASSEMBLED_UNKNOWNS")
-    M = op.assemble()
+    M, _ = op.assemble()
     dense = op.second_moment(np.linalg.solve(np.eye(len(M)) - M, op.constant))
     scored = st.rec.state["theta"]
     rounds = []

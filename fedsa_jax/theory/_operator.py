@@ -19,17 +19,21 @@ import dataclasses
 import numpy as np
 
 from fedsa_jax.moments import Recursion
-from fedsa_jax.theory._rounds import second_moment_round
+from fedsa_jax.theory._rounds import _phases, second_moment_round
 
-__all__ = ["Operator", "gmres", "persistent_basis"]
+__all__ = ["MAX_ASSEMBLED_FOR_CURVES", "Operator", "constant_round_mse", "gmres", "persistent_basis"]
+
+MAX_ASSEMBLED_FOR_CURVES = 2000  # unknowns of an operator assembled for a long constant-step curve
+CURVE_RATIO = 3  # ... when the horizon is at least this many times its unknowns
 
 
 def persistent_basis(rec: Recursion, R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(keep, P)``: the persistent coordinates K of Y (0 first: the nonzero columns of the round's
-    mean map R) and ``P (|K|, K')`` with orthonormal columns, the zero-sum blocks in their subspace,
-    ``P[:, 0] = e_0``."""
+    mean map R, or of ``R (D,)``: a row whose nonzero entries mark them) and ``P (|K|, K')`` with
+    orthonormal columns, the zero-sum blocks in their subspace, ``P[:, 0] = e_0``."""
     y = rec.state
-    keep = np.union1d([0], np.nonzero(np.any(R != 0, axis=0))[0])
+    read = np.any(R != 0, axis=0) if R.ndim == 2 else R != 0
+    keep = np.union1d([0], np.nonzero(read)[0])
     position = {int(k): i for i, k in enumerate(keep)}
     P = np.eye(len(keep))
     for block in y.zero_sum:
@@ -64,18 +68,21 @@ class Operator:
         self.k = self.P.shape[1]
         self.iu = np.triu_indices(self.k)
         self.n = len(self.iu[0])
+        y = self.rec.state
+        self.scored = np.arange(y.D)[y[self.rec.scored(1)]]
+        self.space = y.D
         self.advance = second_moment_round(self.rec)
-        self.base = self.image(np.zeros((self.k, self.k)))  # G(0)
+        self.base, self.base_trace = self._apply(np.zeros((self.k, self.k)))  # G(0)
         self.scale = max(float(np.max(np.abs(self.base))), 1.0)
         E00 = np.zeros((self.k, self.k))
         E00[0, 0] = 1.0
-        self.constant = self.image(E00)[1:]
+        constant, self.constant_trace = self._apply(E00)
+        self.constant = constant[1:]
         self.sigma = np.nonzero(self.iu[0][1:] >= 1)[0]
 
     def lift(self, Z: np.ndarray) -> np.ndarray:
-        """The D x D moment with ``S_KK = P Z P^T`` (the other blocks are overwritten before read)."""
-        D = self.rec.state.D
-        S = np.zeros((D, D))
+        """The moment with ``S_KK = P Z P^T`` (the other blocks are overwritten before read)."""
+        S = np.zeros((self.space, self.space))
         S[np.ix_(self.keep, self.keep)] = self.P @ Z @ self.P.T
         return S
 
@@ -85,33 +92,42 @@ class Operator:
         Z[self.iu] = values
         return Z + np.triu(Z, 1).T
 
+    def _apply(self, Z: np.ndarray) -> tuple[np.ndarray, float]:
+        """The upper-triangular entries of ``P^T G(lift(Z))_KK P`` and the trace of G's reported block."""
+        K = self.keep
+        S = self.advance(self.lift(Z), 0, self.etas)
+        out = self.P.T @ S[np.ix_(K, K)] @ self.P
+        return out[self.iu], float(np.trace(S[np.ix_(self.scored, self.scored)]))
+
     def image(self, Z: np.ndarray) -> np.ndarray:
         """The upper-triangular entries of ``P^T G(lift(Z))_KK P``."""
-        K = self.keep
-        out = self.P.T @ self.advance(self.lift(Z), 0, self.etas)[np.ix_(K, K)] @ self.P
-        return out[self.iu]
+        return self._apply(Z)[0]
 
-    def linear(self, v: np.ndarray) -> np.ndarray:
-        """``M v``: ``(G(s v) - G(0)) / s`` with ``s v`` of the size of ``G(0)`` (no cancellation)."""
+    def linear(self, v: np.ndarray, trace: bool = False):
+        """``M v``: ``(G(s v) - G(0)) / s`` with ``s v`` of the size of ``G(0)`` (no cancellation);
+        with ``trace``, also the linear part of the reported block's trace at v."""
         top = float(np.max(np.abs(v))) if v.size else 0.0
         if top == 0.0:
-            return np.zeros_like(v)
+            return (np.zeros_like(v), 0.0) if trace else np.zeros_like(v)
         s = self.scale / top
-        return (self.image(self.symmetric(np.concatenate([[0.0], s * v]))) - self.base)[1:] / s
+        image, tr = self._apply(self.symmetric(np.concatenate([[0.0], s * v])))
+        out = (image - self.base)[1:] / s
+        return (out, (tr - self.base_trace) / s) if trace else out
 
     def second_moment(self, v: np.ndarray) -> np.ndarray:
         """``G(S)`` (D x D) one round after the moment with entries ``(1, v)``."""
         return self.advance(self.lift(self.symmetric(np.concatenate([[1.0], v]))), 0, self.etas)
 
-    def assemble(self) -> np.ndarray:
-        """M as a dense ``(n - 1) x (n - 1)`` matrix: one round per entry."""
+    def assemble(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(M, g)``: M as a dense ``(n - 1) x (n - 1)`` matrix and g the linear part of the reported
+        block's trace after the round (``trace = constant_trace + g . v``): one round per entry."""
         m = self.n - 1
-        M = np.empty((m, m))
+        M, g = np.empty((m, m)), np.empty(m)
         for j in range(m):
             e = np.zeros(m)
             e[j] = 1.0
-            M[:, j] = self.linear(e)
-        return M
+            M[:, j], g[j] = self.linear(e, trace=True)
+        return M, g
 
 
 def gmres(matvec, b: np.ndarray, tol: float = 1e-13, restart: int = 200, maxiter: int = 2000):
@@ -159,3 +175,67 @@ def gmres(matvec, b: np.ndarray, tol: float = 1e-13, restart: int = 200, maxiter
         x = x + y @ V[: j + 1]
         r = b - matvec(x)
         used += 1
+
+
+def _same_rounds(rec: Recursion, etas: np.ndarray, rounds) -> bool:
+    """Whether these rounds are round 0 again: the same reported block, and phases of the same kinds
+    with the same mean maps, step sizes and probabilities."""
+    first = _phases(rec, 0, etas[0])
+    for t in rounds:
+        other = _phases(rec, t, etas[t])
+        if rec.scored(t + 1) != rec.scored(1) or len(other) != len(first):
+            return False
+        for a, b in zip(first, other):
+            same_kind = type(a) is type(b) and all(
+                getattr(a, attr, None) == getattr(b, attr, None) for attr in ("eta", "p")
+            )
+            La, Lb = a.mean(), b.mean()
+            if not same_kind or not (La is Lb or np.array_equal(La, Lb)):
+                return False
+    return True
+
+
+def _read_columns(rec: Recursion, etas: np.ndarray) -> np.ndarray:
+    """``1^T |L_m| ... |L_1|`` over round 0's phases: positive exactly on the columns its mean map
+    can read (structurally: no cancellation), in O(m D^2) instead of a product of D x D maps."""
+    u = np.ones(rec.state.D)
+    for phase in reversed(_phases(rec, 0, etas[0])):
+        u = u @ np.abs(phase.mean())
+    return u
+
+
+def constant_round_mse(rec: Recursion, etas: np.ndarray, num_rounds: int, m0: np.ndarray):
+    """``E|theta_t - theta_star|^2`` for ``t = 0..num_rounds`` through the assembled operator, or
+    None where the round-by-round recursion is as cheap or the shortcut does not apply.
+
+    With a constant round, the second moment on the persistent coordinates follows ``z_{t+1} = M z_t
+    + c`` (:class:`Operator`, n unknowns): assembling M costs n rounds of the recursion, after which
+    each round is one O(n^2) product instead of the phases' O(N d^2 D) updates on the D x D moment.
+    The reported value after a round is affine in the moment at its start (its linear part is read
+    from the same n rounds). Taken when the horizon is at least ``CURVE_RATIO`` times n (FedLSA:
+    n = (d+1)(d+2)/2 whatever N, so the gain is about T / n), the round is the same at the first
+    rounds and the last, and the start lies in the zero-sum subspace of its blocks."""
+    T = num_rounds
+    y = rec.state
+    if T < 2 or not _same_rounds(rec, etas, (1, 2, T - 1)):
+        return None
+    keep, P = persistent_basis(rec, _read_columns(rec, etas))
+    k = P.shape[1]
+    n = k * (k + 1) // 2
+    if n - 1 > MAX_ASSEMBLED_FOR_CURVES or CURVE_RATIO * (n + 2) > T:
+        return None
+    S0 = np.outer(m0, m0)
+    S0_KK = S0[np.ix_(keep, keep)]
+    Z0 = P.T @ S0_KK @ P
+    if not np.allclose(P @ Z0 @ P.T, S0_KK, rtol=0, atol=1e-14 * max(1.0, float(np.max(np.abs(S0))))):
+        return None
+    op = Operator(rec, etas[0], keep, P)
+    M, g = op.assemble()
+    scored = np.arange(y.D)[y[rec.scored(0)]]
+    out = np.empty(T + 1)
+    out[0] = np.trace(S0[np.ix_(scored, scored)])
+    z = Z0[op.iu][1:]
+    for t in range(T):  # out[t + 1] is read from round t + 1's output, z the moment at its start
+        out[t + 1] = op.constant_trace + g @ z
+        z = M @ z + op.constant
+    return out

@@ -14,7 +14,8 @@ import numpy as np
 
 from fedsa_jax import _validate, algorithms, optim
 from fedsa_jax.moments import Combination, recursion_of, require_iid
-from fedsa_jax.theory._rounds import _recursion, round_map, second_moment_round
+from fedsa_jax.theory._operator import constant_round_mse
+from fedsa_jax.theory._rounds import _etas, _recursion, round_map, second_moment_round
 
 __all__ = ["exact_mean", "exact_mse", "lsa_step_size_bound", "mean_spectral_radius", "stable_step_size"]
 
@@ -67,10 +68,17 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
 
     Cost O(N d^2 D) per local step and O(N d D^2) per round (O(N^2 d^2 D) with control variates)
     with D the size of Y (``1 + d + N d`` plus the algorithm's blocks; at most
-    ``MAX_AUGMENTED_DIM``); memory O(D^2).
+    ``MAX_AUGMENTED_DIM``); memory O(D^2). A constant round over a long horizon (at least
+    ``CURVE_RATIO`` times the n unknowns of the second moment of the persistent coordinates) gives
+    the same values (to rounding) through the round's affine operator, assembled from n rounds and
+    applied as one ``n x n`` product a round (:mod:`fedsa_jax.theory._operator`).
     """
     rec, moments = _second_moments(problem, algorithm, num_rounds, theta0)
     y = rec.state
+    if optim.is_constant(rec.step_size):  # a long horizon: the assembled operator, if cheaper
+        fast = constant_round_mse(rec, _etas(rec, num_rounds), num_rounds, y.initial(theta0))
+        if fast is not None:
+            return fast
     # error coordinates: no cancellation
     return np.asarray([np.trace(S[y[rec.scored(t)], y[rec.scored(t)]]) for t, S in enumerate(moments)])
 

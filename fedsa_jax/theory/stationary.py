@@ -216,7 +216,7 @@ def mean_square_spectral_radius(problem, algorithm) -> float:
     st = _setup(problem, algorithm, "mean_square_spectral_radius")
     op = _operator(st, algorithm.name, "MAX_ASSEMBLED_UNKNOWNS")
     with np.errstate(over="ignore", invalid="ignore"):
-        M = op.assemble()
+        M, _ = op.assemble()
     if not np.all(np.isfinite(M)):
         return np.inf
     return float(np.max(np.abs(np.linalg.eigvals(M)))) if M.size else 0.0
