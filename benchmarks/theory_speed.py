@@ -13,7 +13,12 @@ homogeneous and heterogeneous, FedLSA and SCAFFLSA; the QFedTD paper's MDP (Dal 
 Pappas, L-CSS 2023; 20 states, d=10, gamma=0.5, alpha=0.6) with N=40 agents, generative sampling
 and an exact-theory channel (rand-2 of 10 coordinates, success probability 0.6).
 
-    python benchmarks/theory_speed.py [--rounds 3000] [--skip-dense] [--json out.json]
+* ``exact_mse`` at N=100 (the SCAFFLSA paper's heterogeneous Garnet): FedLSA with the constant
+  step, the decreasing step ``0.5 / (1 + k / 800)`` and Polyak-Ruppert averaging (burn-in T/10),
+  the automatic path (the factored recursion; the assembled operator for the constant step)
+  against the full recursion timed over ``--full-rounds`` rounds and scaled to T.
+
+    python benchmarks/theory_speed.py [--rounds 3000] [--skip-dense] [--full-rounds 20] [--json out.json]
 
 Run it with one BLAS thread (``OPENBLAS_NUM_THREADS=1``) for stable timings on a shared machine.
 """
@@ -28,7 +33,7 @@ import numpy as np
 from _bench import write_json
 
 import fedsa_jax as fj
-from fedsa_jax.theory import _operator, stationary
+from fedsa_jax.theory import _operator, engine, stationary
 
 
 def configurations():
@@ -41,6 +46,27 @@ def configurations():
     q = fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=40, sampling="generative")
     out["qfedtd_mdp_N40_randk2_p0.6"] = (q, fj.qfedtd(0.6, fj.channel.rand_k(2), success_prob=0.6))
     return out
+
+
+def many_agents(T):
+    """``name -> (problem, algorithm)`` at N=100 (the factored recursion)."""
+    P = fj.problems.garnet(jax.random.key(0), num_agents=100, heterogeneity="heterogeneous")
+    decreasing = fj.schedule(fj.optim.inverse_time, eta0=0.5, k0=800.0)
+    return {
+        "garnet_heterogeneous_N100_fedlsa_constant": (P, fj.fedlsa(0.1, 10)),
+        "garnet_heterogeneous_N100_fedlsa_decreasing": (P, fj.fedlsa(decreasing, 10)),
+        "garnet_heterogeneous_N100_fedlsa_averaged": (P, fj.averaged(fj.fedlsa(0.1, 10), burn_in=T // 10)),
+    }
+
+
+def full_mse(problem, alg, T):
+    """The full recursion (no factored agents, no assembled operator)."""
+    saved = _operator.CURVE_RATIO, engine.FACTORED_RATIO
+    _operator.CURVE_RATIO, engine.FACTORED_RATIO = 10**9, 10**9
+    try:
+        return fj.theory.exact_mse(problem, alg, T)
+    finally:
+        _operator.CURVE_RATIO, engine.FACTORED_RATIO = saved
 
 
 def timed(fn):
@@ -74,10 +100,23 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--skip-dense", action="store_true", help="skip the former dense stationary path")
+    ap.add_argument("--full-rounds", type=int, default=20, help="rounds of the full recursion at N=100")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     T = args.rounds
-    report = {"rounds": T, "exact_mse": {}, "stationary_mse": {}}
+    report = {"rounds": T, "exact_mse": {}, "stationary_mse": {}, "many_agents": {}}
+    F = args.full_rounds
+    for name, (problem, alg) in many_agents(T).items():
+        fast, t_fast = timed(lambda: fj.theory.exact_mse(problem, alg, T))
+        full, t_full = timed(lambda: full_mse(problem, alg, F))
+        rel = float(np.max(np.abs(fast[: F + 1] - full)) / np.max(np.abs(full)))
+        row = {"auto_s": t_fast, "full_s_per_round": t_full / F, "full_s_scaled": t_full * T / F, "rel": rel}
+        report["many_agents"][name] = row
+        print(
+            f"exact_mse T={T} {name:44s} auto {t_fast:8.2f} s  full {t_full / F:.3f} s a round "
+            f"(x{t_full * T / F / t_fast:6.1f} at T)  rel diff {rel:.1e} over {F} rounds",
+            flush=True,
+        )
     for name, (problem, alg) in configurations().items():
         fast, t_fast = timed(lambda: fj.theory.exact_mse(problem, alg, T))
         slow, t_slow = timed(lambda: round_by_round_mse(problem, alg, T))

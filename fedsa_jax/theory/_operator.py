@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 
 from fedsa_jax.moments import Recursion
+from fedsa_jax.theory._agents import Unfactored, factored_round
 from fedsa_jax.theory._rounds import _phases, second_moment_round
 
 __all__ = ["MAX_ASSEMBLED_FOR_CURVES", "Operator", "constant_round_mse", "gmres", "persistent_basis"]
@@ -63,6 +64,7 @@ class Operator:
     etas: np.ndarray
     keep: np.ndarray
     P: np.ndarray
+    factored: bool = False  # rounds of the factored recursion on the globals (theory._agents)
 
     def __post_init__(self):
         self.k = self.P.shape[1]
@@ -70,8 +72,15 @@ class Operator:
         self.n = len(self.iu[0])
         y = self.rec.state
         self.scored = np.arange(y.D)[y[self.rec.scored(1)]]
-        self.space = y.D
+        self.space = y.D  # the moment the rounds act on: D x D, or g x g on the globals
         self.advance = second_moment_round(self.rec)
+        if self.factored:
+            g, self.advance = factored_round(self.rec)
+            position = np.full(y.D, -1)
+            position[g] = np.arange(len(g))
+            self.keep, self.scored, self.space = position[self.keep], position[self.scored], len(g)
+            if np.any(self.keep < 0) or np.any(self.scored < 0):
+                raise Unfactored("an agent's block persists or is reported")
         self.base, self.base_trace = self._apply(np.zeros((self.k, self.k)))  # G(0)
         self.scale = max(float(np.max(np.abs(self.base))), 1.0)
         E00 = np.zeros((self.k, self.k))
@@ -204,7 +213,9 @@ def _read_columns(rec: Recursion, etas: np.ndarray) -> np.ndarray:
     return u
 
 
-def constant_round_mse(rec: Recursion, etas: np.ndarray, num_rounds: int, m0: np.ndarray):
+def constant_round_mse(
+    rec: Recursion, etas: np.ndarray, num_rounds: int, m0: np.ndarray, factored: bool = False
+):
     """``E|theta_t - theta_star|^2`` for ``t = 0..num_rounds`` through the assembled operator, or
     None where the round-by-round recursion is as cheap or the shortcut does not apply.
 
@@ -214,7 +225,8 @@ def constant_round_mse(rec: Recursion, etas: np.ndarray, num_rounds: int, m0: np
     The reported value after a round is affine in the moment at its start (its linear part is read
     from the same n rounds). Taken when the horizon is at least ``CURVE_RATIO`` times n (FedLSA:
     n = (d+1)(d+2)/2 whatever N, so the gain is about T / n), the round is the same at the first
-    rounds and the last, and the start lies in the zero-sum subspace of its blocks."""
+    rounds and the last, and the start lies in the zero-sum subspace of its blocks. ``factored``: the
+    n rounds by the factored recursion (:mod:`fedsa_jax.theory._agents`) where it applies."""
     T = num_rounds
     y = rec.state
     if T < 2 or not _same_rounds(rec, etas, (1, 2, T - 1)):
@@ -229,8 +241,12 @@ def constant_round_mse(rec: Recursion, etas: np.ndarray, num_rounds: int, m0: np
     Z0 = P.T @ S0_KK @ P
     if not np.allclose(P @ Z0 @ P.T, S0_KK, rtol=0, atol=1e-14 * max(1.0, float(np.max(np.abs(S0))))):
         return None
-    op = Operator(rec, etas[0], keep, P)
-    M, g = op.assemble()
+    try:
+        op = Operator(rec, etas[0], keep, P, factored)
+        M, g = op.assemble()
+    except Unfactored:  # the full rounds
+        op = Operator(rec, etas[0], keep, P)
+        M, g = op.assemble()
     scored = np.arange(y.D)[y[rec.scored(0)]]
     out = np.empty(T + 1)
     out[0] = np.trace(S0[np.ix_(scored, scored)])
