@@ -193,3 +193,17 @@ def test_stationary_mse_applies_few_rounds_and_equals_the_assembled_solve(monkey
     mse = fj.theory.stationary_mse(problem, alg)
     assert op.n > 200 and len(rounds) < op.n / 4, (op.n, len(rounds))
     np.testing.assert_allclose(mse, np.trace(dense[scored, scored]), rtol=1e-10)
+
+
+def test_the_matrix_free_certificate_refuses_between_the_mean_and_the_mean_square_bounds(noisy, monkeypatch):
+    """With the Krylov path forced on a small problem: the same value as the dense path where stable,
+    and the positive-definiteness certificate refuses where only the mean is stable."""
+    alg = fj.scafflsa(0.1, 3)
+    mean_bound = fj.theory.max_stable_step_size(noisy, alg, tol=1e-4)
+    ms_bound = fj.theory.max_stable_step_size(noisy, alg, tol=1e-4, kind="mean_square")
+    stable, between = fj.scafflsa(0.5 * ms_bound, 3), fj.scafflsa(0.5 * (ms_bound + mean_bound), 3)
+    dense = fj.theory.stationary_mse(noisy, stable)
+    monkeypatch.setattr(stationary, "DENSE_UNKNOWNS", 0)
+    np.testing.assert_allclose(fj.theory.stationary_mse(noisy, stable), dense, rtol=1e-10)
+    with pytest.raises(ValueError, match="spectral radius .* >= 1: no limit"):
+        fj.theory.stationary_mse(noisy, between)

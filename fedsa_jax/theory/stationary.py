@@ -48,6 +48,7 @@ __all__ = ["MAX_STATIONARY_UNKNOWNS", "mean_square_spectral_radius", "stationary
 MAX_STATIONARY_UNKNOWNS = 50_000
 # entries of an assembled operator (mean_square_spectral_radius: dense eigenvalues, O(n^3))
 MAX_ASSEMBLED_UNKNOWNS = 5000
+DENSE_UNKNOWNS = 100  # up to this many unknowns stationary_mse assembles the operator (n rounds)
 _TOL = 1e-13  # relative residual of the fixed points
 _MAX_APPLICATIONS = 3000  # rounds GMRES may apply
 _PROBE_ROUNDS = (0, 1, 2, 3, 1000)  # rounds whose maps must agree for a limit to exist
@@ -195,13 +196,19 @@ def stationary_mse(problem, algorithm) -> float:
     second-moment recursion (:func:`fedsa_jax.theory.exact_mse`), ``(I - M) z = c`` on the
     persistent coordinates, solved by GMRES with one round of the recursion per product ``M v``
     (never assembling M), after a certificate of mean-square stability (a second solve, see
-    :func:`_require_mean_square_stable`). Refused, with the reason and the sizes, for schedules,
-    running averages, second moments with more than ``MAX_STATIONARY_UNKNOWNS`` unknowns, and when
-    the recursion is not mean-square stable (:func:`mean_square_spectral_radius` >= 1)."""
+    :func:`_require_mean_square_stable`); up to ``DENSE_UNKNOWNS`` unknowns M is assembled (n
+    rounds), its spectral radius checked and the system solved densely. Refused, with the reason and
+    the sizes, for schedules, running averages, second moments with more than
+    ``MAX_STATIONARY_UNKNOWNS`` unknowns, and when the recursion is not mean-square stable
+    (:func:`mean_square_spectral_radius` >= 1)."""
     st = _setup(problem, algorithm, "stationary_mse")
     op = _operator(st, algorithm.name, "MAX_STATIONARY_UNKNOWNS")
-    _require_mean_square_stable(op, algorithm.name)
-    z = _solve(op, lambda v: v - op.linear(v), op.constant, algorithm.name, "the stationary second moment")
+    if op.n - 1 <= DENSE_UNKNOWNS:  # n rounds cost less than the two Krylov solves
+        M, _ = op.assemble()
+        z = _solve_fixed_point(M, op.constant, "second-moment", algorithm.name)
+    else:
+        _require_mean_square_stable(op, algorithm.name)
+        z = _solve(op, lambda v: v - op.linear(v), op.constant, algorithm.name, "the stationary moment")
     S = op.second_moment(z)  # one round from the fixed point
     scored = st.rec.state[st.rec.scored(1)]
     return float(np.trace(S[scored, scored]))
