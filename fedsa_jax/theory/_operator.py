@@ -223,10 +223,11 @@ def constant_round_mse(
     + c`` (:class:`Operator`, n unknowns): assembling M costs n rounds of the recursion, after which
     each round is one O(n^2) product instead of the phases' O(N d^2 D) updates on the D x D moment.
     The reported value after a round is affine in the moment at its start (its linear part is read
-    from the same n rounds). Taken when the horizon is at least ``CURVE_RATIO`` times n (FedLSA:
-    n = (d+1)(d+2)/2 whatever N, so the gain is about T / n), the round is the same at the first
-    rounds and the last, and the start lies in the zero-sum subspace of its blocks. ``factored``: the
-    n rounds by the factored recursion (:mod:`fedsa_jax.theory._agents`) where it applies."""
+    from the same n rounds). Taken when the horizon is at least ``CURVE_RATIO`` times n (theta
+    alone persists: n = (d+1)(d+2)/2 whatever N, so the gain is about T / n), the round is the
+    same at the first rounds and the last, and the start lies in the zero-sum subspace of its
+    blocks. ``factored``: the n rounds by the factored recursion (:mod:`fedsa_jax.theory._agents`)
+    where it applies."""
     T = num_rounds
     y = rec.state
     if T < 2 or not _same_rounds(rec, etas, (1, 2, T - 1)):

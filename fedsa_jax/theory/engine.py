@@ -73,7 +73,7 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     with D the size of Y (``1 + d + N d`` plus the algorithm's blocks; at most
     ``MAX_AUGMENTED_DIM``); memory O(D^2). Two shortcuts give the same values (to rounding):
 
-    * many agents whose blocks are overwritten every round (FedLSA, QFedTD; any channel, cohort,
+    * many agents whose blocks are overwritten every round (no control variates; any channel, cohort,
       schedule, server optimizer or average): the agents' iterates are independent given the
       server's state within a round, so their blocks are carried in factored form
       (:mod:`fedsa_jax.theory._agents`), O(N d^2 g) per local step with g the global coordinates;
