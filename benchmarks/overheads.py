@@ -20,7 +20,7 @@ from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
 
 import fedsa_jax as fj
 from fedsa_jax import moments, theory
-from fedsa_jax.theory import engine
+from fedsa_jax.theory import _rounds as engine
 
 
 def dense_exact_mse(problem, algorithm, T):

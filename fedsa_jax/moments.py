@@ -158,6 +158,11 @@ class Augmented:
         if zero_sum:
             self.zero_sum.append(name)
 
+    @property
+    def per_agent(self) -> list[str]:
+        """The names of the per-agent blocks, in order."""
+        return [name for name, _, per_agent, _ in self._specs if per_agent]
+
     def __contains__(self, name: str) -> bool:
         return any(n == name for n, *_ in self._specs)
 
@@ -299,11 +304,23 @@ class LocalStep:
     def prepare(self) -> None:
         self.y.noise  # noqa: B018 (builds the noise model: refuses a problem without one)
 
+    def noise_covariance(self, m_e: np.ndarray, second: np.ndarray) -> np.ndarray:
+        """``E[w_c w_c^T]`` (N, d, d) for local iterates with means ``m_e (N, d)`` and second moments
+        ``second (N, d, d)`` in error coordinates (the noise model takes them in theta coordinates)."""
+        theta_star = self.y.theta_star
+        X = (
+            second
+            + theta_star[:, None] * m_e[:, None, :]
+            + m_e[:, :, None] * theta_star[None, :]
+            + np.outer(theta_star, theta_star)
+        )  # (N, d, d): E[theta^c theta^c^T]
+        return (self.eta * self.eta) * self.y.noise(m_e + theta_star, X)
+
     def second(self, S: np.ndarray, conjugate) -> np.ndarray:
         """``S <- L S L^T + E[w w^T]``, touching only the local rows and columns."""
         y, eta = self.y, self.eta
         N, d, D = y.N, y.d, y.D
-        A, rho, theta_star = y.A, y.rho, y.theta_star
+        A, rho = y.A, y.rho
         loc_idx = y.indices(self.iterates)
         xi_idx = y.indices(self.controls) if self.controls else None
         blocks = y.memo(
@@ -321,15 +338,7 @@ class LocalStep:
             R[loc_idx] = rows.reshape(N * d, D)
             return R
 
-        # the noise model takes the local iterates' moments in theta coordinates
-        m_e = S[0, loc_idx].reshape(N, d)
-        X = (
-            S[blocks]
-            + theta_star[:, None] * m_e[:, None, :]
-            + m_e[:, :, None] * theta_star[None, :]
-            + np.outer(theta_star, theta_star)
-        )  # (N, d, d): E[theta^c theta^c^T]
-        cov = (eta * eta) * y.noise(m_e + theta_star, X)
+        cov = self.noise_covariance(S[0, loc_idx].reshape(N, d), S[blocks])
         S = local_rows(local_rows(S).T)
         S[blocks] += cov
         return S
@@ -401,12 +410,19 @@ class Aggregation(Affine):
             )
         self._channel_moments()
 
+    def channel_noise(self, own: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """What the channel adds to the aggregate's second moment (no control variates), from the
+        messages' ``own = E[m_c m_c^T] (N, d, d)`` and ``total = sum_{c,j} E[m_c m_j^T] (d, d)``."""
+        c_same, c_other, w_sq, quant = self._channel_moments()
+        diag_sum = own.sum(0)
+        extra = c_same * diag_sum + c_other * (total - diag_sum)
+        return extra + w_sq * sum(quant(own[c]) for c in range(len(own)))
+
     def second(self, S: np.ndarray, conjugate) -> np.ndarray:
         """Erasure weights and quantizer errors of mean zero add ``sum_{c,j} Cov(w_c, w_j) E[m_c m_j^T]
         + sum_c E[w_c^2] V(E[m_c m_c^T])`` to the aggregate, ``m_c = loc_c - ref``."""
         y = self.y
         N, d = y.N, y.d
-        c_same, c_other, w_sq, quant = self._channel_moments()
         extra = None
         if not self.noiseless:
             loc_idx, ref_idx = y.indices(self.iterates), y.indices(self.reference)
@@ -424,9 +440,7 @@ class Aggregation(Affine):
                 rows = np.concatenate([y.indices(self.into), y.indices(self.control_variates)])
                 extra = _cohort_control_variate_noise(self, M)
             else:
-                diag_sum = np.einsum("cicj->ij", M)
-                extra = c_same * diag_sum + c_other * (np.einsum("cidj->ij", M) - diag_sum)
-                extra = extra + w_sq * sum(quant(M[c, :, c, :]) for c in range(N))
+                extra = self.channel_noise(np.einsum("cicj->cij", M), np.einsum("cidj->ij", M))
         S = conjugate(self.mean(), S)
         if extra is not None and self.control_variates:
             S[np.ix_(rows, rows)] += extra

@@ -159,3 +159,51 @@ def test_refusals_name_the_reason_and_the_sizes(problems, monkeypatch):
         fj.theory.stationary_mse(problem, fj.scafflsa(eta, 2))
     with pytest.raises(ValueError, match="kind='variance' is invalid"):
         fj.theory.max_stable_step_size(problem, "fedlsa", 2, kind="variance")
+
+
+# ------------------------------------------------------------------ the matrix-free solve
+
+
+def test_gmres_solves_a_nonsymmetric_system_like_a_dense_solve():
+    from fedsa_jax.theory._operator import gmres
+
+    rng = np.random.default_rng(0)
+    n = 120
+    A = np.eye(n) + 0.9 * rng.standard_normal((n, n)) / np.sqrt(n)  # nonsymmetric, well conditioned
+    b = rng.standard_normal(n)
+    for restart in (200, 7):  # full, and restarted every 7 applications
+        x, residual, used = gmres(lambda v: A @ v, b, tol=1e-13, restart=restart, maxiter=5000)
+        assert residual <= 1e-13 and used < 5000
+        np.testing.assert_allclose(x, np.linalg.solve(A, b), rtol=1e-10, atol=1e-12)
+
+
+def test_stationary_mse_applies_few_rounds_and_equals_the_assembled_solve(monkeypatch):
+    """The fixed point by GMRES (a few dozen rounds) equals the dense solve of the assembled operator
+    (one round per unknown), on a problem where the operator has hundreds of unknowns."""
+    problem = fj.problems.garnet(jax.random.key(0), num_agents=8, num_states=8, dim=4)
+    alg = fj.scafflsa(0.2, 3)
+    st = stationary._setup(problem, alg, "stationary_mse")
+    op = stationary._operator(st, alg.name, "MAX_ASSEMBLED_UNKNOWNS")
+    M, _ = op.assemble()
+    dense = op.second_moment(np.linalg.solve(np.eye(len(M)) - M, op.constant))
+    scored = st.rec.state["theta"]
+    rounds = []
+    linear = stationary.Operator.linear
+    monkeypatch.setattr(stationary.Operator, "linear", lambda self, v: rounds.append(1) or linear(self, v))
+    mse = fj.theory.stationary_mse(problem, alg)
+    assert op.n > 200 and len(rounds) < op.n / 4, (op.n, len(rounds))
+    np.testing.assert_allclose(mse, np.trace(dense[scored, scored]), rtol=1e-10)
+
+
+def test_the_matrix_free_certificate_refuses_between_the_mean_and_the_mean_square_bounds(noisy, monkeypatch):
+    """With the Krylov path forced on a small problem: the same value as the dense path where stable,
+    and the positive-definiteness certificate refuses where only the mean is stable."""
+    alg = fj.scafflsa(0.1, 3)
+    mean_bound = fj.theory.max_stable_step_size(noisy, alg, tol=1e-4)
+    ms_bound = fj.theory.max_stable_step_size(noisy, alg, tol=1e-4, kind="mean_square")
+    stable, between = fj.scafflsa(0.5 * ms_bound, 3), fj.scafflsa(0.5 * (ms_bound + mean_bound), 3)
+    dense = fj.theory.stationary_mse(noisy, stable)
+    monkeypatch.setattr(stationary, "DENSE_UNKNOWNS", 0)
+    np.testing.assert_allclose(fj.theory.stationary_mse(noisy, stable), dense, rtol=1e-10)
+    with pytest.raises(ValueError, match="spectral radius .* >= 1: no limit"):
+        fj.theory.stationary_mse(noisy, between)

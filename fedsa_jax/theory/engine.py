@@ -10,64 +10,25 @@ blocks that persist across rounds, which :func:`stable_step_size` scans.
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from fedsa_jax import _validate, algorithms, optim
 from fedsa_jax.moments import Combination, Recursion, recursion_of
 from fedsa_jax.theory import markov
+from fedsa_jax.theory._agents import Unfactored, factored_mse
+from fedsa_jax.theory._operator import constant_round_mse
+from fedsa_jax.theory._rounds import (
+    _cached_conjugate,
+    _etas,
+    _phases,
+    _recursion,
+    round_map,
+    second_moment_round,
+)
 
 __all__ = ["exact_mean", "exact_mse", "lsa_step_size_bound", "mean_spectral_radius", "stable_step_size"]
 
-CACHE_SIZE = 32  # conjugators kept (one per map in use)
-
-
-def _etas(rec: Recursion, num_rounds: int) -> np.ndarray:
-    """``(num_rounds, H)`` step sizes of every local step (float64)."""
-    H = int(rec.num_local_steps)
-    if optim.is_constant(rec.step_size):
-        return np.full((num_rounds, H), float(rec.step_size))
-    with jax.enable_x64(True):
-        values = optim.schedule_values(rec.step_size, num_rounds * H)
-    if not np.all(np.isfinite(values) & (values > 0)):
-        k = int(np.argmax(~(np.isfinite(values) & (values > 0))))
-        _validate.fail(
-            "step_size",
-            rec.step_size.describe(),
-            f"the schedule gives {float(values[k])!r} at k={k}; step sizes must be finite and > 0",
-        )
-    return values.reshape(num_rounds, H)
-
-
-def _phases(rec: Recursion, t: int, etas: np.ndarray) -> list:
-    return [p for p in rec.round(t, etas) if p is not None]
-
-
-def _recursion(rec, algorithm, num_rounds: int, second: bool = False):
-    """``(rec, etas)`` for the description ``rec`` of ``algorithm``, everything checked: the layout's
-    size, the round's blocks (channel, quantizer) and, for second moments, their channel."""
-    if not isinstance(rec, Recursion):
-        _validate.fail(
-            "algorithm",
-            getattr(algorithm, "name", algorithm),
-            f"its theory must return fj.theory.Recursion or fj.theory.Combination, not {type(rec).__name__}",
-        )
-    rec.state.D  # noqa: B018 (the layout, its size checked before any map is built)
-    etas = _etas(rec, num_rounds)
-    phases = _phases(rec, 0, etas[0] if num_rounds else _etas(rec, 1)[0])
-    if second:
-        for phase in phases:
-            phase.prepare()
-    return rec, etas
-
-
-def round_map(rec: Recursion, t: int, etas: np.ndarray) -> np.ndarray:
-    """The mean map of round t (0-based: its count after the round is t + 1)."""
-    phases = _phases(rec, t, etas)
-    L = phases[0].mean()
-    for phase in phases[1:]:
-        L = phase.mean() @ L
-    return L
+FACTORED_RATIO = 4  # the factored recursion runs when the agents' coordinates are this many times the rest
 
 
 def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
@@ -140,7 +101,17 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
 
     Cost O(N d^2 D) per local step and O(N d D^2) per round (O(N^2 d^2 D) with control variates)
     with D the size of Y (``1 + d + N d`` plus the algorithm's blocks; at most
-    ``MAX_AUGMENTED_DIM``); memory O(D^2).
+    ``MAX_AUGMENTED_DIM``); memory O(D^2). With i.i.d. observations two shortcuts give the same
+    values (to rounding):
+
+    * many agents whose blocks are overwritten every round (no control variates; any channel, cohort,
+      schedule, server optimizer or average): the agents' iterates are independent given the
+      server's state within a round, so their blocks are carried in factored form
+      (:mod:`fedsa_jax.theory._agents`), O(N d^2 g) per local step with g the global coordinates;
+      used when the agents' coordinates are at least ``FACTORED_RATIO`` times the others;
+    * a constant round over a long horizon (at least ``CURVE_RATIO`` times the n unknowns of the
+      second moment of the persistent coordinates): the round's affine operator is assembled from n
+      rounds and applied as one ``n x n`` product a round (:mod:`fedsa_jax.theory._operator`).
 
     Markov sampling (``sampling="markov"``, any ``skip``, chains started from their stationary
     laws and carried across rounds; a problem with ``markov_observations()``, federated TD): the
@@ -155,8 +126,27 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     """
     rec, moments = _second_moments(problem, algorithm, num_rounds, theta0)
     y = rec.state
+    iid = not markov.is_markov(problem)  # the shortcuts are for i.i.d. observations
+    factored = iid and _factored_pays(rec)  # many agents: blocks factored (independent given the server)
+    if iid and optim.is_constant(rec.step_size):  # a long horizon: the assembled operator, if cheaper
+        fast = constant_round_mse(rec, _etas(rec, num_rounds), num_rounds, y.initial(theta0), factored)
+        if fast is not None:
+            return fast
+    if factored:
+        try:
+            return factored_mse(rec, _etas(rec, num_rounds), num_rounds, y.initial(theta0))
+        except Unfactored:
+            pass
     # error coordinates: no cancellation
     return np.asarray([np.trace(S[y[rec.scored(t)], y[rec.scored(t)]]) for t, S in enumerate(moments)])
+
+
+def _factored_pays(rec) -> bool:
+    """Whether the agents' coordinates outweigh the global ones enough for the factored recursion
+    (:mod:`fedsa_jax.theory._agents`): ``N p >= FACTORED_RATIO g``."""
+    y = rec.state
+    agents = sum(len(y.indices(name)) for name in y.per_agent)
+    return agents > 0 and agents >= FACTORED_RATIO * (y.D - agents)
 
 
 def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
@@ -202,56 +192,6 @@ def _markov_second_moments(rec: Recursion, law, etas: np.ndarray, T: int, m: np.
             stack = markov.second(phase, stack, law, conjugate)
         stack = 0.5 * (stack + np.swapaxes(stack, -1, -2))  # see second_moment_round
         yield stack.sum(0)
-
-
-def second_moment_round(rec: Recursion):
-    """``advance(S, t, etas) -> S'``: ``S = E[Y Y^T]`` through round t's phases (the conjugations
-    ``S -> L S L^T`` of the affine phases cached per map), symmetrised."""
-    conjugate = _cached_conjugate()
-
-    def advance(S, t, etas):
-        for phase in _phases(rec, t, etas):
-            S = phase.second(S, conjugate)
-        # S is symmetric in exact arithmetic, but the phases write its blocks one side at a time: the
-        # rounding errors' antisymmetric part is not a moment, and some rounds amplify it (FedLSA,
-        # rand-k with erasures, divide by received, on TD: x1.15 per round, exact_mse negative after
-        # 300 rounds). Keeping the symmetric part removes it at every round.
-        return 0.5 * (S + S.T)
-
-    return advance
-
-
-def _cached_conjugate():
-    """``conjugate(L, S) -> L S L^T``, the conjugator of each map L built once (the last
-    ``CACHE_SIZE`` kept)."""
-    conjugators: dict = {}
-
-    def conjugate(L, S):
-        if id(L) not in conjugators:
-            if len(conjugators) >= CACHE_SIZE:
-                conjugators.pop(next(iter(conjugators)))
-            conjugators[id(L)] = (L, _conjugator(L))  # L kept alive while cached: its id stays unique
-        return conjugators[id(L)][1](S)
-
-    return conjugate
-
-
-def _conjugator(L):
-    """``S -> L S L^T`` for symmetric S, touching only the rows where L differs from I
-    (and, in them, only L's nonzero columns): O(r c D) instead of O(D^3)."""
-    D = L.shape[0]
-    rows = np.nonzero(np.any(L != np.eye(D), axis=1))[0]
-    cols = np.nonzero(np.any(L[rows] != 0, axis=0))[0]
-    if 2 * len(cols) > D:  # gathering most of S costs more than the zeros it skips
-        cols = slice(None)
-    block = L[rows][:, cols]
-
-    def apply_rows(S):
-        R = S.copy()
-        R[rows] = block @ S[cols]
-        return R
-
-    return lambda S: apply_rows(apply_rows(S).T)
 
 
 def lsa_step_size_bound(A) -> float:

@@ -72,13 +72,18 @@ class MarkovLaw:
         return pi.reshape((-1,) + (1,) * base.ndim) * base[None]
 
 
+def is_markov(problem) -> bool:
+    """Whether ``problem`` samples other than i.i.d. (``sampling`` not ``"generative"``)."""
+    return getattr(problem, "sampling", "generative") != "generative"
+
+
 def markov_law(problem, skip: int, y: Augmented, second: bool) -> MarkovLaw | None:
     """The law of ``problem``'s chains under ``sampling="markov"`` (None for i.i.d. sampling), with
     ``skip`` moves per local step; refuses a problem without ``markov_observations()`` and a stack of
     conditional moments larger than :data:`MAX_MARKOV_ENTRIES`."""
-    sampling = getattr(problem, "sampling", "generative")
-    if sampling == "generative":
+    if not is_markov(problem):
         return None
+    sampling = problem.sampling
     own = getattr(problem, "markov_observations", None)
     if sampling != "markov" or not callable(own):
         _validate.fail(

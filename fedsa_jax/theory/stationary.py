@@ -15,10 +15,13 @@ left out.
 * :func:`stationary_mean`: the fixed point of ``m <- R m`` on K, ``(I - R_KK) m_K = R_K0`` (the
   affine constant lives in column 0 of R, ``Y_0 = 1``), then one round to read theta.
 * :func:`stationary_mse`: the fixed point of G on the symmetric matrices over K with
-  ``S_00 = 1``: the operator is assembled column by column by applying one round to each element
-  of a basis (``n = K'(K'+1)/2`` rounds, K' the number of coordinates), then
-  ``(I - M) s = c`` is solved, M the linear part of G on the entries other than ``S_00``.
-* :func:`mean_square_spectral_radius`: the spectral radius of M. The second moment converges from
+  ``S_00 = 1``, ``(I - M) s = c`` with M the linear part of G on the entries other than ``S_00``,
+  solved by GMRES: each product ``M v`` is one round of the recursion, so M (``n = K'(K'+1)/2``
+  unknowns, K' the number of coordinates) is never assembled, and a few dozen rounds replace n
+  rounds and an O(n^3) eigenvalue problem. Mean-square stability is certified first by a second
+  solve (the positive map's Lyapunov-type criterion, :func:`_require_mean_square_stable`).
+* :func:`mean_square_spectral_radius`: the spectral radius of M, assembled column by column by
+  applying one round to each element of a basis. The second moment converges from
   every start iff it is below 1 (the recursion is affine: ``s_t = s* + M^t (s_0 - s*)``); it is at
   least the spectral radius of the mean recursion (the entries ``S_0k = E[Y_k]`` are among s), so
   mean-square stability implies mean stability, and the converse fails at large step sizes.
@@ -38,11 +41,18 @@ import numpy as np
 from fedsa_jax import _validate, optim
 from fedsa_jax.moments import Combination, Recursion, recursion_of
 from fedsa_jax.theory import markov
-from fedsa_jax.theory.engine import _cached_conjugate, _phases, _recursion, round_map, second_moment_round
+from fedsa_jax.theory._operator import Operator, gmres, persistent_basis
+from fedsa_jax.theory._rounds import _cached_conjugate, _phases, _recursion, round_map
 
 __all__ = ["MAX_STATIONARY_UNKNOWNS", "mean_square_spectral_radius", "stationary_mean", "stationary_mse"]
 
-MAX_STATIONARY_UNKNOWNS = 5000  # entries of the stationary second moment solved for (a dense n x n system)
+# entries of the stationary second moment solved for (GMRES: O(200 n) memory)
+MAX_STATIONARY_UNKNOWNS = 50_000
+# entries of an assembled operator (mean_square_spectral_radius: dense eigenvalues, O(n^3))
+MAX_ASSEMBLED_UNKNOWNS = 5000
+DENSE_UNKNOWNS = 100  # up to this many unknowns stationary_mse assembles the operator (n rounds)
+_TOL = 1e-13  # relative residual of the fixed points
+_MAX_APPLICATIONS = 3000  # rounds GMRES may apply
 _PROBE_ROUNDS = (0, 1, 2, 3, 1000)  # rounds whose maps must agree for a limit to exist
 
 
@@ -86,23 +96,8 @@ def _setup(problem, algorithm, what: str) -> _Stationary:
                 f"its round changes with t (round {t} differs from round 0: a running average or a "
                 f"count-dependent rule), so {what} has no fixed point to solve; use exact_mean/exact_mse",
             )
-    y = rec.state
-    keep = np.union1d([0], np.nonzero(np.any(R != 0, axis=0))[0])
-    position = {int(k): i for i, k in enumerate(keep)}
-    P = np.eye(len(keep))
-    for block in y.zero_sum:
-        idx = y.indices(block)
-        if not np.all(np.isin(idx, keep)):
-            continue
-        rows = np.array([position[int(k)] for k in idx])  # agent c's coordinates, agent after agent
-        N, d = y.N, len(idx) // y.N
-        sums = np.kron(np.ones((1, N)), np.eye(d))  # (d, N d): sum over agents
-        Q = np.linalg.svd(sums)[2][d:].T  # (N d, (N - 1) d) orthonormal basis of {sum_c x_c = 0}
-        others = np.setdiff1d(np.arange(P.shape[1]), rows)
-        block_basis = np.zeros((len(keep), Q.shape[1]))
-        block_basis[rows] = Q
-        P = np.concatenate([P[:, others], block_basis], axis=1)
-    return _Stationary(rec, etas[0], R, keep, P, law)  # column 0 stays e_0: the constant is never zero-sum
+    keep, P = persistent_basis(rec, R)
+    return _Stationary(rec, etas[0], R, keep, P, law)
 
 
 def _solve_fixed_point(M: np.ndarray, c: np.ndarray, what: str, name) -> np.ndarray:
@@ -124,7 +119,7 @@ def stationary_mean(problem, algorithm) -> np.ndarray:
 
     Markov sampling (small chains, :func:`~fedsa_jax.theory.exact_mean`): the fixed point of the
     means conditioned on the agents' joint chain state, ``S^N`` times the persistent coordinates'
-    unknowns (at most ``MAX_STATIONARY_UNKNOWNS``), the chains at their stationary laws."""
+    unknowns (at most ``MAX_ASSEMBLED_UNKNOWNS``), the chains at their stationary laws."""
     st = _setup(problem, algorithm, "stationary_mean")
     if st.law is not None:
         return _markov_stationary_mean(st, algorithm.name)
@@ -154,15 +149,15 @@ def _markov_round(st: _Stationary, second: bool):
 
 
 def _markov_unknowns(st: _Stationary, per_state: int, what: str) -> int:
-    """``S^N per_state`` unknowns, refused beyond ``MAX_STATIONARY_UNKNOWNS`` with the sizes."""
+    """``S^N per_state`` unknowns, refused beyond ``MAX_ASSEMBLED_UNKNOWNS`` with the sizes."""
     law, n = st.law, st.law.S**st.law.N * per_state
-    if n > MAX_STATIONARY_UNKNOWNS:
+    if n > MAX_ASSEMBLED_UNKNOWNS:
         _validate.fail(
             "algorithm",
             st.rec.state.name,
             f"its stationary {what} under Markov sampling has S^N * {per_state} = {law.S}^{law.N} * "
-            f"{per_state} = {n} unknowns (one set per joint chain state) > MAX_STATIONARY_UNKNOWNS = "
-            f"{MAX_STATIONARY_UNKNOWNS}",
+            f"{per_state} = {n} unknowns (one set per joint chain state) > MAX_ASSEMBLED_UNKNOWNS = "
+            f"{MAX_ASSEMBLED_UNKNOWNS}",
         )
     return n
 
@@ -228,78 +223,134 @@ def _markov_second_moment_operator(st: _Stationary):
     return columns, c, finish
 
 
-def _second_moment_operator(st: _Stationary):
-    """``(M, c, lift)``: the linear part M of one round of ``S -> G(S)`` on the upper-triangular
-    entries of ``Z`` (``S_K = P Z P^T``) other than ``Z_00 = 1``, the entries c of ``G(E_00)``, and
-    ``lift(z) -> S`` (D x D, the persistent block filled)."""
-    y = st.rec.state
-    K, P = st.keep, st.P
-    k = P.shape[1]
-    iu = np.triu_indices(k)
-    n = len(iu[0])
-    if n - 1 > MAX_STATIONARY_UNKNOWNS:
-        _validate.fail(
-            "algorithm",
-            st.rec.state.name,
-            f"its stationary second moment has {n - 1} unknowns ({k} persistent coordinates of the "
-            f"{y.D} of its exact recursion, N={y.N}, d={y.d}) > MAX_STATIONARY_UNKNOWNS = "
-            f"{MAX_STATIONARY_UNKNOWNS}",
-        )
-    advance = second_moment_round(st.rec)
-
-    def lift(Z):
-        S = np.zeros((y.D, y.D))
-        S[np.ix_(K, K)] = P @ Z @ P.T
-        return S
-
-    def image(Z):
-        out = P.T @ advance(lift(Z), 0, st.etas)[np.ix_(K, K)] @ P
-        return out[iu]
-
-    base = image(np.zeros((k, k)))
-    columns = np.empty((n, n))
-    for j, (a, b) in enumerate(zip(*iu)):
-        B = np.zeros((k, k))
-        B[a, b] = B[b, a] = 1.0
-        columns[:, j] = image(B) - base
-    c = base + columns[:, 0]  # G(E_00): Z_00 = 1 is entry 0 of the upper triangle
-    return columns[1:, 1:], c[1:], lambda z: lift(_symmetric(np.concatenate([[1.0], z]), iu, k))
-
-
 def _symmetric(values, iu, k):
     Z = np.zeros((k, k))
     Z[iu] = values
     return Z + np.triu(Z, 1).T
 
 
+def _operator(st: _Stationary, name, which: str) -> Operator:
+    """The round's second-moment operator (:class:`~fedsa_jax.theory._operator.Operator`), refused
+    above the limit named ``which`` on its unknowns."""
+    limit = globals()[which]
+    y = st.rec.state
+    k = st.P.shape[1]
+    n = k * (k + 1) // 2
+    if n - 1 > limit:
+        _validate.fail(
+            "algorithm",
+            name,
+            f"its stationary second moment has {n - 1} unknowns ({k} persistent coordinates of the "
+            f"{y.D} of its exact recursion, N={y.N}, d={y.d}) > {which} = {limit}",
+        )
+    return Operator(st.rec, st.etas, st.keep, st.P)
+
+
+def _solve(op: Operator, matvec, b: np.ndarray, name, what: str) -> np.ndarray:
+    x, residual, _ = gmres(matvec, b, tol=_TOL, maxiter=_MAX_APPLICATIONS)
+    if not residual <= _TOL:
+        _validate.fail(
+            "algorithm",
+            name,
+            f"GMRES did not solve for {what} within {_MAX_APPLICATIONS} rounds (relative residual "
+            f"{residual:.3g}): the second-moment recursion contracts too slowly (or not at all) for a "
+            "fixed point; use exact_mse over a long horizon",
+        )
+    return x
+
+
+def _require_mean_square_stable(op: Operator, name) -> None:
+    """Refuses unless the linear part T of the round on the second moments proper (``Z_ab``,
+    ``a, b >= 1``, means set to 0) has spectral radius below 1. T is a positive map (``T(X) =
+    E[L X L^T]`` for the round's random linear part L, PSD to PSD), so ``rho(T) < 1`` iff the
+    solution of ``X - T(X) = I`` is positive definite (Costa, Fragoso, Marques 2005, Thm. 3.9):
+    if ``rho(T) < 1``, ``X = sum_k T^k(I) > 0``; if ``rho(T) >= 1``, T's adjoint has a PSD Perron
+    eigenvector ``W != 0``, ``<W, X> (1 - rho) = tr W > 0`` and X is not positive definite. The
+    means' radius ``rho(R)`` is at most ``sqrt(rho(T))`` (``T >= R . R^T``), so this is the radius
+    of the whole operator M."""
+    sigma = op.sigma
+    if not sigma.size:
+        return
+    embed = np.zeros(op.n - 1)
+
+    def restricted(x):
+        embed[sigma] = x
+        return x - op.linear(embed)[sigma]
+
+    diagonal = (op.iu[0] == op.iu[1])[1:][sigma].astype(float)  # the identity's entries
+    X = _solve(op, restricted, diagonal, name, "the mean-square stability certificate")
+    full = np.zeros(op.n - 1)
+    full[sigma] = X
+    Sigma = op.symmetric(np.concatenate([[0.0], full]))[1:, 1:]
+    try:
+        np.linalg.cholesky(Sigma)
+    except np.linalg.LinAlgError:
+        rho = _radius_estimate(op)
+        _validate.fail(
+            "algorithm",
+            name,
+            f"the second-moment operator has spectral radius {max(rho, 1.0):.6g} >= 1: no limit to "
+            "solve for (lower the step size; fj.theory.max_stable_step_size(..., kind='mean_square') "
+            "gives the bound)",
+        )
+
+
+def _radius_estimate(op: Operator, rounds: int = 100) -> float:
+    """Power iteration of T from the identity (its Perron eigenvalue is its spectral radius)."""
+    x = np.zeros(op.n - 1)
+    x[op.sigma] = (op.iu[0] == op.iu[1])[1:][op.sigma]
+    rho = 0.0
+    for _ in range(rounds):
+        nxt = np.zeros_like(x)
+        nxt[op.sigma] = op.linear(x)[op.sigma]
+        rho, x = float(np.linalg.norm(nxt) / np.linalg.norm(x)), nxt / np.linalg.norm(nxt)
+        if not np.isfinite(rho) or rho == 0.0:
+            break
+    return rho
+
+
 def stationary_mse(problem, algorithm) -> float:
     """``lim_t E|theta_t - theta_star|^2`` with a constant step size: the fixed point of the exact
-    second-moment recursion (:func:`fedsa_jax.theory.exact_mse`), a linear system on the
-    persistent coordinates solved directly. Refused, with the reason and the sizes, for schedules,
-    running averages, second moments with more than ``MAX_STATIONARY_UNKNOWNS`` unknowns, and when
-    the recursion is not mean-square stable (:func:`mean_square_spectral_radius` >= 1). Under
-    Markov sampling the unknowns are the second moments conditioned on the joint chain state
-    (``S^N`` sets; Costa, Fragoso, Marques 2005, Ch. 3), and so is the operator of
+    second-moment recursion (:func:`fedsa_jax.theory.exact_mse`), ``(I - M) z = c`` on the
+    persistent coordinates, solved by GMRES with one round of the recursion per product ``M v``
+    (never assembling M), after a certificate of mean-square stability (a second solve, see
+    :func:`_require_mean_square_stable`); up to ``DENSE_UNKNOWNS`` unknowns M is assembled (n
+    rounds), its spectral radius checked and the system solved densely. Refused, with the reason and
+    the sizes, for schedules, running averages, second moments with more than
+    ``MAX_STATIONARY_UNKNOWNS`` unknowns, and when the recursion is not mean-square stable
+    (:func:`mean_square_spectral_radius` >= 1). Under Markov sampling the unknowns are the second
+    moments conditioned on the joint chain state (``S^N`` sets, at most ``MAX_ASSEMBLED_UNKNOWNS``;
+    Costa, Fragoso, Marques 2005, Ch. 3), and so is the operator of
     :func:`mean_square_spectral_radius`."""
     st = _setup(problem, algorithm, "stationary_mse")
-    if st.law is not None:
+    scored = st.rec.state[st.rec.scored(1)]
+    if st.law is not None:  # Markov sampling: the conditional second moments, assembled
         M, c, finish = _markov_second_moment_operator(st)
         S = finish(_solve_fixed_point(M, c, "second-moment", algorithm.name))
+        return float(np.trace(S[scored, scored]))
+    op = _operator(st, algorithm.name, "MAX_STATIONARY_UNKNOWNS")
+    if op.n - 1 <= DENSE_UNKNOWNS:  # n rounds cost less than the two Krylov solves
+        M, _ = op.assemble()
+        z = _solve_fixed_point(M, op.constant, "second-moment", algorithm.name)
     else:
-        M, c, lift = _second_moment_operator(st)
-        z = _solve_fixed_point(M, c, "second-moment", algorithm.name)
-        S = second_moment_round(st.rec)(lift(z), 0, st.etas)  # one round from the fixed point
-    scored = st.rec.state[st.rec.scored(1)]
+        _require_mean_square_stable(op, algorithm.name)
+        z = _solve(op, lambda v: v - op.linear(v), op.constant, algorithm.name, "the stationary moment")
+    S = op.second_moment(z)  # one round from the fixed point
     return float(np.trace(S[scored, scored]))
 
 
 def mean_square_spectral_radius(problem, algorithm) -> float:
     """Spectral radius of one round of the exact second-moment recursion (constant step) on the
     persistent coordinates: below 1 iff the second moment converges from every start (mean-square
-    stability); at least :func:`~fedsa_jax.theory.engine.mean_spectral_radius`."""
+    stability); at least :func:`~fedsa_jax.theory.engine.mean_spectral_radius`. The operator is
+    assembled (one round per unknown) and its eigenvalues computed: at most
+    ``MAX_ASSEMBLED_UNKNOWNS`` unknowns."""
     st = _setup(problem, algorithm, "mean_square_spectral_radius")
     with np.errstate(over="ignore", invalid="ignore"):
-        M, _, _ = _second_moment_operator(st) if st.law is None else _markov_second_moment_operator(st)
+        if st.law is not None:
+            M, _, _ = _markov_second_moment_operator(st)
+        else:
+            M, _ = _operator(st, algorithm.name, "MAX_ASSEMBLED_UNKNOWNS").assemble()
     if not np.all(np.isfinite(M)):
         return np.inf
     return float(np.max(np.abs(np.linalg.eigvals(M)))) if M.size else 0.0

@@ -1,0 +1,144 @@
+"""Speed of the exact theory on the papers' configurations: long exact_mse curves and stationary_mse.
+
+* ``exact_mse`` over T rounds (default 3000) with a constant step: the automatic path (the assembled
+  operator of the persistent coordinates where it is cheaper, else round by round) against the
+  round-by-round recursion, with their largest relative difference.
+* ``stationary_mse``: GMRES with one round per product (and its stability certificate) against the
+  former dense path (the operator assembled with one round per unknown, its eigenvalues for the
+  stability check, a dense solve), with their relative difference.
+
+Configurations: the SCAFFLSA paper's federated TD on Garnet (30 states, 2 actions, d=8,
+gamma=0.95, generative sampling, eta=0.1, H=10; Mangold et al., NeurIPS 2024, Sec. 6), N=10,
+homogeneous and heterogeneous, FedLSA and SCAFFLSA; the QFedTD paper's MDP (Dal Fabbro, Mitra,
+Pappas, L-CSS 2023; 20 states, d=10, gamma=0.5, alpha=0.6) with N=40 agents, generative sampling
+and an exact-theory channel (rand-2 of 10 coordinates, success probability 0.6).
+
+* ``exact_mse`` at N=100 (the SCAFFLSA paper's heterogeneous Garnet): FedLSA with the constant
+  step, the decreasing step ``0.5 / (1 + k / 800)`` and Polyak-Ruppert averaging (burn-in T/10),
+  the automatic path (the factored recursion; the assembled operator for the constant step)
+  against the full recursion timed over ``--full-rounds`` rounds and scaled to T.
+
+    python benchmarks/theory_speed.py [--rounds 3000] [--skip-dense] [--full-rounds 20] [--json out.json]
+
+Run it with one BLAS thread (``OPENBLAS_NUM_THREADS=1``) for stable timings on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+from _bench import write_json
+
+import fedsa_jax as fj
+from fedsa_jax.theory import _operator, engine, stationary
+
+
+def configurations():
+    """``name -> (problem, algorithm)``."""
+    out = {}
+    for het in ("homogeneous", "heterogeneous"):
+        P = fj.problems.garnet(jax.random.key(0), num_agents=10, heterogeneity=het)
+        for make in (fj.fedlsa, fj.scafflsa):
+            out[f"garnet_{het}_N10_{make.__name__}"] = (P, make(0.1, 10))
+    q = fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=40, sampling="generative")
+    out["qfedtd_mdp_N40_randk2_p0.6"] = (q, fj.qfedtd(0.6, fj.channel.rand_k(2), success_prob=0.6))
+    return out
+
+
+def many_agents(T):
+    """``name -> (problem, algorithm)`` at N=100 (the factored recursion)."""
+    P = fj.problems.garnet(jax.random.key(0), num_agents=100, heterogeneity="heterogeneous")
+    decreasing = fj.schedule(fj.optim.inverse_time, eta0=0.5, k0=800.0)
+    return {
+        "garnet_heterogeneous_N100_fedlsa_constant": (P, fj.fedlsa(0.1, 10)),
+        "garnet_heterogeneous_N100_fedlsa_decreasing": (P, fj.fedlsa(decreasing, 10)),
+        "garnet_heterogeneous_N100_fedlsa_averaged": (P, fj.averaged(fj.fedlsa(0.1, 10), burn_in=T // 10)),
+    }
+
+
+def full_mse(problem, alg, T):
+    """The full recursion (no factored agents, no assembled operator)."""
+    saved = _operator.CURVE_RATIO, engine.FACTORED_RATIO
+    _operator.CURVE_RATIO, engine.FACTORED_RATIO = 10**9, 10**9
+    try:
+        return fj.theory.exact_mse(problem, alg, T)
+    finally:
+        _operator.CURVE_RATIO, engine.FACTORED_RATIO = saved
+
+
+def timed(fn):
+    t = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - t
+
+
+def round_by_round_mse(problem, alg, T):
+    ratio = _operator.CURVE_RATIO
+    _operator.CURVE_RATIO = 10**9  # never the assembled operator
+    try:
+        return fj.theory.exact_mse(problem, alg, T)
+    finally:
+        _operator.CURVE_RATIO = ratio
+
+
+def dense_stationary_mse(problem, alg):
+    """The former path: assemble the operator, check its spectral radius, solve densely."""
+    st = stationary._setup(problem, alg, "stationary_mse")
+    op = stationary._operator(st, alg.name, "MAX_ASSEMBLED_UNKNOWNS")
+    M, _ = op.assemble()
+    radius = float(np.max(np.abs(np.linalg.eigvals(M))))
+    assert radius < 1, radius
+    S = op.second_moment(np.linalg.solve(np.eye(len(M)) - M, op.constant))
+    scored = st.rec.state["theta"]
+    return float(np.trace(S[scored, scored]))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3000)
+    ap.add_argument("--skip-dense", action="store_true", help="skip the former dense stationary path")
+    ap.add_argument("--full-rounds", type=int, default=20, help="rounds of the full recursion at N=100")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    T = args.rounds
+    report = {"rounds": T, "exact_mse": {}, "stationary_mse": {}, "many_agents": {}}
+    F = args.full_rounds
+    for name, (problem, alg) in many_agents(T).items():
+        fast, t_fast = timed(lambda: fj.theory.exact_mse(problem, alg, T))
+        full, t_full = timed(lambda: full_mse(problem, alg, F))
+        rel = float(np.max(np.abs(fast[: F + 1] - full)) / np.max(np.abs(full)))
+        row = {"auto_s": t_fast, "full_s_per_round": t_full / F, "full_s_scaled": t_full * T / F, "rel": rel}
+        report["many_agents"][name] = row
+        print(
+            f"exact_mse T={T} {name:44s} auto {t_fast:8.2f} s  full {t_full / F:.3f} s a round "
+            f"(x{t_full * T / F / t_fast:6.1f} at T)  rel diff {rel:.1e} over {F} rounds",
+            flush=True,
+        )
+    for name, (problem, alg) in configurations().items():
+        fast, t_fast = timed(lambda: fj.theory.exact_mse(problem, alg, T))
+        slow, t_slow = timed(lambda: round_by_round_mse(problem, alg, T))
+        rel = float(np.max(np.abs(fast - slow) / np.abs(slow)))
+        report["exact_mse"][name] = {"auto_s": t_fast, "round_by_round_s": t_slow, "max_rel_diff": rel}
+        print(
+            f"exact_mse T={T} {name:38s} auto {t_fast:8.2f} s  round by round {t_slow:8.2f} s  "
+            f"x{t_slow / t_fast:6.1f}  rel diff {rel:.1e}",
+            flush=True,
+        )
+        value, t_new = timed(lambda: fj.theory.stationary_mse(problem, alg))
+        row = {"gmres_s": t_new, "value": value, "exact_mse_T": float(fast[-1])}
+        if not args.skip_dense:
+            dense, t_dense = timed(lambda: dense_stationary_mse(problem, alg))
+            row.update(dense_s=t_dense, rel_diff=abs(value - dense) / dense)
+        report["stationary_mse"][name] = row
+        dense_text = ""
+        if "dense_s" in row:
+            dense_text = f"dense {row['dense_s']:8.2f} s  rel diff {row['rel_diff']:.1e}"
+        print(f"stationary_mse {name:38s} gmres {t_new:8.2f} s  {dense_text}", flush=True)
+    return write_json(args.json, report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Faster exact recursions equal the plain ones.
+
+* A long constant-step horizon runs through the assembled operator of the persistent coordinates
+  (``z_{t+1} = M z_t + c``) instead of the phases: the same curve as round by round, to 1e-10.
+* Many agents: the agents' blocks factored (independent given the server, theory._agents) give
+  the same curve as the full moment, to 1e-10, and Monte Carlo agrees at N=100.
+"""
+
+import jax
+import numpy as np
+import optax
+import pytest
+from conftest import Z_TOL
+
+import fedsa_jax as fj
+from fedsa_jax.theory import _agents, _operator, engine
+
+T = 600
+
+
+@pytest.fixture(scope="module")
+def problems(het_gaussian):
+    td = fj.problems.garnet(jax.random.key(0), num_agents=3, num_states=6, dim=2)
+    return {"gaussian": (het_gaussian, 0.1), "td": (td, 0.3)}
+
+
+FAST = {
+    "fedlsa": lambda eta: fj.fedlsa(eta, 3),
+    "fedlsa_momentum": lambda eta: fj.fedlsa(eta, 2, server_optimizer=optax.sgd(0.5, momentum=0.3)),
+    "qfedtd_randk_erasures": lambda eta: fj.qfedtd(eta, quantizer=fj.channel.rand_k(2), success_prob=0.7),
+    "scaffnew": lambda eta: fj.scaffnew(eta, 0.4, 2),
+}
+
+
+def _round_by_round(problem, alg, T, monkeypatch, theta0=None):
+    with monkeypatch.context() as m:
+        m.setattr(_operator, "CURVE_RATIO", 10**9)
+        return fj.theory.exact_mse(problem, alg, T, theta0)
+
+
+def _taken(monkeypatch):
+    calls = []
+    assemble = _operator.Operator.assemble
+    monkeypatch.setattr(_operator.Operator, "assemble", lambda self: calls.append(self.n) or assemble(self))
+    return calls
+
+
+@pytest.mark.parametrize("family", ["gaussian", "td"])
+@pytest.mark.parametrize("name", list(FAST))
+def test_long_constant_horizon_through_the_assembled_operator(problems, family, name, monkeypatch):
+    problem, eta = problems[family]
+    alg = FAST[name](eta)
+    theta0 = np.linspace(-1.0, 1.0, problem.dim)
+    calls = _taken(monkeypatch)
+    fast = fj.theory.exact_mse(problem, alg, T, theta0)
+    assert calls and 3 * (calls[0] + 1) <= T  # the shortcut was taken
+    slow = _round_by_round(problem, alg, T, monkeypatch, theta0)
+    np.testing.assert_allclose(fast, slow, rtol=1e-10, atol=0)
+
+
+def test_zero_sum_control_variates_in_their_subspace(problems, monkeypatch):
+    problem, eta = problems["td"]  # d = 2, N = 3: 7 persistent coordinates (xi in its 4-dim subspace)
+    alg = fj.scafflsa(eta, 3)
+    calls = _taken(monkeypatch)
+    fast = fj.theory.exact_mse(problem, alg, T)
+    assert calls == [28]
+    np.testing.assert_allclose(fast, _round_by_round(problem, alg, T, monkeypatch), rtol=1e-10, atol=0)
+
+
+def test_the_shortcut_declines_where_it_does_not_apply(problems, monkeypatch):
+    problem, eta = problems["gaussian"]
+    calls = _taken(monkeypatch)
+    for alg, horizon in (
+        (fj.averaged(fj.fedlsa(eta, 2)), T),  # the round changes with t
+        (fj.fedlsa(fj.schedule(fj.optim.inverse_time, eta0=eta, k0=10.0), 2), T),  # a schedule
+        (fj.fedlsa(eta, 2), 20),  # a horizon shorter than 3 x the unknowns (10 + 2)
+    ):
+        fj.theory.exact_mse(problem, alg, horizon)
+    assert calls == []
+
+
+# ------------------------------------------------------------------ the factored recursion
+
+FACTORED = {
+    "fedlsa": lambda eta: fj.fedlsa(eta, 3),
+    "schedule": lambda eta: fj.fedlsa(fj.schedule(fj.optim.inverse_time, eta0=eta, k0=10.0), 3),
+    "averaged": lambda eta: fj.averaged(fj.fedlsa(eta, 2), burn_in=5),
+    "randk_erasures_received": lambda eta: fj.fedlsa(
+        eta, 2, quantizer=fj.channel.rand_k(2), success_prob=0.6, aggregation="divide_by_received"
+    ),
+    "cohort": lambda eta: fj.fedlsa(eta, 2, clients_per_round=2, success_prob=0.7),
+    "momentum": lambda eta: fj.fedlsa(eta, 2, server_optimizer=optax.sgd(0.5, momentum=0.3)),
+    "qfedtd": lambda eta: fj.qfedtd(eta, quantizer=fj.channel.rand_k(2), success_prob=0.7),
+}
+
+
+def _mse(problem, alg, T, monkeypatch, factored, assembled=False, theta0=None):
+    with monkeypatch.context() as m:
+        m.setattr(engine, "FACTORED_RATIO", 0 if factored else 10**9)
+        if not assembled:
+            m.setattr(_operator, "CURVE_RATIO", 10**9)
+        return fj.theory.exact_mse(problem, alg, T, theta0)
+
+
+@pytest.mark.parametrize("family", ["gaussian", "td"])
+@pytest.mark.parametrize("name", list(FACTORED))
+def test_factored_recursion_equals_the_full_moment(problems, family, name, monkeypatch):
+    problem, eta = problems[family]
+    alg = FACTORED[name](eta)
+    theta0 = np.linspace(-1.0, 1.0, problem.dim)
+    full = _mse(problem, alg, 40, monkeypatch, factored=False, theta0=theta0)
+    calls = []
+    run = _agents.factored_mse
+    monkeypatch.setattr(engine, "factored_mse", lambda *a: calls.append(1) or run(*a))
+    factored = _mse(problem, alg, 40, monkeypatch, factored=True, theta0=theta0)
+    assert calls  # the factored recursion ran (and raised nothing)
+    np.testing.assert_allclose(factored, full, rtol=1e-10, atol=0)
+
+
+def test_the_assembled_operator_from_factored_rounds(problems, monkeypatch):
+    problem, eta = problems["td"]
+    alg = fj.fedlsa(eta, 3, quantizer=fj.channel.rand_k(2), success_prob=0.6)
+    calls = []
+    build = _agents.factored_round
+    monkeypatch.setattr(_operator, "factored_round", lambda rec: calls.append(1) or build(rec))
+    fast = _mse(problem, alg, T, monkeypatch, factored=True, assembled=True)
+    assert calls
+    np.testing.assert_allclose(fast, _mse(problem, alg, T, monkeypatch, factored=False), rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize(
+    "alg",
+    [
+        fj.scafflsa(0.1, 2),  # control variates: agent rows read the other agents
+        fj.scaffnew(0.1, 0.4, 2),  # a coin
+        fj.fedlsa(0.1, 2, quantizer=fj.channel.rand_k(2), error_feedback="ef21"),  # a memory per agent
+    ],
+    ids=["scafflsa", "scaffnew", "ef21"],
+)
+def test_rounds_the_factored_form_does_not_cover_fall_back_to_the_full_moment(problems, alg, monkeypatch):
+    problem, _ = problems["gaussian"]
+    rec, _ = engine._second_moments(problem, alg, 3)
+    with pytest.raises(_agents.Unfactored):
+        _agents.factored_mse(rec, engine._etas(rec, 3), 3, rec.state.initial(None))
+    np.testing.assert_allclose(
+        _mse(problem, alg, 20, monkeypatch, factored=True),
+        _mse(problem, alg, 20, monkeypatch, factored=False),
+        rtol=1e-12,
+        atol=0,
+    )
+
+
+def test_monte_carlo_matches_the_factored_recursion_at_100_agents():
+    problem = fj.problems.garnet(jax.random.key(0), num_agents=100, heterogeneity="heterogeneous")
+    alg = fj.fedlsa(fj.schedule(fj.optim.inverse_time, eta0=0.3, k0=100.0), 10)
+    T, n = 30, 1000
+    exact = fj.theory.exact_mse(problem, alg, T)
+    res = fj.simulate(jax.random.key(11), problem, alg, T, n, record_every=5)
+    assert res.rounds[0] == 0 and res.mse_sem[0] == 0  # the start is deterministic
+    z = (res.mse_mean[1:] - exact[res.rounds[1:]]) / res.mse_sem[1:]
+    assert np.all(np.abs(z) < Z_TOL), z
+    assert exact[T] < 0.8 * exact[5]  # the curve moves over the horizon: the check has power
