@@ -349,7 +349,7 @@ def plot_sweep(
     cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
     for (value, members), panel in zip(groups.items(), axes):
         _sweep_panel(panel, members, x, values[x], label, labels, cmap, max_lines)
-        _final_mse_axes(fig, panel, x, f"{panels} = {json.loads(value)}" if panels else title, None)
+        _final_mse_axes(fig, panel, str(x), f"{panels} = {json.loads(value)}" if panels else title, None)
         if panel is not axes[0]:
             panel.set_ylabel("")
     if ax is not None:
