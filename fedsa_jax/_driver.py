@@ -163,16 +163,16 @@ def _plan(problem, algorithms: list[Algorithm], run: Run, *, num_configs: int, n
     execution = run.execution
     if execution.seed_batch_size is None:
 
-        def one_seed_carry(algorithm, key_data, seed_ids):
-            return _kernel._initial_carry(
-                key_data, seed_ids, problem, algorithm, jnp.asarray(run.theta0, problem.dtype)
-            )
-
         def carry_bytes(algorithm):
+            # one module-level function, the problem and algorithm as arguments: JAX's trace cache
+            # answers repeated calls (a closure made here would be traced anew at every call, ~70 ms)
             shapes = jax.eval_shape(
-                functools.partial(one_seed_carry, algorithm),
+                _kernel._initial_carry,
                 jax.ShapeDtypeStruct((2,), jnp.uint32),
                 jax.ShapeDtypeStruct((1,), jnp.uint32),
+                problem,
+                algorithm,
+                jnp.asarray(run.theta0, problem.dtype),
             )
             return sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
 
