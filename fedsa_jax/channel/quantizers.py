@@ -101,11 +101,23 @@ def _top_k(q, u, x):
     return jnp.where(_first_k(jnp.abs(x), q.k), x, 0.0)
 
 
+_ARGMAX_K = 4  # up to this k, k passes of argmax (elementwise, fused) beat a selection kernel on CPU
+
+
 def _first_k(score: jax.Array, k: int) -> jax.Array:
-    """Mask of the k largest entries of ``score`` along its last axis (ties: the lower index), by
-    ``lax.top_k`` (one partial selection instead of ranking every coordinate with two sorts)."""
-    chosen = jax.lax.top_k(score, k)[1]
-    return jnp.any(jnp.arange(score.shape[-1]) == chosen[..., None], axis=-2)
+    """Mask of the k largest entries of ``score`` along its last axis (ties: the lower index): k
+    passes of ``argmax`` for small k, else ``lax.top_k`` (one partial selection instead of ranking
+    every coordinate with two sorts). ``score`` is never ``-inf`` (``|x|`` or ``-u``)."""
+    position = jnp.arange(score.shape[-1])
+    if k > _ARGMAX_K:
+        chosen = jax.lax.top_k(score, k)[1]
+        return jnp.any(position == chosen[..., None], axis=-2)
+    keep = jnp.zeros(score.shape, bool)
+    for _ in range(k):
+        hit = position == jnp.argmax(score, axis=-1)[..., None]  # argmax: the first of equal maxima
+        keep = keep | hit
+        score = jnp.where(hit, -jnp.inf, score)
+    return keep
 
 
 def _scaled_sign(q, u, x):
