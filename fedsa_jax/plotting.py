@@ -312,7 +312,7 @@ def plot_sweep(
     entries = [e for e in entries if e.result is not None]
     if not entries:
         _validate.fail("entries", entries, "expected at least one finished configuration")
-    keys = list(dict.fromkeys(k for e in entries for k in e.config))
+    keys = list(dict.fromkeys(k for e in entries for k in e.config)) or ["configuration"]  # {}: one point
     values = {k: list(dict.fromkeys(_json_key(e.config.get(k)) for e in entries)) for k in keys}
     varying = [k for k in keys if len(values[k]) > 1]
     numeric = [k for k in varying if all(_is_number(e.config.get(k)) for e in entries)]

@@ -220,3 +220,24 @@ def test_sweep_console_lines_name_every_varying_value(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["step_size=0.01", "step_size=0.05"]
     assert sweep_mod.config_name(entries[0].config)[:-14] == sweep_mod.config_name(entries[1].config)[:-14]
+
+
+def test_an_empty_grid_has_its_one_point_and_console_line(capsys):
+    from types import SimpleNamespace
+
+    import matplotlib.pyplot as plt
+
+    from fedsa_jax.cli.sweep_file import _report
+    from fedsa_jax.plotting import plot_sweep
+
+    entry = SimpleNamespace(
+        config={},
+        result=SimpleNamespace(mse_mean=np.array([0.5]), mse_sem=np.array([0.0])),
+        status="ran",
+        seconds=0.1,
+    )
+    ax = plot_sweep([entry]).axes[0]
+    np.testing.assert_array_equal(ax.containers[0].lines[0].get_ydata(), [0.5])
+    plt.close("all")
+    _report([entry])
+    assert capsys.readouterr().out.startswith("configuration: final MSE 0.5")

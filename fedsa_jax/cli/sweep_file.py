@@ -243,7 +243,7 @@ def _report(entries) -> None:
 
     varying = varying_keys([e.config for e in entries]) or list(entries[0].config if entries else ())
     for e in entries:
-        label = config_label(e.config, varying)
+        label = config_label(e.config, varying) or "configuration"  # an empty grid: one configuration
         if e.result is None:
             print(f"{label}: missing")
             continue
