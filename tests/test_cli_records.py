@@ -21,6 +21,23 @@ import fedsa_jax as fj
 from fedsa_jax import cli
 
 
+def test_markov_runs_say_the_closed_form_bias_is_the_iid_one(tmp_path, capsys):
+    """Under Markov sampling the printed closed-form bias comes with a note (and in summary.json)
+    that the limit also carries a Markov bias; a generative run prints none."""
+    common = ["run", "--agents", "2", "--states", "4", "--dim", "2", "--algorithms", "fedlsa"]
+    common += ["--local-steps", "2", "--rounds", "2", "--seeds", "4", "--no-plot"]
+    assert cli.main([*common, "--sampling", "markov", "--out", str(tmp_path / "m")]) == 0
+    err = capsys.readouterr().err
+    assert "note: the closed form assumes i.i.d. observations" in err
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert "Markov bias" in summary["fedlsa_predicted_squared_bias_note"]
+    assert cli.main([*common, "--out", str(tmp_path / "g")]) == 0
+    assert "closed form assumes" not in capsys.readouterr().err
+    assert "fedlsa_predicted_squared_bias_note" not in json.loads(
+        (tmp_path / "g" / "summary.json").read_text()
+    )
+
+
 def test_squared_bias_and_exact_curve_are_reported(tmp_path, monkeypatch, capsys):
     import fedsa_jax.plotting
 
