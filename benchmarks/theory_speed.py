@@ -33,7 +33,7 @@ import numpy as np
 from _bench import write_json
 
 import fedsa_jax as fj
-from fedsa_jax.theory import _operator, engine, stationary
+from fedsa_jax.theory import _agents, _operator, stationary
 
 
 def configurations():
@@ -61,12 +61,12 @@ def many_agents(T):
 
 def full_mse(problem, alg, T):
     """The full recursion (no factored agents, no assembled operator)."""
-    saved = _operator.CURVE_RATIO, engine.FACTORED_RATIO
-    _operator.CURVE_RATIO, engine.FACTORED_RATIO = 10**9, 10**9
+    saved = _operator.CURVE_RATIO, _agents.FACTORED_RATIO
+    _operator.CURVE_RATIO, _agents.FACTORED_RATIO = 10**9, 10**9
     try:
         return fj.theory.exact_mse(problem, alg, T)
     finally:
-        _operator.CURVE_RATIO, engine.FACTORED_RATIO = saved
+        _operator.CURVE_RATIO, _agents.FACTORED_RATIO = saved
 
 
 def timed(fn):

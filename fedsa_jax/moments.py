@@ -368,20 +368,34 @@ class Aggregation(Affine):
         key = ("aggregate", reference, into, iterates, control_variates, denominator, self.m)
         super().__init__(y, self._build, key)
 
+    def coefficients(self) -> tuple[float, float, float]:
+        """``(w, own, other)`` of the mean map: ``a <- (1 - N w) ref + w sum_c loc_c`` and, with control
+        variates, ``xi_c <- xi_c + own m_c + other sum_{j != c} m_j`` (0, 0 without)."""
+        if not self.control_variates:
+            return self.w_server, 0.0, 0.0
+        y, m = self.y, self.m
+        _, w_same, w_other = _expected_weights(self.channel, y.N, m)
+        p = float(self.channel.success_prob) if m is None else _inclusion(self.channel, y.N, m, 1, 0)
+        denominator = float(self.denominator)  # pyright: ignore[reportArgumentType]
+        return self.w_server, (w_same - p) / denominator, w_other / denominator
+
     def _build(self) -> np.ndarray:
-        """``a <- ref + sum_c E[w_c] (loc_c - ref)`` and the control variates' mean step against it."""
+        """``a <- ref + sum_c E[w_c] (loc_c - ref)`` and the control variates' mean step against it:
+        ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator`` (R: ``S ∩ R``
+        with a cohort of m agents)."""
         y = self.y
+        w, own, other = self.coefficients()
         L = np.eye(y.D)
-        d, ref, into = y.d, y[self.reference], y[self.into]
+        N, d, ref, into = y.N, y.d, y[self.reference], y[self.into]
+        loc = y.indices(self.iterates)
         L[into] = 0.0
-        L[into, ref] = (1.0 - y.N * self.w_server) * np.eye(d)
-        for l in y[self.iterates]:
-            L[into, l] = self.w_server * np.eye(d)
+        L[into, ref] = (1.0 - N * w) * np.eye(d)
+        L[into, loc] = np.tile(w * np.eye(d), N)
         if self.control_variates:
-            denominator: Any = self.denominator  # given with control_variates
-            _control_variate_rows(
-                L, y[self.control_variates], y[self.iterates], ref, self.channel, y.N, denominator, self.m
-            )
+            xi = y.indices(self.control_variates)
+            coef = np.full((N, N), other) + (own - other) * np.eye(N)
+            L[np.ix_(xi, loc)] += np.kron(coef, np.eye(d))
+            L[xi, ref] -= np.tile((own + (N - 1) * other) * np.eye(d), (N, 1))
         return L
 
     def _channel_moments(self):
@@ -823,36 +837,49 @@ def agents_mean(y: Augmented, source: str = "loc", into: str = "theta") -> Affin
 
 def averaging(y: Augmented, n: int, block: str = "avg", source: str = "theta") -> Affine:
     """Polyak-Ruppert: ``block <- block + (source - block) / n`` (n iterates in the mean)."""
+    return assign(y, **{block: {block: 1.0 - 1.0 / n, source: 1.0 / n}})
 
-    def build():
+
+class Assign(Affine):
+    """Blocks set at once to linear combinations of the old values (:func:`assign`)."""
+
+    def __init__(self, y: Augmented, rows: dict):
+        self.rows = rows
+        super().__init__(y, self._build)
+
+    def entries(self) -> list[tuple[str, str, np.ndarray]]:
+        """``(target, source, matrix)``: ``target <- sum matrix @ source`` over its entries."""
+        y, out = self.y, []
+        for target, combination in self.rows.items():
+            t = y[target]
+            if isinstance(t, list):
+                _validate.fail("assign", target, "expected a block that is not per agent")
+            for source, coef in combination.items():
+                s = y[source]
+                if isinstance(s, list):
+                    _validate.fail("assign", source, "expected a block that is not per agent")
+                if np.ndim(coef) == 0 and source != "one":
+                    coef = coef * np.eye(t.stop - t.start, s.stop - s.start)
+                out.append((target, source, np.reshape(coef, (t.stop - t.start, s.stop - s.start))))
+        return out
+
+    def _build(self) -> np.ndarray:
+        y = self.y
         L = np.eye(y.D)
-        v = y[block]
-        L[v, v] = (1.0 - 1.0 / n) * np.eye(y.d)
-        L[v, y[source]] = np.eye(y.d) / n
+        for target in self.rows:
+            L[y[target]] = 0.0
+        for target, source, M in self.entries():
+            L[y[target], y[source]] += M
         return L
-
-    return Affine(y, build)
 
 
 def assign(y: Augmented, **rows) -> Affine:
     """Blocks set at once to linear combinations of the old values: ``assign(y, theta={"theta": 1 - b,
     "mean": b})`` is ``theta <- (1 - b) theta + b mean``. A coefficient is a number (times the
     identity; blocks of equal size) or a matrix; ``"one"`` with a vector adds a constant (error
-    coordinates: a constant shift of an iterate). Unnamed blocks are unchanged."""
-
-    def build():
-        L = np.eye(y.D)
-        for target, combination in rows.items():
-            t = y[target]
-            L[t] = 0.0
-            for source, coef in combination.items():
-                s = y[source]
-                if np.ndim(coef) == 0 and source != "one":
-                    coef = coef * np.eye(t.stop - t.start, s.stop - s.start)
-                L[t, s] += np.reshape(coef, (t.stop - t.start, s.stop - s.start))
-        return L
-
-    return Affine(y, build)
+    coordinates: a constant shift of an iterate). Unnamed blocks are unchanged; per-agent blocks
+    are neither read nor written."""
+    return Assign(y, rows)
 
 
 # -- descriptions ------------------------------------------------------------------------------
@@ -978,20 +1005,6 @@ def _expected_weights(channel, N: int, m: int | None = None) -> tuple[float, flo
     same = p * _binomial_inverse_mean(N - 1, p, 1)
     other = p * p * _binomial_inverse_mean(N - 2, p, 2) if N > 1 else 0.0
     return _server_weight(channel, N), same, other
-
-
-def _control_variate_rows(L, xi, loc, ref, channel, N: int, denominator: float, m: int | None = None) -> None:
-    """Adds to ``L`` the mean control-variate step on the messages ``m_j = Y[loc_j] - Y[ref]``:
-    ``xi_c <- xi_c + (sum_j E[1{c,j in R}/|R|] m_j - E[1{c in R}] m_c) / denominator`` (R: ``S ∩ R``
-    with a cohort of m agents)."""
-    _, w_same, w_other = _expected_weights(channel, N, m)
-    p = float(channel.success_prob) if m is None else _inclusion(channel, N, m, 1, 0)
-    I = np.eye(xi[0].stop - xi[0].start)
-    for c in range(N):
-        for j in range(N):
-            coef = (w_same - p if j == c else w_other) / denominator
-            L[xi[c], loc[j]] += coef * I
-            L[xi[c], ref] -= coef * I
 
 
 def _affine_optimizer(server_optimizer, d: int, error0: np.ndarray):

@@ -91,12 +91,20 @@ FACTORED = {
     "cohort": lambda eta: fj.fedlsa(eta, 2, clients_per_round=2, success_prob=0.7),
     "momentum": lambda eta: fj.fedlsa(eta, 2, server_optimizer=optax.sgd(0.5, momentum=0.3)),
     "qfedtd": lambda eta: fj.qfedtd(eta, quantizer=fj.channel.rand_k(2), success_prob=0.7),
+    # control variates: carried per agent, read across agents through the aggregate
+    "scafflsa": lambda eta: fj.scafflsa(eta, 3),
+    "scafflsa_schedule": lambda eta: fj.scafflsa(fj.schedule(fj.optim.inverse_time, eta0=eta, k0=10.0), 3),
+    "scafflsa_averaged": lambda eta: fj.averaged(fj.scafflsa(eta, 2), burn_in=5),
+    "scafflsa_momentum": lambda eta: fj.scafflsa(eta, 2, server_optimizer=optax.sgd(0.5, momentum=0.3)),
+    # a coin, and the agents' own iterates carried
+    "scaffnew": lambda eta: fj.scaffnew(eta, 0.4, 2),
+    "scaffnew_momentum": lambda eta: fj.scaffnew(eta, 0.5, 3, server_optimizer=optax.sgd(0.5, momentum=0.3)),
 }
 
 
 def _mse(problem, alg, T, monkeypatch, factored, assembled=False, theta0=None):
     with monkeypatch.context() as m:
-        m.setattr(engine, "FACTORED_RATIO", 0 if factored else 10**9)
+        m.setattr(_agents, "FACTORED_RATIO", 0 if factored else 10**9)
         if not assembled:
             m.setattr(_operator, "CURVE_RATIO", 10**9)
         return fj.theory.exact_mse(problem, alg, T, theta0)
@@ -117,6 +125,58 @@ def test_factored_recursion_equals_the_full_moment(problems, family, name, monke
     np.testing.assert_allclose(factored, full, rtol=1e-10, atol=0)
 
 
+AGGREGATIONS = {
+    "exact": (fj.channel.channel(), None),
+    "erasures_received": (fj.channel.channel(success_prob=0.6, aggregation="divide_by_received"), None),
+    "cohort": (fj.channel.channel(success_prob=0.7), 2),
+}
+
+
+@pytest.mark.parametrize("control_variates", [False, True])
+@pytest.mark.parametrize("name", list(AGGREGATIONS))
+def test_aggregations_and_assignments_are_read_from_their_coefficients(problems, name, control_variates):
+    """The blocks the factored recursion reads from an aggregation's or an assignment's coefficients
+    are those of their D x D maps."""
+    problem, _ = problems["gaussian"]
+    channel, m = AGGREGATIONS[name]
+    d = problem.dim
+    y = fj.theory.Augmented(problem)
+    y.add("xi", per_agent=True, zero_sum=True)
+    y.add("loc", per_agent=True)
+    y.add("avg")
+    cv = {"control_variates": "xi", "denominator": 0.7} if control_variates else {}
+    rec = fj.theory.Recursion(y, lambda t, etas: [], 0.1)
+    layout = _agents._Layout(rec)
+    phases = [
+        fj.theory.aggregate(y, channel, clients_per_round=m, **cv),
+        fj.theory.averaging(y, 7, "avg"),
+        fj.theory.assign(y, theta={"theta": 0.5, "avg": np.ones((d, d)), "one": np.arange(d)}),
+    ]
+    for phase in phases:
+        fast = _agents._info(layout, phase, {})
+        dense = _agents._analyse(layout, phase.mean())
+        assert fast.keys() == dense.keys()
+        for key in fast:
+            np.testing.assert_allclose(fast[key], dense[key], rtol=1e-13, atol=1e-15, err_msg=key)
+    assert fast["globals_only"] and not _agents._info(layout, phases[0], {})["globals_only"]
+
+
+@pytest.mark.parametrize("name", ["scafflsa", "scafflsa_momentum", "scaffnew", "qfedtd"])
+def test_stationary_values_from_factored_rounds(problems, name, monkeypatch):
+    """GMRES on factored rounds (control variates and a coin included) solves the same system."""
+    problem, eta = problems["td"]
+    alg = FACTORED[name](eta)
+    values, calls = [], []
+    build = _agents.factored_round
+    monkeypatch.setattr(_operator, "factored_round", lambda rec: calls.append(1) or build(rec))
+    for ratio in (0, 10**9):
+        with monkeypatch.context() as m:
+            m.setattr(_agents, "FACTORED_RATIO", ratio)
+            values.append(fj.theory.stationary_mse(problem, alg))
+        assert len(calls) == 1  # the first on factored rounds, the second not
+    np.testing.assert_allclose(values[0], values[1], rtol=1e-10)
+
+
 def test_the_assembled_operator_from_factored_rounds(problems, monkeypatch):
     problem, eta = problems["td"]
     alg = fj.fedlsa(eta, 3, quantizer=fj.channel.rand_k(2), success_prob=0.6)
@@ -131,11 +191,11 @@ def test_the_assembled_operator_from_factored_rounds(problems, monkeypatch):
 @pytest.mark.parametrize(
     "alg",
     [
-        fj.scafflsa(0.1, 2),  # control variates: agent rows read the other agents
-        fj.scaffnew(0.1, 0.4, 2),  # a coin
-        fj.fedlsa(0.1, 2, quantizer=fj.channel.rand_k(2), error_feedback="ef21"),  # a memory per agent
+        fj.scafflsa(0.1, 2, clients_per_round=2),  # control variates on random cohort weights
+        fj.scaffnew(0.1, 0.4, 2, downlink=fj.channel.channel(fj.channel.rand_k(1))),  # a compressed downlink
+        fj.fedlsa(0.1, 2, quantizer=fj.channel.rand_k(2), error_feedback="ef21"),  # error feedback
     ],
-    ids=["scafflsa", "scaffnew", "ef21"],
+    ids=["scafflsa_cohort", "scaffnew_downlink", "ef21"],
 )
 def test_rounds_the_factored_form_does_not_cover_fall_back_to_the_full_moment(problems, alg, monkeypatch):
     problem, _ = problems["gaussian"]
@@ -150,9 +210,10 @@ def test_rounds_the_factored_form_does_not_cover_fall_back_to_the_full_moment(pr
     )
 
 
-def test_monte_carlo_matches_the_factored_recursion_at_100_agents():
+@pytest.mark.parametrize("make", [fj.fedlsa, fj.scafflsa], ids=["fedlsa", "scafflsa"])
+def test_monte_carlo_matches_the_factored_recursion_at_100_agents(make):
     problem = fj.problems.garnet(jax.random.key(0), num_agents=100, heterogeneity="heterogeneous")
-    alg = fj.fedlsa(fj.schedule(fj.optim.inverse_time, eta0=0.3, k0=100.0), 10)
+    alg = make(fj.schedule(fj.optim.inverse_time, eta0=0.3, k0=100.0), 10)
     T, n = 30, 1000
     exact = fj.theory.exact_mse(problem, alg, T)
     res = fj.simulate(jax.random.key(11), problem, alg, T, n, record_every=5)

@@ -72,15 +72,15 @@ class Operator:
         self.n = len(self.iu[0])
         y = self.rec.state
         self.scored = np.arange(y.D)[y[self.rec.scored(1)]]
-        self.space = y.D  # the moment the rounds act on: D x D, or g x g on the globals
+        self.space = y.D  # the moment the rounds act on: D x D, or that of the factored coordinates
         self.advance = second_moment_round(self.rec)
         if self.factored:
-            g, self.advance = factored_round(self.rec)
+            z, self.advance = factored_round(self.rec)
             position = np.full(y.D, -1)
-            position[g] = np.arange(len(g))
-            self.keep, self.scored, self.space = position[self.keep], position[self.scored], len(g)
+            position[z] = np.arange(len(z))
+            self.keep, self.scored, self.space = position[self.keep], position[self.scored], len(z)
             if np.any(self.keep < 0) or np.any(self.scored < 0):
-                raise Unfactored("an agent's block persists or is reported")
+                raise Unfactored("a block that is not carried persists or is reported")
         self.base, self.base_trace = self._apply(np.zeros((self.k, self.k)))  # G(0)
         self.scale = max(float(np.max(np.abs(self.base))), 1.0)
         E00 = np.zeros((self.k, self.k))

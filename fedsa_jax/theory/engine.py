@@ -15,7 +15,7 @@ import numpy as np
 from fedsa_jax import _validate, algorithms, optim
 from fedsa_jax.moments import Combination, Recursion, recursion_of
 from fedsa_jax.theory import markov
-from fedsa_jax.theory._agents import Unfactored, factored_mse
+from fedsa_jax.theory._agents import Unfactored, factored_mse, factored_pays
 from fedsa_jax.theory._operator import constant_round_mse
 from fedsa_jax.theory._rounds import (
     _cached_conjugate,
@@ -27,8 +27,6 @@ from fedsa_jax.theory._rounds import (
 )
 
 __all__ = ["exact_mean", "exact_mse", "lsa_step_size_bound", "mean_spectral_radius", "stable_step_size"]
-
-FACTORED_RATIO = 4  # the factored recursion runs when the agents' coordinates are this many times the rest
 
 
 def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
@@ -108,7 +106,7 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
       schedule, server optimizer or average): the agents' iterates are independent given the
       server's state within a round, so their blocks are carried in factored form
       (:mod:`fedsa_jax.theory._agents`), O(N d^2 g) per local step with g the global coordinates;
-      used when the agents' coordinates are at least ``FACTORED_RATIO`` times the others;
+      used when the agents' coordinates are at least ``_agents.FACTORED_RATIO`` times the others;
     * a constant round over a long horizon (at least ``CURVE_RATIO`` times the n unknowns of the
       second moment of the persistent coordinates): the round's affine operator is assembled from n
       rounds and applied as one ``n x n`` product a round (:mod:`fedsa_jax.theory._operator`).
@@ -127,7 +125,7 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     rec, moments = _second_moments(problem, algorithm, num_rounds, theta0)
     y = rec.state
     iid = not markov.is_markov(problem)  # the shortcuts are for i.i.d. observations
-    factored = iid and _factored_pays(rec)  # many agents: blocks factored (independent given the server)
+    factored = iid and factored_pays(rec)  # many agents: blocks factored (independent given the server)
     if iid and optim.is_constant(rec.step_size):  # a long horizon: the assembled operator, if cheaper
         fast = constant_round_mse(rec, _etas(rec, num_rounds), num_rounds, y.initial(theta0), factored)
         if fast is not None:
@@ -139,14 +137,6 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
             pass
     # error coordinates: no cancellation
     return np.asarray([np.trace(S[y[rec.scored(t)], y[rec.scored(t)]]) for t, S in enumerate(moments)])
-
-
-def _factored_pays(rec) -> bool:
-    """Whether the agents' coordinates outweigh the global ones enough for the factored recursion
-    (:mod:`fedsa_jax.theory._agents`): ``N p >= FACTORED_RATIO g``."""
-    y = rec.state
-    agents = sum(len(y.indices(name)) for name in y.per_agent)
-    return agents > 0 and agents >= FACTORED_RATIO * (y.D - agents)
 
 
 def _second_moments(problem, algorithm, num_rounds: int, theta0=None):

@@ -41,13 +41,16 @@ import numpy as np
 from fedsa_jax import _validate, optim
 from fedsa_jax.moments import Combination, Recursion, recursion_of
 from fedsa_jax.theory import markov
+from fedsa_jax.theory._agents import Unfactored, factored_pays
 from fedsa_jax.theory._operator import Operator, gmres, persistent_basis
 from fedsa_jax.theory._rounds import _cached_conjugate, _phases, _recursion, round_map
 
 __all__ = ["MAX_STATIONARY_UNKNOWNS", "mean_square_spectral_radius", "stationary_mean", "stationary_mse"]
 
-# entries of the stationary second moment solved for (GMRES: O(200 n) memory)
-MAX_STATIONARY_UNKNOWNS = 50_000
+# entries of the stationary second moment solved for (GMRES: at most 201 vectors of n, 650 MB at the
+# limit, written only as the iterations need them: SCAFFLSA at N = 100, d = 8 has 321,200 unknowns
+# and needs about 45)
+MAX_STATIONARY_UNKNOWNS = 400_000
 # entries of an assembled operator (mean_square_spectral_radius: dense eigenvalues, O(n^3))
 MAX_ASSEMBLED_UNKNOWNS = 5000
 DENSE_UNKNOWNS = 100  # up to this many unknowns stationary_mse assembles the operator (n rounds)
@@ -243,6 +246,11 @@ def _operator(st: _Stationary, name, which: str) -> Operator:
             f"its stationary second moment has {n - 1} unknowns ({k} persistent coordinates of the "
             f"{y.D} of its exact recursion, N={y.N}, d={y.d}) > {which} = {limit}",
         )
+    if st.law is None and factored_pays(st.rec):  # many agents: rounds on their factored blocks
+        try:
+            return Operator(st.rec, st.etas, st.keep, st.P, factored=True)
+        except Unfactored:
+            pass
     return Operator(st.rec, st.etas, st.keep, st.P)
 
 
