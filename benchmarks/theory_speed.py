@@ -1,8 +1,9 @@
 """Speed of the exact theory on the papers' configurations: long exact_mse curves and stationary_mse.
 
 * ``exact_mse`` over T rounds (default 3000) with a constant step: the automatic path (the assembled
-  operator of the persistent coordinates where it is cheaper, else round by round) against the
-  round-by-round recursion, with their largest relative difference.
+  operator of the persistent coordinates where it is cheaper, else round by round, on the factored
+  agents' blocks where they outnumber the globals) against the full recursion (every round on the
+  whole augmented state), with their largest relative difference.
 * ``stationary_mse``: GMRES with one round per product (and its stability certificate) against the
   former dense path (the operator assembled with one round per unknown, its eigenvalues for the
   stability check, a dense solve), with their relative difference.
@@ -13,10 +14,11 @@ homogeneous and heterogeneous, FedLSA and SCAFFLSA; the QFedTD paper's MDP (Dal 
 Pappas, L-CSS 2023; 20 states, d=10, gamma=0.5, alpha=0.6) with N=40 agents, generative sampling
 and an exact-theory channel (rand-2 of 10 coordinates, success probability 0.6).
 
-* ``exact_mse`` at N=100 (the SCAFFLSA paper's heterogeneous Garnet): FedLSA with the constant
-  step, the decreasing step ``0.5 / (1 + k / 800)`` and Polyak-Ruppert averaging (burn-in T/10),
-  the automatic path (the factored recursion; the assembled operator for the constant step)
-  against the full recursion timed over ``--full-rounds`` rounds and scaled to T.
+* ``exact_mse`` at N=100 (the SCAFFLSA paper's heterogeneous Garnet): FedLSA and SCAFFLSA with the
+  constant step, the decreasing step ``0.5 / (1 + k / 800)`` and Polyak-Ruppert averaging (burn-in
+  T/10), the automatic path (the factored recursion; for FedLSA's constant step the assembled
+  operator) against the full recursion timed over ``--full-rounds`` rounds and scaled to T;
+  Scaffnew (p = 0.2) per round; ``stationary_mse`` of FedLSA and SCAFFLSA (GMRES on factored rounds).
 
     python benchmarks/theory_speed.py [--rounds 3000] [--skip-dense] [--full-rounds 20] [--json out.json]
 
@@ -52,11 +54,20 @@ def many_agents(T):
     """``name -> (problem, algorithm)`` at N=100 (the factored recursion)."""
     P = fj.problems.garnet(jax.random.key(0), num_agents=100, heterogeneity="heterogeneous")
     decreasing = fj.schedule(fj.optim.inverse_time, eta0=0.5, k0=800.0)
-    return {
-        "garnet_heterogeneous_N100_fedlsa_constant": (P, fj.fedlsa(0.1, 10)),
-        "garnet_heterogeneous_N100_fedlsa_decreasing": (P, fj.fedlsa(decreasing, 10)),
-        "garnet_heterogeneous_N100_fedlsa_averaged": (P, fj.averaged(fj.fedlsa(0.1, 10), burn_in=T // 10)),
-    }
+    out = {}
+    for make in (fj.fedlsa, fj.scafflsa):
+        name = f"garnet_heterogeneous_N100_{make.__name__}"
+        out[f"{name}_constant"] = (P, make(0.1, 10))
+        out[f"{name}_decreasing"] = (P, make(decreasing, 10))
+        out[f"{name}_averaged"] = (P, fj.averaged(make(0.1, 10), burn_in=T // 10))
+    return out
+
+
+def scaffnew_many_agents():
+    """Scaffnew at N=100 (p = 0.2, H = 10): every local step ends on a coin, and the agents' own
+    iterates persist: the factored recursion timed over a few rounds."""
+    P = fj.problems.garnet(jax.random.key(0), num_agents=100, heterogeneity="heterogeneous")
+    return P, fj.scaffnew(0.1, 0.2, 10)
 
 
 def full_mse(problem, alg, T):
@@ -73,15 +84,6 @@ def timed(fn):
     t = time.perf_counter()
     value = fn()
     return value, time.perf_counter() - t
-
-
-def round_by_round_mse(problem, alg, T):
-    ratio = _operator.CURVE_RATIO
-    _operator.CURVE_RATIO = 10**9  # never the assembled operator
-    try:
-        return fj.theory.exact_mse(problem, alg, T)
-    finally:
-        _operator.CURVE_RATIO = ratio
 
 
 def dense_stationary_mse(problem, alg):
@@ -113,17 +115,37 @@ def main(argv=None):
         row = {"auto_s": t_fast, "full_s_per_round": t_full / F, "full_s_scaled": t_full * T / F, "rel": rel}
         report["many_agents"][name] = row
         print(
-            f"exact_mse T={T} {name:44s} auto {t_fast:8.2f} s  full {t_full / F:.3f} s a round "
+            f"exact_mse T={T} {name:46s} auto {t_fast:8.2f} s  full {t_full / F:.3f} s a round "
             f"(x{t_full * T / F / t_fast:6.1f} at T)  rel diff {rel:.1e} over {F} rounds",
             flush=True,
         )
+    problem, alg = scaffnew_many_agents()
+    fast, t_fast = timed(lambda: fj.theory.exact_mse(problem, alg, F))
+    full, t_full = timed(lambda: full_mse(problem, alg, F))
+    rel = float(np.max(np.abs(fast - full)) / np.max(np.abs(full)))
+    report["many_agents"]["garnet_heterogeneous_N100_scaffnew"] = {
+        "factored_s_per_round": t_fast / F,
+        "full_s_per_round": t_full / F,
+        "rel": rel,
+    }
+    print(
+        f"exact_mse {F} rounds garnet_heterogeneous_N100_scaffnew: factored {t_fast / F:.3f} s a round, "
+        f"full {t_full / F:.3f} s a round, rel diff {rel:.1e}",
+        flush=True,
+    )
+    problem = fj.problems.garnet(jax.random.key(0), num_agents=100, heterogeneity="heterogeneous")
+    for make in (fj.fedlsa, fj.scafflsa):
+        value, t_new = timed(lambda: fj.theory.stationary_mse(problem, make(0.1, 10)))
+        name = f"garnet_heterogeneous_N100_{make.__name__}"
+        report["stationary_mse"][name] = {"s": t_new, "value": value}
+        print(f"stationary_mse {name}: {value:.6g} in {t_new:.2f} s", flush=True)
     for name, (problem, alg) in configurations().items():
         fast, t_fast = timed(lambda: fj.theory.exact_mse(problem, alg, T))
-        slow, t_slow = timed(lambda: round_by_round_mse(problem, alg, T))
+        slow, t_slow = timed(lambda: full_mse(problem, alg, T))
         rel = float(np.max(np.abs(fast - slow) / np.abs(slow)))
-        report["exact_mse"][name] = {"auto_s": t_fast, "round_by_round_s": t_slow, "max_rel_diff": rel}
+        report["exact_mse"][name] = {"auto_s": t_fast, "full_s": t_slow, "max_rel_diff": rel}
         print(
-            f"exact_mse T={T} {name:38s} auto {t_fast:8.2f} s  round by round {t_slow:8.2f} s  "
+            f"exact_mse T={T} {name:38s} auto {t_fast:8.2f} s  full {t_slow:8.2f} s  "
             f"x{t_slow / t_fast:6.1f}  rel diff {rel:.1e}",
             flush=True,
         )

@@ -13,7 +13,7 @@ import pytest
 from conftest import Z_TOL
 
 import fedsa_jax as fj
-from fedsa_jax.theory import _agents, _operator, engine
+from fedsa_jax.theory import _agents, _operator, _rounds, engine
 
 T = 600
 
@@ -123,6 +123,30 @@ def test_factored_recursion_equals_the_full_moment(problems, family, name, monke
     factored = _mse(problem, alg, 40, monkeypatch, factored=True, theta0=theta0)
     assert calls  # the factored recursion ran (and raised nothing)
     np.testing.assert_allclose(factored, full, rtol=1e-10, atol=0)
+
+
+def test_a_coin_on_the_globals_after_a_snapshot(problems):
+    """A coin whose phase moves only the globals, taken when the moment is a snapshot: both branches
+    keep their own moment (the full recursion's values)."""
+    problem, eta = problems["gaussian"]
+    y = fj.theory.Augmented(problem)
+    y.add("loc", per_agent=True)
+    y.add("memory", per_agent=True, carried=True)  # carried, read by nothing: in the snapshot
+    shrink = fj.theory.coin(0.4, fj.theory.assign(y, theta={"theta": 0.5}))
+
+    def round(t, etas):
+        steps = [fj.theory.local_step(y, float(e)) for e in etas]
+        return [fj.theory.broadcast(y), *steps, fj.theory.aggregate(y, fj.channel.channel()), shrink]
+
+    rec = fj.theory.Recursion(y, round, eta, 2)
+    etas, m0 = np.full((8, 2), eta), y.initial(np.linspace(-1.0, 1.0, problem.dim))
+    factored = _agents.factored_mse(rec, etas, 8, m0)
+    advance, S, theta = _rounds.second_moment_round(rec), np.outer(m0, m0), y["theta"]
+    full = [np.trace(S[theta, theta])]
+    for t in range(8):
+        S = advance(S, t, etas[t])
+        full.append(np.trace(S[theta, theta]))
+    np.testing.assert_allclose(factored, full, rtol=1e-12)
 
 
 AGGREGATIONS = {

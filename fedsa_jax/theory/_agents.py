@@ -244,11 +244,10 @@ def _snapshot(layout: _Layout, state: _Factored, info: dict, noise=None) -> None
     N, g, q = layout.N, len(layout.g), layout.q
     GG, GA, C = info["GG"], info["GA"], info["C"]
     if info["globals_only"] and noise is None and _is_snapshot(layout, state):  # x stays: O(g n)
-        out = S.copy()
-        out[:g] = GG @ S[:g]
-        out[:, :g] = out[:, :g] @ GG.T
-        out[g:, :g] = out[:g, g:].T
-        state.set_moment(out, layout)
+        S[:g] = GG @ S[:g]  # in place: a state owns its moment
+        S[:, :g] = S[:, :g] @ GG.T
+        S[:g, :g] = 0.5 * (S[:g, :g] + S[:g, :g].T)
+        state.set_moment(S, layout)
         return
     A = GG + np.einsum("cgp,cph->gh", GA, F)
     B = GA @ E  # (N, g, q)
@@ -281,7 +280,7 @@ def _snapshot(layout: _Layout, state: _Factored, info: dict, noise=None) -> None
         idx = np.arange(N)
         blocks[idx, :, idx, :] += own
         out[g:, :g], out[:g, g:] = XG, XG.T
-    out += out.T
+    out += out.T  # the symmetric part, as the full recursion: rounding's antisymmetric part can grow
     out *= 0.5
     state.set_moment(out, layout)
 
@@ -353,7 +352,10 @@ def _phase(layout: _Layout, state: _Factored, phase, analysed: dict) -> None:
         return
     if isinstance(phase, Coin):  # both branches as snapshots, mixed
         other = copy.copy(state)
-        _snapshot(layout, other, layout.flush)
+        if _is_snapshot(layout, state):
+            other.S = state.S.copy()  # the branches' moments apart (a snapshot may write in place)
+        else:
+            _snapshot(layout, other, layout.flush)
         _phase(layout, state, phase.phase, analysed)
         if not _is_snapshot(layout, state):
             _snapshot(layout, state, layout.flush)

@@ -102,11 +102,14 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     ``MAX_AUGMENTED_DIM``); memory O(D^2). With i.i.d. observations two shortcuts give the same
     values (to rounding):
 
-    * many agents whose blocks are overwritten every round (no control variates; any channel, cohort,
-      schedule, server optimizer or average): the agents' iterates are independent given the
-      server's state within a round, so their blocks are carried in factored form
-      (:mod:`fedsa_jax.theory._agents`), O(N d^2 g) per local step with g the global coordinates;
-      used when the agents' coordinates are at least ``_agents.FACTORED_RATIO`` times the others;
+    * many agents: within a round the agents' local iterates are independent given the state at
+      its start, so their blocks are carried in factored form (:mod:`fedsa_jax.theory._agents`),
+      O(N d^2 (g + q)) per local step with g the global coordinates and q an agent's persistent
+      ones (control variates, its own iterate); only the joint moment of the globals and the
+      persistent blocks is kept, O(N^2 q^2 (q + g)) per aggregation. Covers any channel, cohort,
+      schedule, server optimizer or average without control variates, and control variates
+      (SCAFFLSA, Scaffnew's coin) with an exact channel; used when the agents' coordinates are at
+      least ``_agents.FACTORED_RATIO`` times the others;
     * a constant round over a long horizon (at least ``CURVE_RATIO`` times the n unknowns of the
       second moment of the persistent coordinates): the round's affine operator is assembled from n
       rounds and applied as one ``n x n`` product a round (:mod:`fedsa_jax.theory._operator`).
