@@ -172,21 +172,7 @@ class Augmented:
             for name, size, per_agent, _ in self._specs:
                 blocks += [(f"{name}{c}", size) for c in range(self.N)] if per_agent else [(name, size)]
             D = sum(n for _, n in blocks)
-            if D > MAX_AUGMENTED_DIM:
-                kinds: dict[str, list[int]] = {}  # a block per agent is counted, not listed: N may be large
-                for b, n in blocks:
-                    kinds.setdefault(b.rstrip("0123456789"), []).append(n)
-                sizes = " + ".join(
-                    f"{len(ns)} x {ns[0]} ({b})" if len(ns) > 1 else f"{ns[0]} ({b})"
-                    for b, ns in kinds.items()
-                    if ns[0]
-                )
-                _validate.fail(
-                    "problem",
-                    f"N={self.N}, d={self.d}",
-                    f"the exact recursion's state for {self.name} has {D} coordinates ({sizes}) > "
-                    f"MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}",
-                )
+            self._blocks = blocks
             starts = np.cumsum([0] + [n for _, n in blocks])
             flat = {b: slice(int(s), int(s) + n) for (b, n), s in zip(blocks, starts)}
             self._slices = {
@@ -202,6 +188,28 @@ class Augmented:
         self._layout()
         return self._D
 
+    @property
+    def dense(self) -> bool:
+        """Whether maps and moments over the whole of Y are allowed (``D <= MAX_AUGMENTED_DIM``)."""
+        return self.D <= MAX_AUGMENTED_DIM
+
+    def require_dense(self, why: str = "") -> None:
+        """Refuses a state of more than ``MAX_AUGMENTED_DIM`` coordinates (a map or a second moment
+        over the whole of Y is D x D), naming its blocks' sizes (and ``why`` no shortcut applied)."""
+        if self.dense:
+            return
+        kinds: dict[str, list[int]] = {}  # a block per agent is counted, not listed: N may be large
+        for b, n in self._blocks:
+            kinds.setdefault(b.rstrip("0123456789"), []).append(n)
+        parts = [f"{len(ns)} x {ns[0]} ({b})" if len(ns) > 1 else f"{ns[0]} ({b})" for b, ns in kinds.items()]
+        sizes = " + ".join(part for part, ns in zip(parts, kinds.values()) if ns[0])
+        _validate.fail(
+            "problem",
+            f"N={self.N}, d={self.d}",
+            f"the exact recursion's state for {self.name} has {self.D} coordinates ({sizes}) > "
+            f"MAX_AUGMENTED_DIM = {MAX_AUGMENTED_DIM}" + (f" ({why})" if why else ""),
+        )
+
     def __getitem__(self, name: str):
         """A block's slice of Y (a list of N slices for a per-agent block)."""
         return self._layout()[name]
@@ -211,7 +219,8 @@ class Augmented:
 
         def build():
             parts = self[name] if isinstance(self[name], list) else [self[name]]
-            return np.concatenate([np.arange(self.D)[sl] for sl in parts])
+            every = np.arange(self.D)
+            return np.concatenate([every[sl] for sl in parts])
 
         return self.memo(("indices", name), build)
 
@@ -264,6 +273,7 @@ class Affine:
         self.y, self.build, self.key, self._L = y, build, key, None
 
     def mean(self) -> np.ndarray:
+        self.y.require_dense()
         if self.key is not None:
             return self.y.cached(self.key, self.build)
         if self._L is None:
@@ -288,6 +298,7 @@ class LocalStep:
     def mean(self) -> np.ndarray:
         """``e_c <- (I - eta A_c) e_c - eta rho_c (+ eta xi_c)`` (error coordinates)."""
         y, eta = self.y, self.eta
+        y.require_dense()
 
         def build():
             L = np.eye(y.D)
@@ -681,17 +692,25 @@ class Chain:
 # -- the blocks --------------------------------------------------------------------------------
 
 
-def broadcast(y: Augmented, source: str = "theta", into: str = "loc") -> Affine:
-    """Every agent starts from the server's iterate: ``into_c <- source`` (``run_agents``)."""
+class Broadcast(Affine):
+    """Every agent's block ``into`` set to the global block ``source`` (:func:`broadcast`)."""
 
-    def build():
+    def __init__(self, y: Augmented, source: str, into: str):
+        self.source, self.into = source, into
+        super().__init__(y, self._build, ("broadcast", source, into))
+
+    def _build(self) -> np.ndarray:
+        y = self.y
         L = np.eye(y.D)
-        for l in y[into]:
+        for l in y[self.into]:
             L[l, l] = 0.0
-            L[l, y[source]] = np.eye(y.d)
+            L[l, y[self.source]] = np.eye(y.d)
         return L
 
-    return Affine(y, build, ("broadcast", source, into))
+
+def broadcast(y: Augmented, source: str = "theta", into: str = "loc") -> Affine:
+    """Every agent starts from the server's iterate: ``into_c <- source`` (``run_agents``)."""
+    return Broadcast(y, source, into)
 
 
 def local_step(y: Augmented, eta: float, iterates: str = "loc", controls: str | None = None) -> LocalStep:
@@ -770,23 +789,15 @@ def server_step(y: Augmented, server_optimizer, reference: str = "theta"):
     M, c, _, n_s = _affine_optimizer(server_optimizer, d, np.zeros(d))
     y.add("s", n_s, initial=lambda e0: _affine_optimizer(server_optimizer, d, e0)[2], carried=True)
     y.add("agg")
-
-    def build():
-        I = np.eye(d)
-        Mg, Ms, Mp = M[:, :d], M[:, d : d + n_s], M[:, d + n_s :]
-        L = np.eye(y.D)
-        ref, s, agg = y[reference], y["s"], y["agg"]
-        out = np.zeros((d + n_s, y.D))  # rows of [u; s']
-        out[:, ref] = Mg + Mp
-        out[:, agg] = -Mg
-        out[:, s] = Ms
-        out[:, 0] = c + Mp @ y.theta_star
-        L[ref] = out[:d]
-        L[ref, ref] += I
-        L[s] = out[d:]
-        return L
-
-    return "agg", Affine(y, build, ("optimizer", reference))
+    Mg, Ms, Mp = M[:, :d], M[:, d : d + n_s], M[:, d + n_s :]
+    shift = c + Mp @ y.theta_star  # the constant in error coordinates
+    rows = {}  # [u; s'] = (Mg + Mp) ref - Mg agg + Ms s + shift; reference <- reference + u
+    for block, part, plus in ((reference, slice(0, d), np.eye(d)), ("s", slice(d, d + n_s), 0.0)):
+        if part.stop > part.start:
+            rows[block] = {reference: plus + (Mg + Mp)[part], "agg": -Mg[part], "one": shift[part]}
+            if n_s:
+                rows[block]["s"] = Ms[part]
+    return "agg", assign(y, **rows)
 
 
 def downlink_blocks(y: Augmented, channel, hat: str = "hat") -> None:

@@ -210,8 +210,9 @@ def test_the_command_line_writes_no_result_through_a_link(tmp_path, victim):
 
 
 def test_exact_mse_names_the_sizes_of_a_state_too_large_before_building_it():
-    """N = 2000 agents, d = 2: SCAFFLSA's exact state has 8003 coordinates (a 512 MB covariance)."""
-    problem = fj.problems.random_gaussian_lsa(jax.random.key(0), num_agents=2000, dim=2)
+    """N = 5000 agents, d = 2: SCAFFLSA's exact state has 20003 coordinates (a 3.2 GB covariance), and
+    its factored form 10003 (the server's 3 and every agent's control variate: 800 MB)."""
+    problem = fj.problems.random_gaussian_lsa(jax.random.key(0), num_agents=5000, dim=2)
     tracemalloc.start()
     try:
         with pytest.raises(ValueError) as err:
@@ -221,11 +222,11 @@ def test_exact_mse_names_the_sizes_of_a_state_too_large_before_building_it():
         tracemalloc.stop()
     message = str(err.value)
     assert len(message) < 500, message[:1000]
-    assert "problem='N=2000, d=2' is invalid" in message and "8003 coordinates" in message
-    assert (
-        "2000 x 2 (xi)" in message and "2000 x 2 (loc)" in message and "MAX_AUGMENTED_DIM = 2000" in message
-    )
-    assert peak < 64e6, peak  # refused before building anything: one 8003 x 8003 float64 matrix is 512 MB
+    assert "problem='N=5000, d=2' is invalid" in message and "20003 coordinates" in message
+    assert "5000 x 2 (xi)" in message and "5000 x 2 (loc)" in message
+    assert "MAX_AUGMENTED_DIM = 2000" in message
+    assert "10003 factored coordinates > MAX_FACTORED_DIM = 8100" in message
+    assert peak < 64e6, peak  # refused before building anything
 
 
 names = st.from_regex(r"[a-z_][a-z0-9_]{0,30}(\[[0-9]{1,4}\])?", fullmatch=True)

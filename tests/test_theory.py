@@ -161,12 +161,16 @@ def test_theory_errors(tiny_td, het_gaussian):
         fj.theory.exact_mse(het_gaussian, fj.fedlsa(0.1, 2, quantizer=fj.channel.qsgd(4)), 3)
     with pytest.raises(ValueError, match="SCAFFLSA with an exact channel"):
         fj.theory.exact_mse(het_gaussian, fj.scafflsa(0.1, 2, success_prob=0.5), 3)
+    # beyond MAX_AUGMENTED_DIM: the maps over the whole state are refused (exact_mse runs on the
+    # factored agents' blocks there, tests/test_theory_speed.py)
     big = fj.problems.random_gaussian_lsa(jax.random.key(0), num_agents=200, dim=5)
     with pytest.raises(ValueError, match="problem='N=200, d=5' is invalid.*scafflsa has 2006 coordinates"):
-        fj.theory.exact_mse(big, fj.scafflsa(0.1, 2), 3)
+        fj.theory.exact_mean(big, fj.scafflsa(0.1, 2), 3)
     bigger = fj.problems.random_gaussian_lsa(jax.random.key(0), num_agents=400, dim=5)
-    with pytest.raises(ValueError, match="fedlsa has 2006 coordinates.*MAX_AUGMENTED_DIM = 2000"):
-        fj.theory.exact_mse(bigger, fj.fedlsa(0.1, 2), 3)
+    ef = fj.fedlsa(0.1, 2, error_feedback="ef14", quantizer=fj.channel.rand_k(2))  # not factored
+    refusal = r"fedlsa has 4006 coordinates.*400 x 5 \(mem\)\) > MAX_AUGMENTED_DIM = 2000"
+    with pytest.raises(ValueError, match=refusal):
+        fj.theory.exact_mse(bigger, ef, 3)
     with pytest.raises(ValueError, match="problem='GaussianLSA' is invalid.*Markov chain"):
         fj.theory.mixing_time(het_gaussian)
     with pytest.raises(ValueError, match="eps=1.5 is invalid"):

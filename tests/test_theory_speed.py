@@ -149,6 +149,25 @@ def test_a_coin_on_the_globals_after_a_snapshot(problems):
     np.testing.assert_allclose(factored, full, rtol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "alg",
+    [fj.fedlsa(0.05, 2, server_optimizer=optax.sgd(0.5, momentum=0.3)), fj.scafflsa(0.05, 2)],
+    ids=["fedlsa_momentum", "scafflsa"],
+)
+def test_beyond_the_full_recursions_size_on_factored_blocks(alg, monkeypatch):
+    """More coordinates than MAX_AUGMENTED_DIM: exact_mse runs on the factored blocks, and gives the
+    full recursion's values (run here with the limit raised)."""
+    N = 400 if alg.name == "fedlsa" else 200  # 1 + 5 + 400 x 5 (+ 10): D > 2000
+    problem = fj.problems.random_gaussian_lsa(jax.random.key(3), num_agents=N, dim=5)
+    theta0 = np.linspace(-1.0, 1.0, 5)
+    fast = fj.theory.exact_mse(problem, alg, 3, theta0)
+    with pytest.raises(ValueError, match="MAX_AUGMENTED_DIM = 2000"):
+        fj.theory.exact_mean(problem, alg, 3)  # no factored form of the mean: refused with the sizes
+    monkeypatch.setattr(fj.moments, "MAX_AUGMENTED_DIM", 3000)
+    monkeypatch.setattr(_agents, "FACTORED_RATIO", 10**9)
+    np.testing.assert_allclose(fast, fj.theory.exact_mse(problem, alg, 3, theta0), rtol=1e-10)
+
+
 AGGREGATIONS = {
     "exact": (fj.channel.channel(), None),
     "erasures_received": (fj.channel.channel(success_prob=0.6, aggregation="divide_by_received"), None),
@@ -159,8 +178,8 @@ AGGREGATIONS = {
 @pytest.mark.parametrize("control_variates", [False, True])
 @pytest.mark.parametrize("name", list(AGGREGATIONS))
 def test_aggregations_and_assignments_are_read_from_their_coefficients(problems, name, control_variates):
-    """The blocks the factored recursion reads from an aggregation's or an assignment's coefficients
-    are those of their D x D maps."""
+    """The blocks the factored recursion reads from an aggregation's, an assignment's (an average, a
+    server step) or a broadcast's coefficients are those of their D x D maps."""
     problem, _ = problems["gaussian"]
     channel, m = AGGREGATIONS[name]
     d = problem.dim
@@ -168,6 +187,8 @@ def test_aggregations_and_assignments_are_read_from_their_coefficients(problems,
     y.add("xi", per_agent=True, zero_sum=True)
     y.add("loc", per_agent=True)
     y.add("avg")
+    momentum = fj.fedlsa(0.1, 2, server_optimizer=optax.sgd(0.5, momentum=0.3)).config.server_optimizer
+    _, server = fj.theory.server_step(y, momentum)
     cv = {"control_variates": "xi", "denominator": 0.7} if control_variates else {}
     rec = fj.theory.Recursion(y, lambda t, etas: [], 0.1)
     layout = _agents._Layout(rec)
@@ -175,6 +196,8 @@ def test_aggregations_and_assignments_are_read_from_their_coefficients(problems,
         fj.theory.aggregate(y, channel, clients_per_round=m, **cv),
         fj.theory.averaging(y, 7, "avg"),
         fj.theory.assign(y, theta={"theta": 0.5, "avg": np.ones((d, d)), "one": np.arange(d)}),
+        fj.theory.broadcast(y, source="avg"),
+        server,
     ]
     for phase in phases:
         fast = _agents._info(layout, phase, {})
@@ -182,7 +205,8 @@ def test_aggregations_and_assignments_are_read_from_their_coefficients(problems,
         assert fast.keys() == dense.keys()
         for key in fast:
             np.testing.assert_allclose(fast[key], dense[key], rtol=1e-13, atol=1e-15, err_msg=key)
-    assert fast["globals_only"] and not _agents._info(layout, phases[0], {})["globals_only"]
+    assert _agents._info(layout, phases[1], {})["globals_only"]
+    assert not _agents._info(layout, phases[0], {})["globals_only"] and fast["globals_only"]
 
 
 @pytest.mark.parametrize("name", ["scafflsa", "scafflsa_momentum", "scaffnew", "qfedtd"])

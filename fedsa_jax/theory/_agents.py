@@ -37,7 +37,7 @@ import copy
 
 import numpy as np
 
-from fedsa_jax.moments import Affine, Aggregation, Assign, Chain, Coin, LocalStep, Recursion
+from fedsa_jax.moments import Affine, Aggregation, Assign, Broadcast, Chain, Coin, LocalStep, Recursion
 from fedsa_jax.theory._rounds import _phases
 
 __all__ = ["FACTORED_RATIO", "Unfactored", "factored_mse", "factored_pays", "factored_round"]
@@ -45,6 +45,9 @@ __all__ = ["FACTORED_RATIO", "Unfactored", "factored_mse", "factored_pays", "fac
 CACHE_SIZE = 32  # analysed maps kept
 FACTORED_RATIO = 4  # the factored recursion runs when the agents' coordinates are this many times the rest
 _FACTOR_TOL = 1e-12  # relative: an agent reads the others through the new globals
+# coordinates of Z (the globals and every agent's persistent blocks): its moment and a few
+# temporaries of that size, 2.5 GB at the limit (SCAFFLSA with N = 1000, d = 8 has 8009)
+MAX_FACTORED_DIM = 8100
 
 
 class Unfactored(Exception):
@@ -59,18 +62,18 @@ class _Layout:
     def __init__(self, rec: Recursion):
         y = rec.state
         self.y, self.N = y, y.N
-        parts = [np.stack([np.arange(y.D)[sl] for sl in y[name]]) for name in y.per_agent]
+        every = np.arange(y.D)
+        parts = [np.stack([every[sl] for sl in y[name]]) for name in y.per_agent]
         self.agents = np.concatenate(parts, axis=1) if parts else np.zeros((y.N, 0), int)
         self.g = np.setdiff1d(np.arange(y.D), self.agents.ravel())
         self.p = self.agents.shape[1]
         where = np.full(y.D, -1)
         where[self.g] = np.arange(len(self.g))
         self.global_position = where  # position in g of a global coordinate (-1 for an agent's)
-        self.identity = np.eye(y.D)
         own = np.full(y.D, -1)
         own[self.agents[0]] = np.arange(self.p)  # agent 0's coordinates -> position in a_c
         self.agent_position = {
-            name: _as_slice(own[np.arange(y.D)[y[name][0]]]) for name in y.per_agent
+            name: _as_slice(own[every[y[name][0]]]) for name in y.per_agent
         }  # a per-agent block's positions in a_c
         carried = [n for n in y.per_agent if n in y.carried or n in y.zero_sum]
         self.K = (
@@ -80,6 +83,8 @@ class _Layout:
         )
         self.q = len(self.K)
         self.z = np.concatenate([self.g, self.agents[:, self.K].ravel()])
+        if len(self.z) > MAX_FACTORED_DIM:
+            raise Unfactored(f"{len(self.z)} factored coordinates > MAX_FACTORED_DIM = {MAX_FACTORED_DIM}")
         select = np.zeros((self.q, self.p))
         select[np.arange(self.q), self.K] = 1.0
         self.flush = _flush_info(self, select)  # Z' = Z: the snapshot of the current form
@@ -163,7 +168,7 @@ def _analyse(layout: _Layout, L: np.ndarray) -> dict:
     p)`` and ``C (N, q, g)``, the carried rows' reads of the other agents through the new globals.
     Only the rows that differ from the identity are read (an average moves one block of many)."""
     g, a, N, p, K = layout.g, layout.agents, layout.N, layout.p, layout.K
-    moved = np.any(L != layout.identity, axis=1)  # (D,) the rows the map rewrites
+    moved = np.any(L != np.eye(len(L)), axis=1)  # (D,) the rows the map rewrites
     rows_g = np.nonzero(moved[g])[0]
     GG = L[np.ix_(g, g)]
     GA = np.zeros((N, len(g), p))
@@ -378,6 +383,8 @@ def _info(layout: _Layout, phase, analysed: dict) -> dict:
         key, keep, build = (phase.key, id(phase.channel)), None, lambda: _analyse_aggregation(layout, phase)
     elif isinstance(phase, Assign):
         key, keep, build = id(phase), phase, lambda: _analyse_assign(layout, phase)
+    elif isinstance(phase, Broadcast):
+        key, keep, build = phase.key, None, lambda: _analyse_broadcast(layout, phase)
     else:
         L = phase.mean()
         key, keep, build = id(L), L, lambda: _analyse(layout, L)
@@ -386,6 +393,20 @@ def _info(layout: _Layout, phase, analysed: dict) -> dict:
             analysed.pop(next(iter(analysed)))
         analysed[key] = (keep, build())  # what an id names is kept alive while cached: the id stays unique
     return analysed[key][1]
+
+
+def _analyse_broadcast(layout: _Layout, phase: Broadcast) -> dict:
+    """:func:`_analyse` of a broadcast (agent-local), from its blocks."""
+    N, p, g = layout.N, layout.p, len(layout.g)
+    into = np.arange(p)[layout.agent_position[phase.into]]
+    source = layout.globals_of(phase.source)
+    AG = np.zeros((N, p, g))
+    AG[:, into[:, None], source[None, :]] = np.eye(len(into))
+    AA = np.broadcast_to(np.eye(p), (N, p, p)).copy()
+    AA[:, into] = 0.0
+    changed = np.zeros(p, bool)
+    changed[into] = True
+    return {"local": True, "AG": AG, "AA": AA, "changed": changed, "reads": np.zeros(p, bool)}
 
 
 def _analyse_assign(layout: _Layout, phase: Assign) -> dict:

@@ -230,6 +230,8 @@ def constant_round_mse(
     where it applies."""
     T = num_rounds
     y = rec.state
+    if not y.dense:  # its probes read the round's D x D maps
+        return None
     if T < 3 or not _same_rounds(rec, etas, (1, 2, T - 1)):  # (a short horizon never pays)
         return None
     keep, P = persistent_basis(rec, _read_columns(rec, etas))

@@ -100,7 +100,8 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     Cost O(N d^2 D) per local step and O(N d D^2) per round (O(N^2 d^2 D) with control variates)
     with D the size of Y (``1 + d + N d`` plus the algorithm's blocks; at most
     ``MAX_AUGMENTED_DIM``); memory O(D^2). With i.i.d. observations two shortcuts give the same
-    values (to rounding):
+    values (to rounding), the first also beyond ``MAX_AUGMENTED_DIM`` (up to
+    ``_agents.MAX_FACTORED_DIM`` global and persistent per-agent coordinates):
 
     * many agents: within a round the agents' local iterates are independent given the state at
       its start, so their blocks are carried in factored form (:mod:`fedsa_jax.theory._agents`),
@@ -136,8 +137,8 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     if factored:
         try:
             return factored_mse(rec, _etas(rec, num_rounds), num_rounds, y.initial(theta0))
-        except Unfactored:
-            pass
+        except Unfactored as why:
+            y.require_dense(f"and the recursion on the agents' factored blocks does not apply: {why}")
     # error coordinates: no cancellation
     return np.asarray([np.trace(S[y[rec.scored(t)], y[rec.scored(t)]]) for t, S in enumerate(moments)])
 
@@ -159,17 +160,20 @@ def _second_moments(problem, algorithm, num_rounds: int, theta0=None):
         _recursion(description, algorithm, T, second=True)  # the phases' checks
     m = y.initial(theta0)
     if law is not None:
+        y.require_dense()
         return rec, _markov_second_moments(rec, law, etas, T, m)
     y.noise  # noqa: B018 (the problem's noise law, or a refusal)
     advance = second_moment_round(rec)
 
-    def moments(S):
+    def moments():  # the full moment, D x D: built only when iterated
+        y.require_dense()
+        S = np.outer(m, m)
         yield S
         for t in range(T):
             S = advance(S, t, etas[t])
             yield S
 
-    return rec, moments(np.outer(m, m))
+    return rec, moments()
 
 
 def _markov_second_moments(rec: Recursion, law, etas: np.ndarray, T: int, m: np.ndarray):
@@ -214,7 +218,8 @@ def mean_spectral_radius(problem, algorithm) -> float:
     parts = [*zero] + [
         sl for name in y.carried for sl in (y[name] if isinstance(y[name], list) else [y[name]])
     ]
-    keep = np.concatenate([np.arange(y.D)[sl] for sl in parts])
+    every = np.arange(y.D)
+    keep = np.concatenate([every[sl] for sl in parts])
     Q = np.eye(len(keep))
     if zero:  # orthonormal basis of {sum_c xi_c = 0} in the kept coordinates (the xi blocks come first)
         sums = np.zeros((d, len(keep)))
