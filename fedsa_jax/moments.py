@@ -374,9 +374,10 @@ class Aggregation(Affine):
         channel.quantizer.check_dim(y.d)
         self.m = _cohort_size(clients_per_round, y.N)
         self.w_server = y.memo(
-            ("weights", id(channel), self.m), lambda: _expected_weights(channel, y.N, self.m)
+            ("weights", _channel_key(channel), self.m), lambda: _expected_weights(channel, y.N, self.m)
         )[0]
-        key = ("aggregate", reference, into, iterates, control_variates, denominator, self.m)
+        channel_key = _channel_key(channel)
+        key = ("aggregate", reference, into, iterates, control_variates, denominator, self.m, channel_key)
         super().__init__(y, self._build, key)
 
     def coefficients(self) -> tuple[float, float, float]:
@@ -418,7 +419,7 @@ class Aggregation(Affine):
             c_same, c_other = _weight_covariance(ch, y.N, self.m)
             return c_same, c_other, c_same + _server_weight(ch, y.N, self.m) ** 2, quant
 
-        return y.memo(("channel", id(ch), self.m), build)
+        return y.memo(("channel", _channel_key(ch), self.m), build)
 
     @property
     def noiseless(self) -> bool:
@@ -538,7 +539,8 @@ class CompressedAggregation(Affine):
         off = scale * scale * k * (k - 1) / (d * (d - 1)) if d > 1 else 0.0
         self.W = np.full((d, d), off)
         np.fill_diagonal(self.W, scale * scale * k / d)
-        super().__init__(y, self._build, ("compressed", reference, into, iterates, memory, id(channel)))
+        key = ("compressed", reference, into, iterates, memory, _channel_key(channel))
+        super().__init__(y, self._build, key)
 
     def _operators(self, c: int):
         """``(P, Pm, U, V)``: ``x_c = P Y``, ``m_c = Pm Y`` (d, D); ``U``, ``V`` (D, d) place ``r_c``
@@ -614,7 +616,7 @@ class Downlink(Affine):
             self.W = np.full((d, d), off)
             np.fill_diagonal(self.W, scale * scale * q.k / d)
         self.noiseless = q.kind == "identity"
-        super().__init__(y, self._build, ("downlink", target, hat, id(channel)))
+        super().__init__(y, self._build, ("downlink", target, hat, _channel_key(channel)))
 
     def _operators(self):
         """``(A, P, U)``: ``x = P Y`` (d, D), ``Y' = A Y + U r`` with ``r = M x``."""
@@ -971,6 +973,18 @@ def _binomial_inverse_mean(n: int, p: float, shift: int, power: int = 1) -> floa
     return float(np.sum(np.exp(log_pmf) / (shift + k) ** power))
 
 
+def _channel_key(channel) -> tuple:
+    """A channel's value as a cache key: maps and moments built for one channel serve only an equal
+    one (not its ``id``, which a freed channel's successor may reuse)."""
+    return (
+        float(channel.success_prob),
+        channel.quantizer,
+        channel.aggregation,
+        channel.erasures,
+        channel.error_feedback,
+    )
+
+
 def _cohort_size(clients_per_round, N: int) -> int | None:
     """The cohort size m when ``clients_per_round < N`` (None: every agent); refuses m > N."""
     if clients_per_round is None:
@@ -1229,7 +1243,7 @@ def _cohort_control_variate_noise(phase: Aggregation, M: np.ndarray) -> np.ndarr
     def build():
         return _coefficient_covariance(phase.channel, N, phase.m, float(phase.denominator))  # pyright: ignore[reportArgumentType]
 
-    cov = y.memo(("cohort noise", id(phase.channel), phase.m, phase.denominator), build)
+    cov = y.memo(("cohort noise", _channel_key(phase.channel), phase.m, phase.denominator), build)
     return np.einsum("ajbk,jxky->axby", cov, M).reshape((N + 1) * d, (N + 1) * d)
 
 

@@ -139,13 +139,8 @@ def test_a_coin_on_the_globals_after_a_snapshot(problems):
         return [fj.theory.broadcast(y), *steps, fj.theory.aggregate(y, fj.channel.channel()), shrink]
 
     rec = fj.theory.Recursion(y, round, eta, 2)
-    etas, m0 = np.full((8, 2), eta), y.initial(np.linspace(-1.0, 1.0, problem.dim))
-    factored = _agents.factored_mse(rec, etas, 8, m0)
-    advance, S, theta = _rounds.second_moment_round(rec), np.outer(m0, m0), y["theta"]
-    full = [np.trace(S[theta, theta])]
-    for t in range(8):
-        S = advance(S, t, etas[t])
-        full.append(np.trace(S[theta, theta]))
+    m0 = y.initial(np.linspace(-1.0, 1.0, problem.dim))
+    factored, full = _factored_and_full(rec, np.full((8, 2), eta), m0)
     np.testing.assert_allclose(factored, full, rtol=1e-12)
 
 
@@ -166,6 +161,58 @@ def test_beyond_the_full_recursions_size_on_factored_blocks(alg, monkeypatch):
     monkeypatch.setattr(fj.moments, "MAX_AUGMENTED_DIM", 3000)
     monkeypatch.setattr(_agents, "FACTORED_RATIO", 10**9)
     np.testing.assert_allclose(fast, fj.theory.exact_mse(problem, alg, 3, theta0), rtol=1e-10)
+
+
+def _factored_and_full(rec, etas, m0):
+    factored = _agents.factored_mse(rec, etas, len(etas), m0)
+    advance, S, theta = _rounds.second_moment_round(rec), np.outer(m0, m0), rec.state["theta"]
+    full = [np.trace(S[theta, theta])]
+    for t in range(len(etas)):
+        S = advance(S, t, etas[t])
+        full.append(np.trace(S[theta, theta]))
+    return factored, np.array(full)
+
+
+def test_aggregations_through_different_channels_use_their_own_maps(problems):
+    """Two aggregations of a round through different channels, and a channel rebuilt every round
+    (freed channels' ids are reused): each gets its own weights, in both recursions."""
+    problem, eta = problems["gaussian"]
+    y = fj.theory.Augmented(problem)
+    y.add("loc", per_agent=True, carried=True)
+    lossy = fj.channel.channel(success_prob=0.5)
+    received = fj.channel.channel(success_prob=0.5, aggregation="divide_by_received")
+
+    def two(t, etas):
+        step = fj.theory.local_step(y, float(etas[0]))
+        return [
+            fj.theory.broadcast(y),
+            step,
+            fj.theory.aggregate(y, lossy),
+            step,
+            fj.theory.aggregate(y, received),
+        ]
+
+    def changing(t, etas):  # a new channel object each round, success probability 0.3..0.9
+        channel = fj.channel.channel(success_prob=0.3 + 0.6 * (t % 4) / 3)
+        return [
+            fj.theory.broadcast(y),
+            fj.theory.local_step(y, float(etas[0])),
+            fj.theory.aggregate(y, channel),
+        ]
+
+    m0 = y.initial(np.linspace(-1.0, 1.0, problem.dim))
+    curves = [
+        _factored_and_full(fj.theory.Recursion(y, r, eta, 1), np.full((12, 1), eta), m0)
+        for r in (two, changing)
+    ]
+    for factored, full in curves:
+        np.testing.assert_allclose(factored, full, rtol=1e-12)
+    with_one = _factored_and_full(
+        fj.theory.Recursion(y, lambda t, e: [*two(t, e)[:3], *two(t, e)[1:3]], eta, 1),
+        np.full((12, 1), eta),
+        m0,
+    )[1]
+    assert np.max(np.abs(with_one - curves[0][1])) > 1e-3  # the second channel matters
 
 
 AGGREGATIONS = {

@@ -380,7 +380,7 @@ def _info(layout: _Layout, phase, analysed: dict) -> dict:
     """The phase's blocks, cached: an aggregation and an assignment are read from their
     coefficients, other maps from their D x D matrix."""
     if isinstance(phase, Aggregation):
-        key, keep, build = (phase.key, id(phase.channel)), None, lambda: _analyse_aggregation(layout, phase)
+        key, keep, build = phase.key, None, lambda: _analyse_aggregation(layout, phase)  # channel in key
     elif isinstance(phase, Assign):
         key, keep, build = id(phase), phase, lambda: _analyse_assign(layout, phase)
     elif isinstance(phase, Broadcast):
