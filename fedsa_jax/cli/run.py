@@ -285,13 +285,15 @@ def _exact_curves(args, problem, algs, summary: dict, lines: dict) -> dict:
 
     exact = {}
     for alg in algs if args.exact else ():
+        start = time.perf_counter()
         try:
             exact[alg.name] = fj.theory.exact_mse(problem, alg, args.rounds)
         except ValueError as err:
             print(f"fedsa-jax: no exact curve for {alg.name}: {err}", file=sys.stderr)
             continue
         summary["runs"][alg.name]["exact_final_mse"] = float(exact[alg.name][-1])
-        print(f"{alg.name:9s} exact final MSE {exact[alg.name][-1]:.4g}")
+        seconds = time.perf_counter() - start
+        print(f"{alg.name:9s} exact final MSE {exact[alg.name][-1]:.4g} ({seconds:.1f} s)", flush=True)
         try:
             floor = fj.theory.stationary_mse(problem, alg)
         except ValueError as err:  # a schedule, an unstable step, too many unknowns: no floor
