@@ -373,10 +373,11 @@ class Aggregation(Affine):
         self.control_variates, self.denominator = control_variates, denominator
         channel.quantizer.check_dim(y.d)
         self.m = _cohort_size(clients_per_round, y.N)
-        self.w_server = y.memo(
-            ("weights", _channel_key(channel), self.m), lambda: _expected_weights(channel, y.N, self.m)
-        )[0]
         channel_key = _channel_key(channel)
+        self.weights = y.memo(  # E[w_c], E[1{c in R} / |R|], E[1{c, j in R} / |R|]
+            ("weights", channel_key, self.m), lambda: _expected_weights(channel, y.N, self.m)
+        )
+        self.w_server = self.weights[0]
         key = ("aggregate", reference, into, iterates, control_variates, denominator, self.m, channel_key)
         super().__init__(y, self._build, key)
 
@@ -386,7 +387,7 @@ class Aggregation(Affine):
         if not self.control_variates:
             return self.w_server, 0.0, 0.0
         y, m = self.y, self.m
-        _, w_same, w_other = _expected_weights(self.channel, y.N, m)
+        _, w_same, w_other = self.weights
         p = float(self.channel.success_prob) if m is None else _inclusion(self.channel, y.N, m, 1, 0)
         denominator = float(self.denominator)  # pyright: ignore[reportArgumentType]
         return self.w_server, (w_same - p) / denominator, w_other / denominator
