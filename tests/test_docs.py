@@ -22,6 +22,11 @@ import pytest
 
 import fedsa_jax as fj
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if "notebooks" not in p.parts)]
@@ -141,3 +146,67 @@ def test_the_api_check_sees_a_removed_name(tmp_path):
         copy.write_text(page.read_text().replace("::: fedsa_jax.simulate\n", ""))
         pages.append(copy)
     assert missing_from_reference(pages) == ["fedsa_jax.simulate"]
+
+
+# ------------------------------------------------------------------------- the site offline
+
+
+def site_config() -> dict:
+    """mkdocs.yml, read without MkDocs (its Python tags, if any, left unresolved)."""
+    yaml = pytest.importorskip("yaml")
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+    return yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+
+
+def network_urls(config: dict) -> list[str]:
+    """Every script, stylesheet or font the site's configuration would fetch from the network."""
+    assets = [*config.get("extra_javascript", []), *config.get("extra_css", [])]
+    paths = [a["path"] if isinstance(a, dict) else a for a in assets]
+    urls = [p for p in paths if re.match(r"^([a-z][a-z0-9+.-]*:)?//", p, re.I)]
+    if config["theme"].get("font", {}) is not False:
+        urls.append("theme.font (Google Fonts)")
+    return urls
+
+
+def test_the_site_loads_nothing_from_the_network():
+    """The site renders its math offline: no script, stylesheet or font from a URL (a MathJax
+    from a CDN showed raw ``\\(...\\)`` without a network), the formulas written as MathML when the
+    site is built by a hook that the docs extra installs, display math scrolling when too wide."""
+    config = site_config()
+    assert network_urls(config) == []
+    # power: the configuration as it was (MathJax from a CDN, the theme's web fonts) is caught
+    before = {**config, "extra_javascript": ["javascripts/mathjax.js", "https://unpkg.com/mathjax@3/x.js"]}
+    before["theme"] = {k: v for k, v in config["theme"].items() if k != "font"}
+    assert network_urls(before) == ["https://unpkg.com/mathjax@3/x.js", "theme.font (Google Fonts)"]
+    assert "docs/_ext/mathml.py" in config["hooks"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(re.match(r"latex2mathml\b", requirement) for requirement in extras["docs"])
+    css = "".join((DOCS / p).read_text() for p in config["extra_css"])
+    assert re.search(r"div\.arithmatex\s*\{[^}]*overflow-x:\s*auto", css)
+
+
+def test_the_math_hook_writes_mathml():
+    """What arithmatex leaves (escaped TeX in its wrappers) becomes MathML, display math as a block,
+    ``\\mathbb E`` as the Unicode letter (Chromium renders no ``mathvariant``)."""
+    pytest.importorskip("latex2mathml")
+    spec = importlib.util.spec_from_file_location("mathml_hook", DOCS / "_ext" / "mathml.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+
+    class Page:
+        class file:
+            src_uri = "guide/theory.md"
+
+    page = (
+        '<p>with <span class="arithmatex">\\(a &lt; b\\)</span> and</p>\n'
+        '<div class="arithmatex">\\[\n\\mathbb E[\\theta] = \\frac1N \\sum_c \\theta_c\n\\]</div>'
+    )
+    out = hook.on_page_content(page, page=Page)
+    assert "\\(" not in out and "\\[" not in out
+    assert out.count("<math") == 2 and 'display="block"' in out and 'display="inline"' in out
+    assert "<mo>&#x0003C;</mo>" in out or "<mo>&lt;</mo>" in out
+    assert "\U0001d53c" in out and "double-struck" not in out
