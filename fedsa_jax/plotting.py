@@ -291,7 +291,11 @@ def plot_sweep(
     One panel per value of a structural option (``panels``), in each one line per combination
     of the other options that vary, mean +- 2 standard errors; a line keeps its colour across
     panels and the legend, outside the panels, names only what varies (options left at None,
-    such as ``params.beta`` of a built-in algorithm, are left out). A numeric option is drawn
+    such as ``params.beta`` of a built-in algorithm, are left out); lines that would be drawn over
+    each other (the same final MSE and s.e. at every point: a grid key some algorithm does not read,
+    or two configurations that are the same run) are one line whose legend entry names them all,
+    one a line (``"a\\n= b"``); each line has its own marker and dash pattern besides its colour, so
+    lines that nearly coincide stay apart. A numeric option is drawn
     on a linear axis (log when its positive values span a factor 10 or more); other values
     (algorithm names) as categories.
 
@@ -328,7 +332,7 @@ def plot_sweep(
         allowed = "a varying option other than x, without ax" if ax is None else "None when ax is given"
         _validate.fail("panels", panels, f"expected {allowed} ({', '.join(others) or 'none vary'})")
     in_line = [k for k in others if k != panels]
-    label = lambda e: config_label(e.config, in_line) or "final MSE"
+    label = _merged_labels(entries, lambda e: config_label(e.config, in_line) or "final MSE", panels, x)
     labels = list(dict.fromkeys(label(e) for e in entries))
     groups: dict[str, list] = {}
     for e in entries:
@@ -374,11 +378,38 @@ def plot_sweep(
     return fig
 
 
+# each line of a sweep figure its own marker and dash pattern (with its colour): lines that nearly
+# coincide (FedLSA with H = 1 and QFedTD on an exact channel, equal to float rounding) stay apart
+_SWEEP_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
+_SWEEP_DASHES = ("-", "--", "-.", ":")
+
+
+def _merged_labels(entries, label, panels, x):
+    """``label`` with the lines that would be drawn over each other given one entry: lines whose every
+    point (panel, x, final MSE, its s.e.) is equal bit for bit, drawn once and labelled ``"a\\n= b"``.
+
+    Identical lines arise where a grid key is one that some algorithm does not read (QFedTD's
+    ``local_steps``: its rounds are one step; a parameter of another algorithm) or where two
+    configurations are the same run (QFedTD on an exact channel is FedLSA with H = 1)."""
+    points: dict[str, list] = {}
+    for e in entries:
+        point = (_json_key(e.config.get(panels)) if panels else "", _json_key(e.config.get(x)))
+        points.setdefault(label(e), []).append(
+            (*point, float(e.result.mse_mean[-1]), float(e.result.mse_sem[-1]))
+        )
+    same: dict[tuple, list[str]] = {}
+    for name, line in points.items():
+        same.setdefault(tuple(sorted(line)), []).append(name)
+    merged = {n: "\n= ".join(names) for names in same.values() for n in names}
+    return lambda e: merged[label(e)]
+
+
 def _sweep_panel(ax, members, x, categories, label, labels, cmap, max_lines: int) -> None:
     """The lines of one panel of :func:`plot_sweep`, coloured by their index in ``labels``."""
-    lines: dict[str, list] = {}
+    points: dict[str, dict] = {}  # a line's entries by x: one of identical ones (merged labels)
     for e in members:
-        lines.setdefault(label(e), []).append(e)
+        points.setdefault(label(e), {}).setdefault(_json_key(e.config.get(x)), e)
+    lines = {name: list(line.values()) for name, line in points.items()}
     numeric_x = all(_is_number(e.config.get(x)) for e in members)
     for name, line in list(lines.items())[:max_lines]:
         if numeric_x:
@@ -388,8 +419,19 @@ def _sweep_panel(ax, members, x, categories, label, labels, cmap, max_lines: int
             xs = np.array([categories.index(_json_key(e.config.get(x))) for e in line], dtype=float)
         final = np.array([e.result.mse_mean[-1] for e in line])
         sem = np.array([e.result.mse_sem[-1] for e in line])
-        color = cmap(labels.index(name) % cmap.N)
-        ax.errorbar(xs, final, yerr=_BAND_Z * sem, fmt="o-", color=color, ms=4, lw=1.4, capsize=3, label=name)
+        i = labels.index(name)
+        style = dict(marker=_SWEEP_MARKERS[i % len(_SWEEP_MARKERS)], ls=_SWEEP_DASHES[i % len(_SWEEP_DASHES)])
+        ax.errorbar(
+            xs,
+            final,
+            yerr=_BAND_Z * sem,
+            **style,
+            color=cmap(i % cmap.N),
+            ms=4,
+            lw=1.4,
+            capsize=3,
+            label=name,
+        )
     if len(lines) > max_lines:
         ax.plot([], [], " ", label=f"({len(lines) - max_lines} more not drawn)")
     if numeric_x:

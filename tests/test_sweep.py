@@ -201,6 +201,47 @@ def test_plot_sweep_panels_by_structural_option_and_legend_outside():
     plt.close("all")
 
 
+def test_plot_sweep_merges_identical_lines_and_keeps_near_ones_apart():
+    """A grid key that an algorithm does not read (QFedTD's ``local_steps``: its rounds are one step)
+    makes configurations that are the same run: one line, whose legend entry names them all (they
+    were drawn over each other, 4 legend entries for 3 visible lines); a line equal to another up
+    to float rounding (FedLSA with H = 1 against QFedTD) stays its own, with its own marker and dashes."""
+    from types import SimpleNamespace
+
+    import matplotlib.pyplot as plt
+
+    from fedsa_jax.plotting import plot_sweep
+
+    def entry(config, mse):
+        return SimpleNamespace(
+            config=config,
+            result=SimpleNamespace(mse_mean=np.array([1.0, mse]), mse_sem=np.array([0.0, 0.01])),
+        )
+
+    def mse(algorithm, H, s):  # QFedTD ignores H; FedLSA with H = 1 is QFedTD to float rounding
+        return 0.5 - s if algorithm == "qfedtd" else 0.5 - s + (1e-15 if H == 1 else 0.1 * H)
+
+    grid = [("fedlsa", 1), ("fedlsa", 4), ("qfedtd", 1), ("qfedtd", 4)]
+    entries = [
+        entry({"algorithm": a, "local_steps": H, "step_size": s}, mse(a, H, s))
+        for a, H in grid
+        for s in (0.05, 0.1)
+    ]
+    fig = plot_sweep(entries, x="step_size")
+    ax, (legend,) = fig.axes[0], fig.legends
+    names = [t.get_text() for t in legend.get_texts()]
+    assert names == [
+        "algorithm=fedlsa, local_steps=1",
+        "algorithm=fedlsa, local_steps=4",
+        "algorithm=qfedtd, local_steps=1\n= algorithm=qfedtd, local_steps=4",
+    ]
+    lines = [c.lines[0] for c in ax.containers]
+    assert len(lines) == 3
+    np.testing.assert_array_equal(lines[2].get_ydata(), [0.45, 0.4])
+    assert len({(line.get_marker(), line.get_linestyle()) for line in lines}) == 3
+    plt.close("all")
+
+
 def test_sweep_console_lines_name_every_varying_value(capsys):
     from types import SimpleNamespace
 
