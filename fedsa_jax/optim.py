@@ -206,7 +206,7 @@ def fingerprint(obj) -> str:
     schedule between the probed counts, an optimizer after its eighth step or on other values) are
     not told apart; pass them as ``fj.schedule(factory, ...)`` / ``fj.optimizer(factory, ...)``,
     described by their hyperparameters. An object the probes cannot run on gets ``"unprobed:"`` and
-    the digest of its code (:mod:`fedsa_jax._digest`: library code by name)."""
+    the digest of its code (library code by name)."""
     try:
         return _cached_probe(obj)
     except TypeError:  # unhashable

@@ -253,7 +253,7 @@ def load(path) -> SimulationResult:
     quantiles, counts from the built-in algorithms' formulas, no metrics).
 
     Raises ``FileNotFoundError`` for a missing file, and a ``ValueError``
-    (:class:`fedsa_jax._io.DamagedFileError`) for a damaged file or one that
+    (its subclass ``DamagedFileError``) for a damaged file or one that
     fedsa_jax did not write, saying so, naming the field at fault and what to do.
     Every array is checked against the schema: its dtype, and its shape against
     the recorded rounds ``R``, the dimension ``d``, the seeds ``n`` and the kept

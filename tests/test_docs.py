@@ -210,3 +210,65 @@ def test_the_math_hook_writes_mathml():
     assert out.count("<math") == 2 and 'display="block"' in out and 'display="inline"' in out
     assert "<mo>&#x0003C;</mo>" in out or "<mo>&lt;</mo>" in out
     assert "\U0001d53c" in out and "double-struck" not in out
+
+
+# ------------------------------------------------------------------------- what the reference shows
+
+
+def documented_objects():
+    """``(dotted path, object)`` for every public name and the public methods of public classes."""
+    seen, found = set(), []
+    for module, name in public_names():
+        obj = getattr(importlib.import_module(module), name)
+        if id(obj) in seen or inspect.ismodule(obj):
+            continue
+        seen.add(id(obj))
+        found.append((f"{module}.{name}", obj))
+        if inspect.isclass(obj):
+            found += [(f"{module}.{name}.{k}", v) for k, v in vars(obj).items() if not k.startswith("_")]
+    return found
+
+
+def unmatched_parameter_entries(rewrite) -> list[str]:
+    """Args entries (after ``rewrite``, the reference's docstring extension) that name no parameter of
+    the signature: the reference shows them without type and with "required" as their default."""
+    entry = re.compile(r"^  (\*{0,2}\w+(?:, *\w+)*)(?: \([^)]*\))?:", re.M)
+    unmatched = []
+    for path, obj in documented_objects():
+        try:
+            params = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            continue
+        doc = rewrite(inspect.getdoc(obj) or "")
+        args = re.search(r"^(?:Args|Arguments|Parameters):\s*\n((?:[ \t]+.*\n?|\n)*)", doc, re.M)
+        names = entry.findall(args.group(1)) if args else []
+        unmatched += [f"{path}: {n}" for n in names if n.lstrip("*") not in params]
+    return unmatched
+
+
+def test_the_api_reference_finds_every_documented_parameter():
+    """An entry that describes several parameters at once (``record_every, metrics, ...: what to
+    record``) matched no parameter, so ``fj.simulate``'s table showed "required" as the default of
+    its optional keywords: the reference's extension (docs/_ext/roles.py) splits it into one entry
+    per parameter, and then every entry of every public docstring names one parameter."""
+    sys.path.insert(0, str(DOCS / "_ext"))
+    pytest.importorskip("griffe")
+    import roles
+
+    assert unmatched_parameter_entries(roles.split_grouped_parameters) == []
+    before = unmatched_parameter_entries(lambda doc: doc)  # power: the docstrings as written
+    assert "fedsa_jax.simulate: record_every, metrics, quantiles, keep_seeds, on_record" in before
+    text = "Args:\n  a, b: what\n    they are.\n  c: other\n\nReturns:\n  x, y: z"
+    split = roles.split_grouped_parameters(text)
+    assert split == (
+        "Args:\n  a: what\n    they are.\n  b: described with ``a`` above.\n  c: other\n\nReturns:\n  x, y: z"
+    )
+
+
+def test_the_api_reference_sends_no_reader_to_a_private_module():
+    """No public docstring names a private module or its members (``fedsa_jax.theory._agents``,
+    ``fedsa_jax._io.DamagedFileError``): the reference has no page for them."""
+    private = re.compile(r"fedsa_jax(?:\.\w+)*\._[a-z]\w*")
+    docs = [(path, inspect.getdoc(obj) or "") for path, obj in documented_objects()]
+    named = [(path, m) for path, doc in docs for m in private.findall(doc)]
+    assert named == []

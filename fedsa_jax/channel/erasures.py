@@ -131,7 +131,7 @@ def transmit(
 
     Randomness: ``(k_q, k_e) = split(key)``; agent c's quantizer uses
     ``uniform(split(k_q, N)[c], (d,))`` and the erasures ``uniform(k_e, (N,)) < p``
-    (``jax.random``'s values, computed with the fused threefry of :mod:`fedsa_jax._prng`:
+    (``jax.random``'s values, computed with the library's fused threefry:
     with ``jax.random`` itself a QFedTD round took about twice as long).
     """
     N, d = messages.shape

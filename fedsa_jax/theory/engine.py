@@ -104,7 +104,7 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     ``_agents.MAX_FACTORED_DIM`` global and persistent per-agent coordinates):
 
     * many agents: within a round the agents' local iterates are independent given the state at
-      its start, so their blocks are carried in factored form (:mod:`fedsa_jax.theory._agents`),
+      its start, so their blocks are carried in factored form (derived in the theory guide),
       O(N d^2 (g + q)) per local step with g the global coordinates and q an agent's persistent
       ones (control variates, its own iterate); only the joint moment of the globals and the
       persistent blocks is kept, O(N^2 q^2 (q + g)) per aggregation. Covers any channel, cohort,
@@ -113,7 +113,7 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
       least ``_agents.FACTORED_RATIO`` times the others;
     * a constant round over a long horizon (at least ``CURVE_RATIO`` times the n unknowns of the
       second moment of the persistent coordinates): the round's affine operator is assembled from n
-      rounds and applied as one ``n x n`` product a round (:mod:`fedsa_jax.theory._operator`).
+      rounds and applied as one ``n x n`` product a round.
 
     Markov sampling (``sampling="markov"``, any ``skip``, chains started from their stationary
     laws and carried across rounds; a problem with ``markov_observations()``, federated TD): the
