@@ -1,4 +1,5 @@
-"""The run figure's title, from the options and the registered entries' captions."""
+"""The run figure's title and the console's notes, from the options and the registered entries'
+captions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ def reads_local_steps(args) -> bool:
     return any(name not in algorithms or algorithms[name].reads("local_steps") for name in args.algorithms)
 
 
+def cohort_caption(args, problem) -> str:
+    """The cohort of a run with ``--clients-per-round`` M below the problem's N, as "cohort M of N
+    agents" (each round, Scaffnew: each communication, M agents drawn uniformly take part); "" for
+    the full round (no option, or M = N)."""
+    m = getattr(args, "clients_per_round", None)
+    return "" if m is None or m >= problem.num_agents else f"cohort {m} of {problem.num_agents} agents"
+
+
 def run_title(args, problem) -> str:
     title = f"{args.problem}, N={problem.num_agents}, d={problem.dim}, " + rf"$\eta$={args.step_size:g}"
     if args.schedule != "constant":
@@ -19,6 +28,8 @@ def run_title(args, problem) -> str:
         )
     if reads_local_steps(args):
         title += f", H={args.local_steps}"
+    if cohort_caption(args, problem):
+        title += f", {cohort_caption(args, problem)}"
     if args.server_optimizer != "none":
         title += f", server {args.server_optimizer} lr={args.server_lr:g}"
         title += f" momentum={args.server_momentum:g}" if args.server_momentum else ""
