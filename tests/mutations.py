@@ -516,6 +516,22 @@ MUTATIONS = [
         (f"{GAPS}::test_plot_final_mse_vs_agents_draws_its_data_theory_and_reference",),
         "exact markers drawn at the wrong N",
     ),
+    Mutation(
+        "plot-sweep-identical-lines-drawn-twice",
+        "fedsa_jax/plotting.py",
+        'merged = {n: "\\n= ".join(names) for names in same.values() for n in names}',
+        "merged = {n: n for names in same.values() for n in names}",
+        ("tests/test_sweep.py::test_plot_sweep_merges_identical_lines_and_keeps_near_ones_apart",),
+        "identical configurations of a sweep drawn over each other, one legend entry each",
+    ),
+    Mutation(
+        "cli-title-no-cohort",
+        "fedsa_jax/cli/titles.py",
+        'title += f", {cohort_caption(args, problem)}"',
+        "pass",
+        ("tests/test_labels.py::test_a_cohort_run_says_so_in_its_title_and_console_line",),
+        "a run with --clients-per-round titled like a full round",
+    ),
     # --- newer features: algorithms, schedules, optimizers, wrappers, metrics ---
     Mutation(
         "scafflsa-schedule-cv-last-step",

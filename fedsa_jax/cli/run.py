@@ -11,7 +11,7 @@ from pathlib import Path
 from fedsa_jax import registry
 from fedsa_jax.cli.build import _make_algorithm, _make_problem
 from fedsa_jax.cli.checks import options_checked
-from fedsa_jax.cli.titles import run_title
+from fedsa_jax.cli.titles import cohort_caption, run_title
 
 
 def _prepare_jax(args, dtype: str) -> None:
@@ -237,10 +237,11 @@ def _write_one(args, res, problem, alg, file_name: str, summary: dict, timing: d
         **timing,
         "config": res.config["algorithm"],
     }
+    cohort = f"{cohort_caption(args, problem)}, " if cohort_caption(args, problem) else ""
     print(
         f"{alg.name:9s} final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g} (s.e.), "
-        f"{int(res.num_diverged[-1])} diverged{_seeds_note(res)}, {_describe_timing(timing, args.rounds)} "
-        f"-> {path}"
+        f"{cohort}{int(res.num_diverged[-1])} diverged{_seeds_note(res)}, "
+        f"{_describe_timing(timing, args.rounds)} -> {path}"
     )
 
 
