@@ -836,17 +836,25 @@ def chain(y: Augmented, key, *phases) -> Chain:
     return Chain(y, key, phases)
 
 
-def agents_mean(y: Augmented, source: str = "loc", into: str = "theta") -> Affine:
-    """``into <- mean_c source_c`` (exact channel)."""
+class AgentsMean(Affine):
+    """A global block set to the agents' mean of a per-agent block (:func:`agents_mean`)."""
 
-    def build():
+    def __init__(self, y: Augmented, source: str, into: str):
+        self.source, self.into = source, into
+        super().__init__(y, self._build, ("mean", source, into))
+
+    def _build(self) -> np.ndarray:
+        y = self.y
         L = np.eye(y.D)
-        L[y[into]] = 0.0
-        for l in y[source]:
-            L[y[into], l] = np.eye(y.d) / y.N
+        L[y[self.into]] = 0.0
+        for l in y[self.source]:
+            L[y[self.into], l] = np.eye(y.d) / y.N
         return L
 
-    return Affine(y, build, ("mean", source, into))
+
+def agents_mean(y: Augmented, source: str = "loc", into: str = "theta") -> Affine:
+    """``into <- mean_c source_c`` (exact channel)."""
+    return AgentsMean(y, source, into)
 
 
 def averaging(y: Augmented, n: int, block: str = "avg", source: str = "theta") -> Affine:

@@ -163,6 +163,26 @@ def test_beyond_the_full_recursions_size_on_factored_blocks(alg, monkeypatch):
     np.testing.assert_allclose(fast, fj.theory.exact_mse(problem, alg, 3, theta0), rtol=1e-10)
 
 
+def test_scaffnew_beyond_the_full_recursions_size_on_factored_blocks(monkeypatch):
+    """Scaffnew's round ends on the agents' mean, read from its coefficients: past MAX_AUGMENTED_DIM
+    exact_mse runs on the factored blocks (no D x D map built) and equals the full recursion (run
+    with the limit raised). Here the limit is lowered to 100 for N = 30, d = 2 (D = 125); at the
+    real limit N = 600, d = 2 (2405 coordinates) runs the same way."""
+    problem = fj.problems.random_gaussian_lsa(
+        jax.random.key(0), num_agents=30, dim=2, heterogeneity=1.0, noise_A=0.2, noise_b=0.5
+    )
+    alg, theta0 = fj.scaffnew(0.05, 0.5, 2), np.array([1.0, -1.0])
+    with monkeypatch.context() as m:
+        m.setattr(fj.moments, "MAX_AUGMENTED_DIM", 100)
+        m.setattr(_operator, "CURVE_RATIO", 10**9)
+        fast = fj.theory.exact_mse(problem, alg, 4, theta0)
+        downlink = fj.scaffnew(0.05, 0.5, 2, downlink=fj.channel.channel(fj.channel.rand_k(1)))
+        with pytest.raises(ValueError, match="> MAX_AUGMENTED_DIM = 100 .*factored blocks does not apply"):
+            fj.theory.exact_mse(problem, downlink, 4)  # refused with the reason
+    monkeypatch.setattr(_agents, "FACTORED_RATIO", 10**9)
+    np.testing.assert_allclose(fast, fj.theory.exact_mse(problem, alg, 4, theta0), rtol=1e-10)
+
+
 def _factored_and_full(rec, etas, m0):
     factored = _agents.factored_mse(rec, etas, len(etas), m0)
     advance, S, theta = _rounds.second_moment_round(rec), np.outer(m0, m0), rec.state["theta"]
@@ -244,6 +264,7 @@ def test_aggregations_and_assignments_are_read_from_their_coefficients(problems,
         fj.theory.averaging(y, 7, "avg"),
         fj.theory.assign(y, theta={"theta": 0.5, "avg": np.ones((d, d)), "one": np.arange(d)}),
         fj.theory.broadcast(y, source="avg"),
+        fj.theory.agents_mean(y),  # Scaffnew's end of round
         server,
     ]
     for phase in phases:

@@ -37,7 +37,17 @@ import copy
 
 import numpy as np
 
-from fedsa_jax.moments import Affine, Aggregation, Assign, Broadcast, Chain, Coin, LocalStep, Recursion
+from fedsa_jax.moments import (
+    Affine,
+    AgentsMean,
+    Aggregation,
+    Assign,
+    Broadcast,
+    Chain,
+    Coin,
+    LocalStep,
+    Recursion,
+)
 from fedsa_jax.theory._rounds import _phases
 
 __all__ = ["FACTORED_RATIO", "Unfactored", "factored_mse", "factored_pays", "factored_round"]
@@ -385,6 +395,11 @@ def _info(layout: _Layout, phase, analysed: dict) -> dict:
         key, keep, build = id(phase), phase, lambda: _analyse_assign(layout, phase)
     elif isinstance(phase, Broadcast):
         key, keep, build = phase.key, None, lambda: _analyse_broadcast(layout, phase)
+    elif isinstance(phase, AgentsMean):
+        blocks = (phase.into, phase.into, phase.source, None, 1.0 / layout.N, 0.0, 0.0)
+        key, keep, build = phase.key, None, lambda: _aggregation_blocks(layout, *blocks)
+    elif not layout.y.dense:  # read from its D x D matrix, which is not built beyond MAX_AUGMENTED_DIM
+        raise Unfactored(f"a {type(phase).__name__} phase is read as a map over the whole state")
     else:
         L = phase.mean()
         key, keep, build = id(L), L, lambda: _analyse(layout, L)
@@ -427,11 +442,18 @@ def _analyse_assign(layout: _Layout, phase: Assign) -> dict:
 def _analyse_aggregation(layout: _Layout, phase: Aggregation) -> dict:
     """:func:`_analyse` of an aggregation's mean map, from its coefficients (no D x D map: a schedule
     makes a new one each round)."""
+    blocks = (phase.into, phase.reference, phase.iterates, phase.control_variates)
+    return _aggregation_blocks(layout, *blocks, *phase.coefficients())
+
+
+def _aggregation_blocks(layout: _Layout, into, reference, iterates, control_variates, w, own, other):
+    """The snapshot map of ``into <- (1 - N w) reference + w sum_c iterates_c`` and, with control
+    variates, ``xi_c <- xi_c + own m_c + other sum_{j != c} m_j`` (``m_c = iterates_c - reference``;
+    :meth:`~fedsa_jax.moments.Aggregation.coefficients`). The agents' mean is ``w = 1/N`` into itself."""
     N, p, q, K = layout.N, layout.p, layout.q, layout.K
     g = len(layout.g)
-    w, own, other = phase.coefficients()
-    into, ref = layout.globals_of(phase.into), layout.globals_of(phase.reference)
-    loc = np.arange(p)[layout.agent_position[phase.iterates]]
+    into, ref = layout.globals_of(into), layout.globals_of(reference)
+    loc = np.arange(p)[layout.agent_position[iterates]]
     I = np.eye(len(into))
     GG = np.eye(g)
     GG[into] = 0.0
@@ -441,8 +463,8 @@ def _analyse_aggregation(layout: _Layout, phase: Aggregation) -> dict:
     KG, C = np.zeros((N, q, g)), np.zeros((N, q, g))
     KA = np.zeros((N, q, p))
     KA[:, np.arange(q), K] = 1.0
-    if phase.control_variates:
-        xi = np.arange(p)[layout.agent_position[phase.control_variates]]
+    if control_variates:
+        xi = np.arange(p)[layout.agent_position[control_variates]]
         where = np.full(p, -1)
         where[K] = np.arange(q)
         rows = where[xi]  # their rows among the carried coordinates
