@@ -56,11 +56,42 @@ def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     law = markov.markov_law(problem, getattr(algorithm, "skip", 1), y, second=False)
     if law is not None:
         return _markov_mean(rec, law, etas, T, m)
+    advance = _mean_rounds(rec)
     out = [m[y[rec.scored(0)]].copy()]
     for t in range(T):
-        m = round_map(rec, t, etas[t]) @ m
+        m = advance(m, t, etas[t])
         out.append(m[y[rec.scored(t + 1)]].copy())
     return np.asarray(out) + y.theta_star  # from error coordinates
+
+
+def _mean_rounds(rec: Recursion, cache_size: int = 32):
+    """``advance(m, t, etas) -> E[Y]`` after round t. A round seen once is applied phase by phase
+    (``H`` products ``L m``, no D x D product: a schedule's rounds are all distinct); from its second
+    occurrence its mean map (the product of its phases' maps) is formed once and reused, one product
+    ``R m`` a round. A round is known by its phases' maps (cached by the state: a constant step, or
+    a round description that repeats, gives the same objects; they are kept alive with the entry,
+    so their ids stay unique)."""
+    seen: dict = {}
+
+    def advance(m, t, etas):
+        maps = [phase.mean() for phase in _phases(rec, t, etas)]
+        key = tuple(map(id, maps))
+        if key in seen and seen[key][1] is not None:
+            return seen[key][1] @ m
+        if key in seen:  # the second time: form the round's map
+            R = maps[0]
+            for L in maps[1:]:
+                R = L @ R
+            seen[key] = (maps, R)
+            return R @ m
+        if len(seen) >= cache_size:
+            seen.pop(next(iter(seen)))
+        seen[key] = (maps, None)
+        for L in maps:
+            m = L @ m
+        return m
+
+    return advance
 
 
 def _markov_mean(rec: Recursion, law, etas: np.ndarray, T: int, m: np.ndarray) -> np.ndarray:
