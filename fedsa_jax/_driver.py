@@ -42,7 +42,7 @@ from fedsa_jax.algorithms._base import Algorithm
 from fedsa_jax.result import MetricStats, SimulationResult, count_arrays, recorded_rounds
 from fedsa_jax.stats import Moments, finalize, merge
 
-__all__ = ["execute", "execute_joint", "simulate", "simulation_run"]
+__all__ = ["GROWTH_FACTOR", "Growth", "execute", "execute_joint", "mse_growth", "simulate", "simulation_run"]
 
 STEPS_PER_CHUNK = 5e7  # default chunk: about this many agent-local steps (seconds on a CPU)
 MAX_BLOCKS_PER_CHUNK = 256  # recorded rounds per chunk at most (the kernel's statistics buffer)
@@ -100,7 +100,9 @@ def simulate(
         refused). ``fj.Execution(memory_budget=...)`` is only there.
 
     Returns:
-      :class:`~fedsa_jax.result.SimulationResult`.
+      :class:`~fedsa_jax.result.SimulationResult`. A ``RuntimeWarning`` says when seeds diverged,
+      and when the MSE grew by orders of magnitude without any seed diverging (:func:`mse_growth`:
+      the last recorded MSE over 100 times the first and 10 times the midpoint's).
 
     Before anything compiles, one seed's ``init`` and one round are traced
     abstractly: a state without ``theta (d,)``, a step that does not return
@@ -592,7 +594,8 @@ def _configuration_fingerprint(setup: _Setup) -> str:
 
 
 def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
-    """One result per algorithm, with a warning for each whose seeds diverged."""
+    """One result per algorithm, with a warning for each whose seeds diverged and for each whose
+    MSE grew by orders of magnitude (:func:`mse_growth`)."""
     results = []
     for i, algorithm in enumerate(setup.algorithms):
         result = _result(setup, tally, i)
@@ -607,8 +610,73 @@ def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
                 RuntimeWarning,
                 stacklevel=4,  # the caller of execute: simulate, or the sweep
             )
+        growth = mse_growth(result.rounds, result.mse_mean)
+        if growth is not None:
+            warnings.warn(growth.message(algorithm), RuntimeWarning, stacklevel=4)
         results.append(result)
     return results
+
+
+GROWTH_FACTOR = 100.0  # a final MSE this many times its start, and sqrt(this) times its midpoint: growing
+
+
+class Growth(NamedTuple):
+    """A recorded MSE curve that grew by orders of magnitude (:func:`mse_growth`)."""
+
+    start_round: int
+    start: float
+    middle_round: int
+    middle: float
+    end_round: int
+    end: float
+
+    @property
+    def factor(self) -> float:
+        """``end / start`` (``inf`` from a start at 0)."""
+        return _ratio(self.end, self.start)
+
+    def summary(self) -> str:
+        """``"grew 3.4e+03x from round 0 to 60"``: what the command line's console line adds."""
+        return f"grew {self.factor:.2g}x from round {self.start_round} to {self.end_round}"
+
+    def message(self, algorithm: Algorithm) -> str:
+        """The warning, one line of at most about 500 characters."""
+        name = _validate._clip(f"{algorithm.name} ({algorithm.describe()})", 110)
+        return (
+            f"{name}: the MSE {self.summary()} ({self.start:.3g} -> {self.end:.3g}, "
+            f"{_ratio(self.end, self.middle):.2g}x since round {self.middle_round}): the iterates are "
+            "blowing up; result.num_diverged counts only non-finite errors and errors above "
+            "divergence_threshold. A smaller step_size, or no error feedback with control variates, may "
+            "fix it (fj.theory.max_stable_step_size bounds the step where the exact theory applies)."
+        )
+
+
+def _ratio(end: float, start: float) -> float:
+    return end / start if start > 0 else math.inf
+
+
+def mse_growth(rounds, mse_mean, factor: float = GROWTH_FACTOR) -> Growth | None:
+    """The growth of a recorded MSE curve, or None where it did not grow by orders of magnitude.
+
+    A curve grows when its last value exceeds ``factor`` times its first (round 0 of the record) and
+    ``sqrt(factor)`` times its value at the recorded round nearest the middle of the recorded span.
+    The second condition keeps a run started at (or near) ``theta_star`` from counting: its MSE rises
+    from 0 to its noise floor, and the variance a stable linear recursion accumulates over ``2t``
+    rounds is at most about twice what it accumulates over ``t``, while a blow-up at rate ``rho > 1``
+    multiplies it by ``rho^t`` over the second half. Needs a recorded round strictly inside the span;
+    non-finite values (every seed diverged) never count as growth.
+    """
+    rounds = np.asarray(rounds, np.float64)
+    mse = np.asarray(mse_mean, np.float64)
+    if mse.size < 3:
+        return None
+    middle = int(np.argmin(np.abs(rounds - (rounds[0] + rounds[-1]) / 2)))
+    if not 0 < middle < mse.size - 1:
+        return None
+    start, mid, end = float(mse[0]), float(mse[middle]), float(mse[-1])
+    if not (end > factor * start and end > math.sqrt(factor) * mid):  # False on NaN
+        return None
+    return Growth(int(rounds[0]), start, int(rounds[middle]), mid, int(rounds[-1]), end)
 
 
 def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:

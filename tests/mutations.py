@@ -684,6 +684,33 @@ MUTATIONS = [
         (f"{NEW}::test_a_subclass_with_its_own_noise_runs_its_own_noise[scafflsa]",),
         "a Gaussian subclass that changes only its noise takes the laid-out steps",
     ),
+    Mutation(
+        "t-interval-all-seeds",
+        "fedsa_jax/result.py",
+        "return t_interval(self.mse_mean, self.mse_sem, self.num_seeds - self.num_diverged, level)",
+        "return t_interval(self.mse_mean, self.mse_sem, self.num_seeds, level)",
+        ("tests/test_growth.py::test_t_interval_counts_the_seeds_that_did_not_diverge",),
+        "the t interval's degrees of freedom from every seed, the diverged ones included",
+    ),
+    Mutation(
+        "growth-warning-off",
+        "fedsa_jax/_driver.py",
+        "        if growth is not None:\n            warnings.warn(",
+        "        if False:\n            warnings.warn(",
+        (
+            "tests/test_growth.py::test_blow_up_warns_naming_algorithm_rounds_and_factor",
+            "tests/test_growth.py::test_cli_blow_up_prints_the_warning_and_the_console_line_says_it",
+        ),
+        "a run whose MSE grows 1000x with no seed non-finite reports '0 diverged' without a word",
+    ),
+    Mutation(
+        "growth-from-the-start-only",
+        "fedsa_jax/_driver.py",
+        "if not (end > factor * start and end > math.sqrt(factor) * mid):  # False on NaN",
+        "if not (end > factor * start):  # False on NaN",
+        ("tests/test_growth.py::test_stable_runs_do_not_warn",),
+        "growth measured from round 0 alone: a run started at theta_star warns as it reaches its floor",
+    ),
 ]
 
 

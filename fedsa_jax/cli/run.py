@@ -240,9 +240,17 @@ def _write_one(args, res, problem, alg, file_name: str, summary: dict, timing: d
     cohort = f"{cohort_caption(args, problem)}, " if cohort_caption(args, problem) else ""
     print(
         f"{alg.name:9s} final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g} (s.e.), "
-        f"{cohort}{int(res.num_diverged[-1])} diverged{_seeds_note(res)}, "
+        f"{cohort}{int(res.num_diverged[-1])} diverged{_growth_note(res)}{_seeds_note(res)}, "
         f"{_describe_timing(timing, args.rounds)} -> {path}"
     )
+
+
+def _growth_note(res) -> str:
+    """For a run whose MSE grew by orders of magnitude (the library warns too): by how much."""
+    from fedsa_jax._driver import mse_growth
+
+    growth = mse_growth(res.rounds, res.mse_mean)
+    return "" if growth is None else f", but the MSE {growth.summary()}: blowing up"
 
 
 def _seeds_note(res) -> str:
