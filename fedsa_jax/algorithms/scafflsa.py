@@ -25,6 +25,11 @@ of the round is discarded), and ``sum_c xi_c`` stays exactly 0 for either rule.
 With an exact channel this is the update above (``mbar_R = theta_{t+1} - theta_t``).
 With error feedback ``q(m_c)`` is what the server reconstructs: EF14's ``C(m_c + e_c)``,
 EF21's ``g_c`` (:mod:`fedsa_jax.channel`).
+This composition can blow up at every step size: the control variates take the whole
+correction each round and the memory delays part of it (on the default Garnet, top-k with
+k <= 2 of 8 diverges with EF14 and EF21 at H = 1..1000, k >= 3 converges; top-k alone converges).
+The compressed SCAFFOLD variants with guarantees (SCALLION, SCAFCOM: Huang, Li, Li, ICLR 2024)
+damp the compressed control-variate step; here it is not damped.
 
 Partial participation (``clients_per_round = m``): SCAFFOLD with sampled clients
 (Karimireddy et al. 2020, Alg. 1, global step size 1) in SCAFFLSA's centred form. Each round
