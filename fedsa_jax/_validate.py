@@ -26,6 +26,16 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:head]}...{text[len(text) - (limit - 3 - head) :]}"
 
 
+MAX_WORD_CHARS = 120  # a run of non-space characters (a value, a path) before its middle is elided
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` in one line of at most ``limit`` characters (whitespace runs made one space): each
+    run of more than ``MAX_WORD_CHARS`` non-space characters, then the whole, has its middle elided."""
+    words = [_clip(word, MAX_WORD_CHARS) for word in str(text).split()]
+    return _clip(" ".join(words), limit)
+
+
 def _show(value: Any, limit: int = MAX_MESSAGE_CHARS) -> str:
     if not isinstance(value, (str, bytes)):
         try:

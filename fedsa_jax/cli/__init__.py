@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 import warnings
 
+from fedsa_jax._validate import one_line
 from fedsa_jax.cli.build import _make_algorithm, _make_problem, _make_quantizer
 from fedsa_jax.cli.options import param as _param
 from fedsa_jax.cli.parser import build_parser
@@ -42,13 +43,13 @@ def main(argv=None) -> int:
     shown = warnings.showwarning
 
     def one_line_warning(message, category, filename, lineno, file=None, line=None):
-        print(f"fedsa-jax: warning: {' '.join(str(message).split())}", file=sys.stderr)
+        print(f"fedsa-jax: warning: {one_line(str(message))}", file=sys.stderr)
 
     warnings.showwarning = one_line_warning  # warnings (diverged seeds, damaged files) in one line
     try:
         return command(args)
     except ValueError as err:
-        print(f"fedsa-jax: error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"fedsa-jax: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except OSError as err:  # a folder that became unwritable during the run, a full disk
         print(f"fedsa-jax: error: {err.strerror or err}: {err.filename or ''}", file=sys.stderr)

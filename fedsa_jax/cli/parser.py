@@ -6,6 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
+from fedsa_jax._validate import one_line
 from fedsa_jax.cli.options import GROUPS, run_options
 from fedsa_jax.cpu import XLA_FLAG
 from fedsa_jax.registry import Option, positive_int
@@ -15,7 +16,7 @@ class _Parser(argparse.ArgumentParser):
     """Errors in one line, without the usage block: ``fedsa-jax run: error: argument --x: ...``."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
 class _Help(argparse.HelpFormatter):
