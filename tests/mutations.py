@@ -52,6 +52,7 @@ CLI = "tests/test_cli_records.py"
 ALG = "tests/test_algorithms.py"
 BR = "tests/test_batches_and_resume.py"
 NEW = "tests/test_newer_features.py"
+UNTESTED = "tests/test_untested_behaviours.py"
 
 MUTATIONS = [
     # --- newer features: seed batches, checkpoints, sweeps, CPU devices ----------------------------
@@ -710,6 +711,103 @@ MUTATIONS = [
         "if not (end > factor * start):  # False on NaN",
         ("tests/test_growth.py::test_stable_runs_do_not_warn",),
         "growth measured from round 0 alone: a run started at theta_star warns as it reaches its floor",
+    ),
+    # --- untested behaviours: cohort drift, top-k, until, BCa, --clients-per-round ----------------
+    Mutation(
+        "cohort-drift-over-all-agents",
+        "fedsa_jax/algorithms/_base.py",
+        "drift = jnp.sum(jnp.where(cohort, jnp.sum((local - theta) ** 2, axis=-1), 0.0)) / m",
+        "drift = jnp.sum(jnp.where(cohort, jnp.sum((local - theta) ** 2, axis=-1), 0.0)) / local.shape[0]",
+        (f"{UNTESTED}::test_cohort_client_drift_is_the_cohorts_mean_squared_norm[fedlsa]",),
+        "a cohort's client drift divided by N, not by the m agents that ran",
+    ),
+    Mutation(
+        "cohort-drift-mean-over-coordinates",
+        "fedsa_jax/algorithms/_base.py",
+        "drift = jnp.sum(jnp.where(cohort, jnp.sum((local - theta) ** 2, axis=-1), 0.0)) / m",
+        "drift = jnp.sum(jnp.where(cohort, jnp.mean((local - theta) ** 2, axis=-1), 0.0)) / m",
+        (f"{UNTESTED}::test_cohort_client_drift_is_the_cohorts_mean_squared_norm[scafflsa]",),
+        "a cohort's client drift averaged over coordinates too (|.|^2 / d)",
+    ),
+    Mutation(
+        "scaffnew-cohort-drift-over-all-agents",
+        "fedsa_jax/algorithms/scaffnew.py",
+        "drift = jnp.sum(jnp.where(inside, (x - error) ** 2, 0.0)) / m",
+        "drift = jnp.sum(jnp.where(inside, (x - error) ** 2, 0.0)) / N",
+        (f"{UNTESTED}::test_scaffnew_cohort_client_drift_is_the_cohorts_mean_squared_norm",),
+        "Scaffnew's cohort drift divided by N, not by the cohort's m agents",
+    ),
+    Mutation(
+        "top-k-branch-smallest",
+        "fedsa_jax/channel/quantizers.py",
+        "chosen = jax.lax.top_k(score, k)[1]",
+        "chosen = jax.lax.top_k(-score, k)[1]",
+        (f"{UNTESTED}::test_top_k_above_the_argmax_passes_keeps_the_largest[5]",),
+        "top-k with k > 4 (lax.top_k) keeps the k smallest coordinates",
+    ),
+    Mutation(
+        "until-ignores-min-seeds",
+        "fedsa_jax/_driver.py",
+        "return seeds >= until.min_seeds and until.met(",
+        "return until.met(",
+        (f"{UNTESTED}::test_until_runs_min_seeds_even_when_the_target_is_met_earlier",),
+        "fj.until stops below min_seeds when the target is met early",
+    ),
+    Mutation(
+        "until-checks-every-round",
+        "fedsa_jax/_options.py",
+        "checked = np.ones(len(rounds), bool) if self.rounds is None else np.isin(rounds, self.rounds)",
+        "checked = np.ones(len(rounds), bool)",
+        (f"{UNTESTED}::test_until_checks_only_the_named_rounds",),
+        "fj.until(rounds=...) checks every recorded round",
+    ),
+    Mutation(
+        "until-rounds-by-position",
+        "fedsa_jax/_options.py",
+        "checked = np.ones(len(rounds), bool) if self.rounds is None else np.isin(rounds, self.rounds)",
+        "checked = np.ones(len(rounds), bool) if self.rounds is None else np.isin(np.arange(len(rounds)), self.rounds)",
+        (f"{UNTESTED}::test_until_checks_only_the_named_rounds",),
+        "fj.until(rounds=...) reads the rounds as positions among the recorded rows",
+    ),
+    Mutation(
+        "bca-no-acceleration",
+        "fedsa_jax/stats.py",
+        "a = np.sum(dev**3) / (6 * ss**1.5)",
+        "a = 0.0 * np.sum(dev**3) / (6 * ss**1.5)",
+        (f"{UNTESTED}::test_bca_interval_uses_the_jackknife_acceleration",),
+        "the BCa interval without its acceleration (the bias-corrected percentile interval)",
+    ),
+    Mutation(
+        "cli-cohort-dropped-fedlsa",
+        "fedsa_jax/algorithms/fedlsa.py",
+        "step_size, args.local_steps, skip=args.skip, clients_per_round=args.clients_per_round, **channel",
+        "step_size, args.local_steps, skip=args.skip, **channel",
+        (f"{UNTESTED}::test_clients_per_round_reaches_every_factory_from_the_command_line_and_a_grid",),
+        "--clients-per-round does not reach FedLSA's factory",
+    ),
+    Mutation(
+        "cli-cohort-dropped-scafflsa",
+        "fedsa_jax/algorithms/scafflsa.py",
+        "step_size, args.local_steps, skip=args.skip, clients_per_round=args.clients_per_round, **channel",
+        "step_size, args.local_steps, skip=args.skip, **channel",
+        (f"{UNTESTED}::test_clients_per_round_reaches_every_factory_from_the_command_line_and_a_grid",),
+        "--clients-per-round does not reach SCAFFLSA's factory",
+    ),
+    Mutation(
+        "cli-cohort-dropped-qfedtd",
+        "fedsa_jax/algorithms/qfedtd.py",
+        "return qfedtd(step_size, clients_per_round=args.clients_per_round, **channel)",
+        "return qfedtd(step_size, **channel)",
+        (f"{UNTESTED}::test_clients_per_round_reaches_every_factory_from_the_command_line_and_a_grid",),
+        "--clients-per-round does not reach QFedTD's factory",
+    ),
+    Mutation(
+        "cli-cohort-dropped-scaffnew",
+        "fedsa_jax/algorithms/scaffnew.py",
+        "        clients_per_round=args.clients_per_round,\n",
+        "",
+        (f"{UNTESTED}::test_clients_per_round_reaches_every_factory_from_the_command_line_and_a_grid",),
+        "--clients-per-round does not reach Scaffnew's factory",
     ),
 ]
 
