@@ -20,7 +20,16 @@ and an exact-theory channel (rand-2 of 10 coordinates, success probability 0.6).
   operator) against the full recursion timed over ``--full-rounds`` rounds and scaled to T;
   Scaffnew (p = 0.2) per round; ``stationary_mse`` of FedLSA and SCAFFLSA (GMRES on factored rounds).
 
+* ``exact_mean`` (``--mean-only`` runs only these rows) at T=1000 rounds, H=100 local steps, N=10 on
+  the command line's default Garnet (30 states, 2 actions, d=8, generative sampling), eta=0.05:
+  FedLSA, SCAFFLSA, Scaffnew (p=0.1) and QFedTD (alpha=0.6, rand-2, success probability 0.6, one
+  step a round), the round's
+  mean map formed once and reused, against the same recursion applied phase by phase every round
+  and, for FedLSA, against a numpy loop of the d-dimensional mean recursion itself
+  (``theta <- theta - eta (A_bar[c] theta - b_bar[c])``, H steps per agent, then the average).
+
     python benchmarks/theory_speed.py [--rounds 3000] [--skip-dense] [--full-rounds 20] [--json out.json]
+    python benchmarks/theory_speed.py --mean-only
 
 Run it with one BLAS thread (``OPENBLAS_NUM_THREADS=1``) for stable timings on a shared machine.
 """
@@ -35,7 +44,7 @@ import numpy as np
 from _bench import write_json
 
 import fedsa_jax as fj
-from fedsa_jax.theory import _agents, _operator, stationary
+from fedsa_jax.theory import _agents, _operator, engine, stationary
 
 
 def configurations():
@@ -98,15 +107,92 @@ def dense_stationary_mse(problem, alg):
     return float(np.trace(S[scored, scored]))
 
 
+def mean_configurations():
+    """``name -> (problem, algorithm)`` of the exact_mean rows (T=1000, H=100, N=10)."""
+    P = fj.problems.garnet(jax.random.key(0), num_agents=10)
+    return P, {
+        "fedlsa": fj.fedlsa(0.05, 100),
+        "scafflsa": fj.scafflsa(0.05, 100),
+        "scaffnew": fj.scaffnew(0.05, 0.1, 100),
+        "qfedtd_randk2_p0.6": fj.qfedtd(0.6, fj.channel.rand_k(2), success_prob=0.6),  # one step a round
+    }
+
+
+def phase_by_phase_mean(problem, alg, T):
+    """exact_mean with every round applied phase by phase (no round map formed)."""
+
+    def every_phase(rec, cache_size=0):
+        def advance(m, t, etas):
+            for phase in engine._phases(rec, t, etas):
+                m = phase.mean() @ m
+            return m
+
+        return advance
+
+    saved = engine._mean_rounds
+    engine._mean_rounds = every_phase
+    try:
+        return fj.theory.exact_mean(problem, alg, T)
+    finally:
+        engine._mean_rounds = saved
+
+
+def numpy_fedlsa_mean(problem, eta, H, T):
+    """The d-dimensional mean recursion of FedLSA, a numpy loop (the cost of the mean itself)."""
+    A, b = (np.asarray(x, np.float64) for x in (problem.A_bar, problem.b_bar))
+    theta = np.zeros(A.shape[-1])
+    out = [theta]
+    for _ in range(T):
+        local = np.repeat(theta[None], len(A), axis=0)
+        for _ in range(H):
+            local = local - eta * (np.einsum("cij,cj->ci", A, local) - b)
+        theta = local.mean(0)
+        out.append(theta)
+    return np.asarray(out)
+
+
+def mean_rows(T=1000):
+    problem, algorithms = mean_configurations()
+    report = {}
+    for name, alg in algorithms.items():
+        fast, t_fast = timed(lambda: fj.theory.exact_mean(problem, alg, T))
+        slow, t_slow = timed(lambda: phase_by_phase_mean(problem, alg, T))
+        rel = float(np.max(np.abs(fast - slow)) / np.max(np.abs(slow)))
+        row = {"s": t_fast, "phase_by_phase_s": t_slow, "rel": rel}
+        text = ""
+        if name == "fedlsa":
+            loop, t_loop = timed(lambda: numpy_fedlsa_mean(problem, 0.05, 100, T))
+            row.update(
+                numpy_loop_s=t_loop, numpy_rel=float(np.max(np.abs(fast - loop)) / np.max(np.abs(loop)))
+            )
+            text = f"  numpy mean loop {t_loop:6.2f} s (rel diff {row['numpy_rel']:.1e})"
+        report[name] = row
+        print(
+            f"exact_mean T={T} H=100 N=10 {name:20s} {t_fast:6.2f} s  phase by phase {t_slow:6.2f} s  "
+            f"rel diff {rel:.1e}{text}",
+            flush=True,
+        )
+    return report
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--skip-dense", action="store_true", help="skip the former dense stationary path")
     ap.add_argument("--full-rounds", type=int, default=20, help="rounds of the full recursion at N=100")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--mean-only", action="store_true", help="only the exact_mean rows (T=1000, H=100, N=10)")
     args = ap.parse_args(argv)
+    if args.mean_only:
+        return write_json(args.json, {"exact_mean": mean_rows()})
     T = args.rounds
-    report = {"rounds": T, "exact_mse": {}, "stationary_mse": {}, "many_agents": {}}
+    report = {
+        "rounds": T,
+        "exact_mse": {},
+        "stationary_mse": {},
+        "many_agents": {},
+        "exact_mean": mean_rows(),
+    }
     F = args.full_rounds
     for name, (problem, alg) in many_agents(T).items():
         fast, t_fast = timed(lambda: fj.theory.exact_mse(problem, alg, T))

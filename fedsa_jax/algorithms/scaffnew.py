@@ -79,6 +79,7 @@ arXiv:2402.04114 (its derandomised version for LSA).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -328,6 +329,7 @@ def theory(config: ScaffnewConfig, problem) -> moments.Recursion:
     reference, sent, shift, down = downlink_theory(y, config, into, target="sync")
     p, m = float(config.comm_prob), config.clients_per_round
 
+    @functools.lru_cache(maxsize=64)  # one object per step size: a constant step builds it once
     def step(eta):
         send = moments.aggregate(
             y,
