@@ -40,3 +40,53 @@ def test_argparse_errors_are_short(capsys):
     lines = _lines(capsys)
     assert len(lines) == 1 and len(lines[0].encode()) <= LIMIT, [len(line) for line in lines]
     assert lines[0].startswith("fedsa-jax run: error: argument --algorithms") and "..." in lines[0]
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_os_errors_are_short(tmp_path, capsys, command):
+    """An --out path too long for the file system: the OSError's message names the path, shortened."""
+    out = tmp_path / ("x" * 6000)
+    config = tmp_path / "sweep.toml"
+    config.write_text("[run]\nrounds = 2\nseeds = 2\n[grid]\nstep_size = 0.1\n")
+    argv = (
+        ["run", "--rounds", "2", "--seeds", "2", "--no-plot"] if command == "run" else ["sweep", str(config)]
+    )
+    assert main([*argv, "--out", str(out)]) == 2
+    lines = _lines(capsys)
+    assert len(lines) == 1 and len(lines[0].encode()) <= LIMIT, [len(line) for line in lines]
+    assert lines[0].startswith("fedsa-jax: error: ") and "..." in lines[0]
+    assert str(tmp_path)[:20] in lines[0] and lines[0].endswith("xxxxxxxxxx")
+
+
+def _with_filename2(error: OSError, name: str) -> OSError:
+    error.filename2 = name  # the constructor keeps filename2 only beside a filename
+    return error
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (
+            OSError(28, "No space left on device", "/out/result.npz"),
+            "No space left on device: /out/result.npz",
+        ),
+        (
+            _with_filename2(OSError(28, "No space left on device"), "/out/b.npz"),
+            "No space left on device: /out/b.npz",
+        ),
+        (OSError(18, "Invalid cross-device link", "/a", None, "/b"), "Invalid cross-device link: /a -> /b"),
+        (OSError(28, "No space left on device"), "No space left on device"),
+        (OSError(28, "No space left on device", ""), "No space left on device"),
+    ],
+    ids=["filename", "filename2", "both", "no-file", "empty-file"],
+)
+def test_os_error_names_the_file(monkeypatch, capsys, error, expected):
+    """An OSError during a command names its file (never an empty name after a colon)."""
+    import fedsa_jax.cli as cli
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(cli, "cmd_run", fail)
+    assert main(["run"]) == 2
+    assert _lines(capsys) == [f"fedsa-jax: error: {expected}"]

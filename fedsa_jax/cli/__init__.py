@@ -22,6 +22,7 @@ before any simulation; errors are one line naming the option (exit status 2).
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -52,7 +53,20 @@ def main(argv=None) -> int:
         print(f"fedsa-jax: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except OSError as err:  # a folder that became unwritable during the run, a full disk
-        print(f"fedsa-jax: error: {err.strerror or err}: {err.filename or ''}", file=sys.stderr)
+        print(f"fedsa-jax: error: {_os_error_message(err)}", file=sys.stderr)
         return 2
     finally:
         warnings.showwarning = shown
+
+
+def _os_error_message(err: OSError) -> str:
+    """``err`` in one line of at most about 500 characters: its reason, then the file it names
+    (``filename``, and ``filename2`` where both are set, as in a rename); an error naming no file
+    (a ``write`` on an open file) is its reason alone, without a dangling colon."""
+    reason = err.strerror or str(err) or type(err).__name__
+    names = [_file_name(n) for n in (err.filename, err.filename2) if n is not None and _file_name(n)]
+    return one_line(f"{reason}: {' -> '.join(names)}" if names else reason)
+
+
+def _file_name(name) -> str:
+    return os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else str(name)
