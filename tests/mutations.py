@@ -213,15 +213,15 @@ MUTATIONS = [
     Mutation(
         "scafflsa-channel-cv-half-gain",
         "fedsa_jax/algorithms/_base.py",
-        "(mean_delivered - delivery.messages) / denominator, 0.0)",
-        "(mean_delivered - delivery.messages) / (2 * denominator), 0.0)",
+        "(mean_delivered - messages) / denominator, 0.0)",
+        "(mean_delivered - messages) / (2 * denominator), 0.0)",
         (f"{CP}::test_channel_trajectories_match_numpy_loop[scafflsa-qsgd-erasures]",),
         "control-variate gain halved on the channel path",
     ),
     Mutation(
         "scafflsa-cv-from-unquantized",
         "fedsa_jax/algorithms/_base.py",
-        "increment = jnp.where(delivered, (mean_delivered - delivery.messages) / denominator, 0.0)",
+        "increment = jnp.where(delivered, (mean_delivered - messages) / denominator, 0.0)",
         "increment = jnp.where(delivered, (mean_delivered - (local - theta)) / denominator, 0.0)",
         (f"{CP}::test_channel_trajectories_match_numpy_loop[scafflsa-qsgd-erasures]",),
         "control variates move with the agents' unquantized model differences, not what the server received",
@@ -229,8 +229,8 @@ MUTATIONS = [
     Mutation(
         "scafflsa-lost-agents-move",
         "fedsa_jax/algorithms/_base.py",
-        "increment = jnp.where(delivered, (mean_delivered - delivery.messages) / denominator, 0.0)",
-        "increment = (mean_delivered - delivery.messages) / denominator",
+        "increment = jnp.where(delivered, (mean_delivered - messages) / denominator, 0.0)",
+        "increment = (mean_delivered - messages) / denominator",
         (f"{CP}::test_channel_trajectories_match_numpy_loop[scafflsa-qsgd-erasures]",),
         "agents whose message was lost update their control variate anyway",
     ),
@@ -287,10 +287,10 @@ MUTATIONS = [
     Mutation(
         "rand-k-with-replacement",
         "fedsa_jax/channel/quantizers.py",
-        "rank = jnp.argsort(jnp.argsort(u))  # the k smallest uniforms: k coordinates without replacement\n"
-        "    return jnp.where(rank < q.k, x * (d / q.k), 0.0)",
+        "kept = _first_k(-u, q.k)  # the k smallest uniforms: k coordinates without replacement\n"
+        "    return jnp.where(kept, x if q.unscaled else x * (d / q.k), 0.0)",
         "picks = jnp.minimum((u[: q.k] * d).astype(jnp.int32), d - 1)\n"
-        "    return x * jnp.zeros(d, x.dtype).at[picks].add(1.0) * (d / q.k)",
+        "    return x * jnp.zeros(d, x.dtype).at[picks].add(1.0) * (1.0 if q.unscaled else d / q.k)",
         (f"{CP}::test_quantizer_exact_variance[rand-3]",),
         "rand-k draws k coordinates with replacement: unbiased, wrong variance and covariance",
     ),
@@ -323,8 +323,8 @@ MUTATIONS = [
     Mutation(
         "qfedtd-chain-not-carried",
         "fedsa_jax/algorithms/qfedtd.py",
-        "return QFedTDState(problem.theta_star + error, error, sampler, ",
-        "return QFedTDState(problem.theta_star + error, error, state.sampler, ",
+        "problem.theta_star + error, error, sampler, state.count + 1,",
+        "problem.theta_star + error, error, state.sampler, state.count + 1,",
         (f"{CP}::test_qfedtd_markov_reduces_to_fedtd",),
         "QFedTD restarts each agent's Markov chain from the same state every round",
     ),
@@ -438,8 +438,8 @@ MUTATIONS = [
     Mutation(
         "quantizer-term-ignores-weight-variance",
         "fedsa_jax/moments.py",
-        "return c_same, c_other, c_same + _server_weight(ch, y.N) ** 2, quant",
-        "return c_same, c_other, _server_weight(ch, y.N) ** 2, quant",
+        "return c_same, c_other, c_same + _server_weight(ch, y.N, self.m) ** 2, quant",
+        "return c_same, c_other, _server_weight(ch, y.N, self.m) ** 2, quant",
         ("tests/test_theory.py::test_exact_mse_matches_enumeration[qfedtd_randk_erasures]",),
         "quantizer error weighted by E[w]^2 instead of E[w^2]",
     ),
@@ -537,8 +537,8 @@ MUTATIONS = [
     Mutation(
         "scafflsa-schedule-cv-last-step",
         "fedsa_jax/algorithms/scafflsa.py",
-        "optim.round_step_sum(eta, H)\n",
-        "H * (eta[-1] if eta.ndim else eta)\n",
+        "optim.round_step_sum(eta, H), cohort\n",
+        "H * (eta[-1] if eta.ndim else eta), cohort\n",
         (f"{NEW}::test_scafflsa_control_variates_divide_by_the_rounds_step_sum",),
         "with a schedule SCAFFLSA's control variates divide by H eta_last instead of the round's step sum",
     ),
@@ -596,14 +596,16 @@ MUTATIONS = [
     Mutation(
         "theory-optimizer-params-zero",
         "fedsa_jax/moments.py",
-        "        out[:, ref] = Mg + Mp\n"
-        "        out[:, agg] = -Mg\n"
-        "        out[:, s] = Ms\n"
-        "        out[:, 0] = c + Mp @ y.theta_star\n",
-        "        out[:, ref] = Mg\n"
-        "        out[:, agg] = -Mg\n"
-        "        out[:, s] = Ms\n"
-        "        out[:, 0] = c\n",
+        "    shift = c + Mp @ y.theta_star  # the constant in error coordinates\n"
+        "    rows = {}  # [u; s'] = (Mg + Mp) ref - Mg agg + Ms s + shift; reference <- reference + u\n"
+        '    for block, part, plus in ((reference, slice(0, d), np.eye(d)), ("s", slice(d, d + n_s), 0.0)):\n'
+        "        if part.stop > part.start:\n"
+        "            rows[block] = {reference: plus + (Mg + Mp)[part],",
+        "    shift = c  # the constant in error coordinates\n"
+        "    rows = {}  # [u; s'] = (Mg + Mp) ref - Mg agg + Ms s + shift; reference <- reference + u\n"
+        '    for block, part, plus in ((reference, slice(0, d), np.eye(d)), ("s", slice(d, d + n_s), 0.0)):\n'
+        "        if part.stop > part.start:\n"
+        "            rows[block] = {reference: plus + Mg[part],",
         (
             f"{NEW}::test_server_optimizer_sees_theta_in_the_kernel_and_the_mean",
             f"{NEW}::test_exact_mse_with_weight_decay_matches_its_second_moment_recursion",
@@ -613,8 +615,8 @@ MUTATIONS = [
     Mutation(
         "theory-optimizer-params-error",
         "fedsa_jax/moments.py",
-        "out[:, 0] = c + Mp @ y.theta_star",
-        "out[:, 0] = c",
+        "shift = c + Mp @ y.theta_star  # the constant in error coordinates",
+        "shift = c  # the constant in error coordinates",
         (f"{NEW}::test_exact_mse_with_weight_decay_matches_its_second_moment_recursion",),
         "exact recursions give the server optimizer theta - theta_star as params",
     ),
@@ -629,10 +631,14 @@ MUTATIONS = [
     Mutation(
         "drift-against-previous-iterate",
         "fedsa_jax/algorithms/fedlsa.py",
-        "    state = FedLSAState(problem.theta_star + error, error, sampler, state.count + 1, opt_state)\n"
-        "    return state, round_info(local, error, delivery, config, problem)",
-        "    info = round_info(local, state.error, delivery, config, problem)\n"
-        "    state = FedLSAState(problem.theta_star + error, error, sampler, state.count + 1, opt_state)\n"
+        "    state = FedLSAState(\n"
+        "        problem.theta_star + error, error, sampler, state.count + 1, opt_state, delivery.memory, hat\n"
+        "    )\n"
+        "    return state, round_info(local, error, delivery, config, problem, cohort)",
+        "    info = round_info(local, state.error, delivery, config, problem, cohort)\n"
+        "    state = FedLSAState(\n"
+        "        problem.theta_star + error, error, sampler, state.count + 1, opt_state, delivery.memory, hat\n"
+        "    )\n"
         "    return state, info",
         (f"{NEW}::test_client_drift_is_the_documented_mean_over_agents[fedlsa]",),
         "FedLSA's client drift measured against theta_t instead of theta_{t+1}",
@@ -648,8 +654,8 @@ MUTATIONS = [
     Mutation(
         "scaffnew-drift-against-sync",
         "fedsa_jax/algorithms/scaffnew.py",
-        "client_drift=jnp.mean(jnp.sum((x - error) ** 2, axis=-1)),",
-        "client_drift=jnp.mean(jnp.sum((x - x_sync) ** 2, axis=-1)),",
+        "info = _round_info(coins, delivered, N, config, problem, jnp.mean(jnp.sum((x - error) ** 2, axis=-1)))",
+        "info = _round_info(coins, delivered, N, config, problem, jnp.mean(jnp.sum((x - x_sync) ** 2, axis=-1)))",
         (f"{NEW}::test_client_drift_is_the_documented_mean_over_agents[scaffnew]",),
         "Scaffnew's drift against the last synchronised iterate, not the round's server iterate",
     ),
