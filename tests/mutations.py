@@ -815,6 +815,34 @@ MUTATIONS = [
         (f"{UNTESTED}::test_clients_per_round_reaches_every_factory_from_the_command_line_and_a_grid",),
         "--clients-per-round does not reach Scaffnew's factory",
     ),
+    # --- untested behaviours: factored noise, stability certificate, on_record, compare's ratio -----
+    Mutation(
+        "factored-cv-own-noise-dropped",
+        "fedsa_jax/theory/_agents.py",
+        "        blocks[idx, :, idx, :] += own\n",
+        "",
+        (
+            f"{UNTESTED}::test_factored_control_variates_keep_the_noise_in_their_rows[scafflsa]",
+            f"{UNTESTED}::test_factored_control_variates_keep_the_noise_in_their_rows[scaffnew]",
+        ),
+        "the factored recursion drops each agent's fresh noise Q R Q^T from the control variates' blocks",
+    ),
+    Mutation(
+        "factored-cv-noise-cross-term-dropped",
+        "fedsa_jax/theory/_agents.py",
+        "np.concatenate([P, Cf, QRG + Cf @ Nz], axis=1)",
+        "np.concatenate([P, Cf, Cf @ Nz], axis=1)",
+        (f"{UNTESTED}::test_factored_control_variates_keep_the_noise_in_their_rows[scafflsa]",),
+        "the factored recursion drops the noise's cross term Q R G^T C^T between the control variates",
+    ),
+    Mutation(
+        "factored-cv-noise-globals-term-dropped",
+        "fedsa_jax/theory/_agents.py",
+        "XG = U_G @ A.T + U_X @ MG[:, g:].T + QRG  #",
+        "XG = U_G @ A.T + U_X @ MG[:, g:].T  #",
+        (f"{UNTESTED}::test_factored_control_variates_keep_the_noise_in_their_rows[scaffnew]",),
+        "the factored recursion drops the noise's cross term Q R G^T between control variates and globals",
+    ),
 ]
 
 
