@@ -158,17 +158,51 @@ def _run_options(args, checkpoint_name: str) -> dict:
     )
 
 
+def _seeds(args):
+    """The seed count, or with ``--rel-sem`` the precision target (:func:`fedsa_jax.until`)."""
+    import fedsa_jax as fj
+
+    return args.seeds if args.rel_sem is None else fj.until(rel_sem=args.rel_sem, max_seeds=args.seeds)
+
+
+def _compare_name(names: list[str]) -> str:
+    return "compare__" + "__".join(names)
+
+
+def _check_runs(args, problem, algs, names: list[str]) -> None:
+    """Every simulation's arguments checked as :func:`fedsa_jax.simulate` checks them (nothing runs
+    or compiles: a quantizer's ``k`` above the dimension, more clients per round than agents,
+    ``--record-every`` above ``--rounds``, ...), so that an error comes before anything is printed."""
+    import inspect
+
+    import jax
+
+    import fedsa_jax as fj
+    from fedsa_jax._driver import simulation_run
+
+    key, seeds = jax.random.key(args.seed), _seeds(args)
+    for alg, name in zip(algs, names, strict=True):
+        options = _run_options(args, _compare_name(names) if args.compare else name)
+        bound = inspect.signature(fj.simulate).bind(key, problem, alg, args.rounds, seeds, **options)
+        bound.apply_defaults()
+        simulation_run(**bound.arguments)
+
+
 def _simulate_one(args, problem, alg, file_name: str, summary: dict):
     """Simulate ``alg``, write its result files, add its line to ``summary`` and print it."""
     import jax
 
     import fedsa_jax as fj
 
-    seeds = args.seeds if args.rel_sem is None else fj.until(rel_sem=args.rel_sem, max_seeds=args.seeds)
     with _CompileTimer() as timer:
         t0 = time.perf_counter()
         res = fj.simulate(
-            jax.random.key(args.seed), problem, alg, args.rounds, seeds, **_run_options(args, file_name)
+            jax.random.key(args.seed),
+            problem,
+            alg,
+            args.rounds,
+            _seeds(args),
+            **_run_options(args, file_name),
         )
         seconds = time.perf_counter() - t0
     _write_one(
@@ -192,7 +226,7 @@ def _compare_all(args, problem, algs, names: list[str], summary: dict) -> dict:
             {alg.name: alg for alg in algs},
             args.rounds,
             args.seeds,
-            **_run_options(args, "compare__" + "__".join(names)),
+            **_run_options(args, _compare_name(names)),
         )
         seconds = time.perf_counter() - t0
     for alg, name in zip(algs, names, strict=True):
@@ -338,6 +372,7 @@ def cmd_run(args) -> int:
     problem = _make_problem(args, jax.random.key(args.problem_seed))
     algs, names = _algorithms(args, problem)
     _check_compare(args, algs)
+    _check_runs(args, problem, algs, names)  # every error before the first line printed
     builtin = [alg for spec, alg in zip(args.algorithms, algs, strict=True) if spec in registry.algorithms()]
     if builtin and (args.quantizer != "none" or args.success_prob != 1.0):
         print(f"uplink channel: {json.dumps(builtin[0].config.channel.describe())}")
