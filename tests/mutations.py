@@ -843,6 +843,14 @@ MUTATIONS = [
         (f"{UNTESTED}::test_factored_control_variates_keep_the_noise_in_their_rows[scaffnew]",),
         "the factored recursion drops the noise's cross term Q R G^T between control variates and globals",
     ),
+    Mutation(
+        "stability-certificate-against-ones",
+        "fedsa_jax/theory/stationary.py",
+        "diagonal = (op.iu[0] == op.iu[1])[1:][sigma].astype(float)  # the identity's entries",
+        "diagonal = np.ones(len(sigma))  # the identity's entries",
+        (f"{UNTESTED}::test_stability_certificate_solves_against_the_identity",),
+        "the mean-square certificate solves X - T(X) = J (all ones): a stable round with T = c^2 I refused",
+    ),
 ]
 
 

@@ -14,6 +14,9 @@ on a hand-made breakage of it (``tests/mutations.py``, section "untested behavio
   sweep grid: the recorded config says so, messages are m per round, the MSE is not the full run's;
 * the factored many-agent recursion with control variates (SCAFFLSA, Scaffnew) keeps the observation
   noise's contribution to the control-variate rows: equal to the full second moment, to 1e-9;
+* the mean-square stability certificate solves ``X - T(X) = I`` (the identity's vectorisation):
+  a stable round whose linear part is a multiple of the identity is certified, where solving
+  against the all-ones matrix (rank one, kept rank one by such a T) would refuse it;
 """
 
 import json
@@ -27,7 +30,7 @@ from scipy import stats as scipy_stats
 import fedsa_jax as fj
 from fedsa_jax import cli
 from fedsa_jax.channel import quantizers
-from fedsa_jax.theory import _agents, _operator, engine
+from fedsa_jax.theory import _agents, _operator, engine, stationary
 
 COHORT_STREAM = 0x636F68  # the cohort's documented key stream: fold_in(round_key, 0x636F68)
 
@@ -339,3 +342,34 @@ def test_factored_control_variates_keep_the_noise_in_their_rows(noisy_and_noisel
     np.testing.assert_allclose(factored, full, rtol=1e-9, atol=0)
     quiet = exact_mse_through(noiseless, alg, monkeypatch, factored=True)
     assert np.all(np.abs(full[5:] - quiet[5:]) > 1e-2 * full[5:])  # power: the noise's share is large
+
+
+# --------------------------------------------------------------------------------------------
+# the mean-square stability certificate's right-hand side
+
+
+def test_stability_certificate_solves_against_the_identity(monkeypatch):
+    """FedLSA (eta = 0.3, H = 2) on two agents with ``A_bar = I`` (d = 2), heterogeneous ``b_bar``,
+    additive noise only: the round's linear part is ``c I``, c = 0.49, so ``T(X) = c^2 X``. With
+    the dense path off (``DENSE_UNKNOWNS = 0``: GMRES after the certificate) ``stationary_mse``
+    equals the dense solve and the converged recursion; the certificate's solution is
+    ``I / (1 - c^2)``, positive definite (against the all-ones matrix J it would be the singular
+    ``J / (1 - c^2)``, and the stable run refused). Past the threshold (eta = 2.5: c = -2.25) the
+    certificate refuses, naming the radius c^2."""
+    problem = fj.problems.gaussian_lsa(
+        np.stack([np.eye(2)] * 2), np.array([[1.0, -0.5], [0.3, 2.0]]), 0.0, 0.5
+    )
+    alg = fj.fedlsa(0.3, 2)
+    dense = fj.theory.stationary_mse(problem, alg)
+    np.testing.assert_allclose(fj.theory.mean_square_spectral_radius(problem, alg), 0.49, rtol=1e-12)
+    monkeypatch.setattr(stationary, "DENSE_UNKNOWNS", 0)
+    certified = []
+    check = stationary._require_mean_square_stable
+    monkeypatch.setattr(
+        stationary, "_require_mean_square_stable", lambda *a: certified.append(1) or check(*a)
+    )
+    np.testing.assert_allclose(fj.theory.stationary_mse(problem, alg), dense, rtol=1e-10)
+    assert certified  # the certificate ran (and passed)
+    np.testing.assert_allclose(dense, fj.theory.exact_mse(problem, alg, 60)[-1], rtol=1e-10)
+    with pytest.raises(ValueError, match=r"spectral radius 5\.0625 >= 1: no limit"):
+        fj.theory.stationary_mse(problem, fj.fedlsa(2.5, 2))
