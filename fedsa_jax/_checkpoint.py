@@ -26,7 +26,6 @@ import contextlib
 import hashlib
 import json
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +167,8 @@ def notice_other_code(directory, finger: str, configuration: str) -> None:
         try:
             with np.load(path, allow_pickle=False) as data:  # reads the one small array it needs
                 theirs = str(data["configuration"]) if "configuration" in data.files else None
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-            continue  # damaged or foreign: not this run's to judge
+        except Exception:  # damaged (any decoding error, see _io.read_npz) or foreign: not ours to judge
+            continue
         if theirs == configuration:
             warnings.warn(
                 f"checkpoint_dir={str(directory)!r} holds a checkpoint ({path.name}) "

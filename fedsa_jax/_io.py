@@ -15,8 +15,8 @@ damaged files recognised, strict JSON.
 * No file is written through a symbolic link: temporary files are created with
   ``O_EXCL | O_NOFOLLOW`` and lock files are opened with ``O_NOFOLLOW`` and must be
   regular files with no other hard link, so a link planted in a shared folder under a
-  lock's name (``.NAME.lock -> victim``) is refused with a one-line ``ValueError``,
-  never truncated. A target that is a link (a result or checkpoint file) is replaced
+  lock's name (``.NAME.lock -> victim``), or a folder or FIFO there, is refused with a
+  one-line ``ValueError``, never truncated. A target that is a link (a result or checkpoint file) is replaced
   by ``os.replace``: the link itself becomes the new file, the file it pointed to is
   left as it was. Reading follows links (it changes nothing).
 * :func:`read_npz` reads a whole ``.npz`` archive and turns every sign of damage
@@ -34,7 +34,6 @@ import re
 import socket
 import stat
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,12 +83,14 @@ def _create_new(path: Path) -> int:
 
 def _open_lock_file(path: Path) -> int:
     """Open (or create) the lock file ``path`` read-write, without following a link; a link, a
-    non-regular file or a file with another hard link is refused with a ``ValueError``."""
+    folder, a non-regular file or a file with another hard link is refused with a ``ValueError``."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666)
     except OSError:
         if os.path.islink(path):  # ELOOP on Linux and macOS, EMLINK on FreeBSD
             _refuse(path, "lock file", "a symbolic link")
+        if os.path.isdir(path):  # EISDIR: a folder cannot be opened for writing
+            _refuse(path, "lock file", "a folder")
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
@@ -161,7 +162,9 @@ def _clean_now(folder: Path) -> None:
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], object], mode: str = "wb") -> Path:
     """Write through ``write(fileobj)`` into a temporary file beside ``path``, fsync,
     then ``os.replace`` it onto ``path``. The file gets the umask's permissions. A ``path``
-    that is a symbolic link is replaced itself; the file it pointed to is not written."""
+    that is a symbolic link is replaced itself; the file it pointed to is not written. On any
+    failure the temporary file is removed and ``path`` is left as it was; an ``OSError`` that
+    names no file (``ENOSPC`` from a write or ``fsync``) is raised again naming ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _clean_now(path.parent)
@@ -178,9 +181,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], object], mode: 
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:  # a full disk: name the file being written
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise
     return path
 
@@ -270,9 +275,13 @@ def read_npz(
     """Every array of the ``.npz`` file ``path``, read in full (so damage anywhere shows now).
 
     A missing or unreadable file raises its ``OSError`` (``FileNotFoundError``,
-    ``PermissionError``); anything else that goes wrong, or a missing ``required``
-    array, raises :class:`DamagedFileError` saying the file is damaged or not a
-    fedsa_jax ``what`` file, then ``remedy``.
+    ``PermissionError``, ``IsADirectoryError``); anything else that goes wrong while
+    decoding (a corrupted zip or npy header gives errors of many kinds: ``BadZipFile``,
+    ``NotImplementedError`` for an unknown compression method, ``tokenize.TokenError`` or
+    ``SyntaxError`` from the header's parser, ``zlib.error``...), or a missing
+    ``required`` array, raises :class:`DamagedFileError` saying the file is damaged or
+    not a fedsa_jax ``what`` file, then ``remedy``. This is the one place a file's bytes
+    are decoded: what reads the arrays afterwards checks their values.
     """
     try:
         with open(path, "rb") as fh:  # ours to close, also when numpy fails half-way
@@ -286,7 +295,7 @@ def read_npz(
             raise KeyError(f"no {missing[0]!r} array")
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise
-    except (zipfile.BadZipFile, EOFError, KeyError, ValueError, OSError) as err:
+    except Exception as err:  # zipfile's, numpy's header parser's (tokenize, SyntaxError), zlib's...
         detail = str(err).splitlines()[0] if str(err) else type(err).__name__
         if "pickled" in detail:  # numpy's refusal to unpickle: random bytes or another program's file
             detail = "not a NumPy archive"

@@ -137,13 +137,10 @@ def _check_until(until: Until | None, num_rounds: int, record_every: int) -> Non
 
 
 def _check_counts(num_rounds, num_seeds, record_every) -> tuple[int, int, int]:
+    # at most 2**31 - 1 of each (integer's bound): the round counter and the seed indices are uint32
     rounds = _validate.integer("num_rounds", num_rounds)
     seeds = _validate.integer("num_seeds", num_seeds)
     every = _validate.integer("record_every", record_every)
-    if seeds >= 2**31:  # seed indices are uint32 fold_in data
-        _validate.fail("num_seeds", num_seeds, "expected fewer than 2**31 seeds")
-    if rounds >= 2**32 - 1:  # the round counter is uint32
-        _validate.fail("num_rounds", num_rounds, "expected fewer than 2**32 - 1 rounds; split the run")
     if every > rounds:
         _validate.fail("record_every", record_every, f"expected an integer in [1, num_rounds={rounds}]")
     if rounds // every + 1 > MAX_RECORDS:
@@ -175,7 +172,7 @@ def _check_execution(execution: Execution) -> None:
         _validate.integer("chunk_rounds", execution.chunk_rounds)
     if execution.progress not in (None, True, False):
         _validate.fail("progress", execution.progress, "expected True, False or None (on a terminal only)")
-    _validate.integer("memory_budget", execution.memory_budget)
+    _validate.integer("memory_budget", execution.memory_budget, maximum=2**63 - 1)  # bytes
 
 
 def _check_quantiles(quantiles, records: int) -> bool:

@@ -15,8 +15,9 @@ to ``out_dir/<name>.npz`` (its config stored in ``result.config["sweep"]``), and
 configurations instead of running them again (only if the saved run used the
 same rounds, seeds, key, theta0, threshold, dtype and code; otherwise it reruns; a
 damaged file, or one that :func:`fedsa_jax.load` refuses for its schema, is
-recomputed, with a warning). ``shard=(k, n)`` runs one part of the grid, so the
-tasks of a cluster job array fill one shared folder. :func:`grid` refuses more
+recomputed, with a warning; a folder or anything but a file where a result goes is
+refused, naming it, once every other configuration is done). ``shard=(k, n)`` runs one
+part of the grid, so the tasks of a cluster job array fill one shared folder. :func:`grid` refuses more
 than :data:`MAX_GRID` configurations before expanding them.
 """
 
@@ -139,8 +140,11 @@ class SweepEntry:
     """One configuration of a sweep and its result.
 
     ``status``: ``"ran"``, ``"loaded"`` (a finished file), ``"recomputed"`` (its
-    file was damaged, so it ran again) or ``"missing"`` (not finished, and the
-    sweep was asked not to compute: ``result`` and ``path`` are None).
+    file was damaged, so it ran again), ``"missing"`` (not finished, and the
+    sweep was asked not to compute: ``result`` and ``path`` are None) or ``"blocked"``
+    (something other than a file, a folder say, stands at ``path``: not computed, since its
+    result could not be saved; it is listed so in ``sweep.json`` and the sweep then raises a
+    ``ValueError`` naming it, after every other configuration is done and saved).
     """
 
     config: dict[str, Any]
@@ -169,13 +173,20 @@ def _shard(shard) -> tuple[int, int] | None:
 
 def _finished(
     out: Path, config, run, problem, warn: bool = True, compute: bool = True
-) -> tuple[SweepEntry | None, bool]:
-    """``(entry, damaged)``: the saved result of ``config`` if it is this run's, and whether
-    a file was there but damaged or of another schema (:func:`fedsa_jax.load` refuses it: it
-    is then recomputed and replaced, or without ``compute`` counted as missing, with a warning)."""
-    for path in (out / f"{config_name(config)}.npz", out / f"{_legacy_name(config)}.npz"):
+) -> tuple[SweepEntry | None, str]:
+    """``(entry, state)``: the saved result of ``config`` if it is this run's, and ``state``:
+    ``"damaged"`` when a file was there but damaged or of another schema (:func:`fedsa_jax.load`
+    refuses it: it is then recomputed and replaced, or without ``compute`` counted as missing, with a
+    warning), ``"blocked"`` when something other than a file (a folder, a FIFO) stands where the
+    result goes (it can be neither read nor replaced: the configuration is refused), else ``""``."""
+    primary = out / f"{config_name(config)}.npz"
+    for path in (primary, out / f"{_legacy_name(config)}.npz"):
         if not path.exists():
             continue
+        if not path.is_file():
+            if path == primary:
+                return None, "blocked"
+            continue  # an old name that is not a file: nothing of ours to load
         try:
             done = load(path)
         except DamagedFileError as err:
@@ -186,10 +197,24 @@ def _finished(
                     else "a damaged sweep result counts as missing (nothing is computed)"
                 )
                 warnings.warn(f"{what}: {err}", RuntimeWarning, stacklevel=3)
-            return None, True
+            return None, "damaged"
         if _same_run(done, config, run, problem):
-            return SweepEntry(config, done, path, 0.0, "loaded"), False
-    return None, False
+            return SweepEntry(config, done, path, 0.0, "loaded"), ""
+    return None, ""
+
+
+def _refuse_blocked(out: Path, entries: list[SweepEntry]) -> None:
+    """After every other configuration is done and indexed: refuse those whose result path holds
+    something other than a file, naming the first."""
+    blocked = [e for e in entries if e.status == "blocked"]
+    if blocked:
+        done = sum(e.result is not None for e in entries)
+        raise ValueError(
+            f"{str(out / f'{config_name(blocked[0].config)}.npz')!r} is not a file (a folder?), so the "
+            f"result of its configuration can be neither read nor written: {len(blocked)} "
+            f"configuration(s) not computed ({done} of {len(entries)} done and saved); move it away "
+            "and rerun the sweep"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -326,6 +351,8 @@ def sweep(
     ordered = [entries[i] for i in sorted(entries)]
     if out is not None and shard is None:
         _write_index(out, ordered)
+    if out is not None:
+        _refuse_blocked(out, ordered)
     return ordered
 
 
@@ -353,11 +380,13 @@ def _groups(
         problem, algorithm = build(config)
         run = settings.run(config, problem, algorithm)
         if out is not None:
-            entry, bad = _finished(out, config, run, problem, compute=compute)
+            entry, state = _finished(out, config, run, problem, compute=compute)
+            if state == "blocked":
+                entry = SweepEntry(config, None, out / f"{config_name(config)}.npz", 0.0, "blocked")
             if entry is not None:
                 entries[i] = entry
                 continue
-            if bad:
+            if state == "damaged":
                 damaged.add(i)
         if not compute:
             entries[i] = SweepEntry(config, None, None, 0.0, "missing")

@@ -14,6 +14,8 @@ from typing import Any, NoReturn
 import jax
 import numpy as np
 
+from fedsa_jax.registry import SEED_MAX  # the command line's --seed allows the same
+
 MAX_MESSAGE_CHARS = 500  # a message of fail(): the name and the text are cut first, the value gets the rest
 MAX_NAME_CHARS, MAX_ALLOWED_CHARS = 60, 300
 
@@ -63,8 +65,10 @@ INDEX_MAX = 2**31 - 1  # sizes and indices are int32 inside the kernels
 
 
 def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
-    """``value`` as an int in ``[minimum, maximum]`` (no upper bound for ``maximum=None``); bools are
-    refused (``True`` is an ``int`` to Python, never a count)."""
+    """``value`` as an int in ``[minimum, maximum]``; bools are refused (``True`` is an ``int`` to
+    Python, never a count). Without ``maximum`` the bound is ``INDEX_MAX = 2**31 - 1`` (counts and sizes
+    are int32 inside the kernels), named only to a value above it: an int Python holds but JAX cannot
+    (``2**64``) is this one-line error, never an ``OverflowError`` from the conversion."""
     allowed = (
         f"expected an integer >= {minimum}"
         if maximum is None
@@ -74,6 +78,8 @@ def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None)
         fail(name, value, allowed)
     if value < minimum or (maximum is not None and value > maximum):  # pyright: ignore[reportOperatorIssue]
         fail(name, value, allowed)
+    if maximum is None and value > INDEX_MAX:  # pyright: ignore[reportOperatorIssue]
+        fail(name, value, f"expected an integer in [{minimum}, 2**31 - 1] (an int32 inside the kernels)")
     return int(value)
 
 
@@ -201,6 +207,8 @@ def float_dtype(name: str, value: Any, default_from: Any = None, source: str | N
 def prng_key(name: str, key: Any) -> jax.Array:
     """Return a typed threefry key; refuse rbg/unsafe_rbg and non-keys."""
     if isinstance(key, (numbers.Integral, np.integer)) and not isinstance(key, bool):
+        if not 0 <= int(key) <= SEED_MAX:
+            fail(name, key, f"expected an int seed in [0, {SEED_MAX}] or a JAX PRNG key")
         return jax.random.key(int(key))
     try:
         impl = str(jax.random.key_impl(key))

@@ -259,7 +259,7 @@ def load(path) -> SimulationResult:
     the recorded rounds ``R``, the dimension ``d``, the seeds ``n`` and the kept
     seeds ``K`` (``rounds`` itself is ``0, r, 2r, ..., num_rounds``); the
     configuration has the keys every version wrote; each metric it lists has all
-    its arrays.
+    its arrays; and no value is one a run cannot produce (:func:`_check_values`).
     """
     required = (
         "config_json",
@@ -285,6 +285,7 @@ def load(path) -> SimulationResult:
         arrays.setdefault("seed_mse", np.zeros((R, 0)))
         arrays.update(_counts(arrays, config))
         _check_directions(arrays)
+        _check_values(arrays, config["num_seeds"])
     except ValueError as err:
         raise DamagedFileError(
             f"{str(path)!r} is damaged or not a fedsa_jax result file ({err}); {_DAMAGED}"
@@ -436,6 +437,43 @@ def _check_directions(arrays: dict[str, np.ndarray]) -> None:
     for total in BIT_TOTALS if present else ():
         if not np.array_equal(arrays[f"uplink_{total}"] + arrays[f"downlink_{total}"], arrays[total]):
             raise ValueError(f"uplink_{total} + downlink_{total} is not {total}")
+
+
+def _check_values(arrays: dict[str, np.ndarray], num_seeds: int) -> None:
+    """Values no run writes (a file edited by hand or by another program): a negative MSE (mean,
+    quantile or kept seed's), a negative standard error, one that is NaN at a round where at least two
+    seeds did not diverge (it is defined there; NaN only where fewer than two are left), a diverged
+    count outside ``[0, num_seeds]``, a negative count of messages, bits or samples."""
+
+    def first(bad: np.ndarray) -> int:
+        return int(arrays["rounds"][np.argwhere(bad)[0][0]])
+
+    diverged = arrays["num_diverged"]
+    if np.any((diverged < 0) | (diverged > num_seeds)):
+        bad = (diverged < 0) | (diverged > num_seeds)
+        raise ValueError(
+            f"num_diverged is {int(diverged[bad][0])} at round {first(bad)}, expected a count in "
+            f"[0, {num_seeds}] (config_json's num_seeds)"
+        )
+    for key in ("mse_mean", "mse_quantiles", "seed_mse", "mse_sem", "theta_sem"):
+        with np.errstate(invalid="ignore"):
+            bad = arrays[key] < 0
+        if np.any(bad):
+            what = "standard error" if key.endswith("sem") else "MSE"
+            raise ValueError(f"{key} is negative at round {first(bad)}, which no {what} can be")
+    defined = (num_seeds - diverged) >= 2
+    for key in ("mse_sem", "theta_sem"):
+        nan = np.isnan(arrays[key]).reshape(len(diverged), -1).any(axis=1) & defined
+        if np.any(nan):
+            raise ValueError(
+                f"{key} is NaN at round {first(nan)}, where {num_seeds - int(diverged[nan][0])} seeds "
+                "did not diverge (a standard error is NaN only with fewer than two)"
+            )
+    for key in (k for k in (*COUNT_NAMES, *BIT_TOTALS) if k in arrays):  # older files lack some
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.asarray(arrays[key]) >= 0)
+        if np.any(bad):
+            raise ValueError(f"{key} is {arrays[key][bad][0]} at round {first(bad)}, expected a count >= 0")
 
 
 def _counts(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray]:

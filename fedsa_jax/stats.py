@@ -28,6 +28,7 @@ pairwise algorithm for computing sample variances", 1979.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -361,6 +362,7 @@ def rate(
     pick = (res.rounds >= a) & (res.rounds <= b) & (t > 0)
     if pick.sum() < 2:
         _validate.fail("rounds", rounds, "expected at least two recorded rounds t with t + t0 > 0 in [a, b]")
+    _check_fit_rounds(res, pick, rounds)
     x, y = np.log(t[pick]), np.log(res.mse_mean[pick])
     w = _ols_weights(x)
     slope = float(w @ y)
@@ -384,6 +386,49 @@ def rate(
         low, high = slope - half, slope + half
         method = "normal, bound on the variance from the standard errors"
     return Fit(slope, (float(low), float(high)), level, method, x, y)
+
+
+ROUNDING_FACTOR = 100.0  # an MSE below ROUNDING_FACTOR * d * (eps * max|theta*|)^2 is warned of
+
+
+def _check_fit_rounds(res, pick: np.ndarray, rounds) -> None:
+    """Refuse rounds whose mean MSE is not finite and positive (every seed diverged, or an error
+    exactly 0: no logarithm), naming the first; warn, naming them, of rounds where seeds diverged (the
+    fit is of the others' MSE) and of rounds at the dtype's rounding floor, an MSE below
+    ``ROUNDING_FACTOR * d * (eps * max|theta*|)^2``: the updates' rounding, not the algorithm, can make
+    such a curve, and its slope (with every seed alike, its interval of width 0) says nothing."""
+    picked, m = np.asarray(res.rounds)[pick], np.asarray(res.mse_mean, np.float64)[pick]
+    bad = ~(np.isfinite(m) & (m > 0))
+    if bad.any():
+        diverged = int(np.asarray(res.num_diverged)[pick][bad][0])
+        _validate.fail(
+            "rounds",
+            rounds,
+            f"the mean MSE is {m[bad][0]} at recorded round {int(picked[bad][0])} ({diverged} of "
+            f"{res.num_seeds} seeds diverged there): no log-log slope through it; pass rounds=(a, b) "
+            "where it is finite and positive",
+        )
+    diverged = np.asarray(res.num_diverged)[pick]
+    if diverged.any():
+        warnings.warn(
+            f"{int(diverged.max())} of {res.num_seeds} seeds diverged by recorded round "
+            f"{int(picked[diverged > 0][0])}: the slope is of the MSE of the others",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    star = np.asarray(res.theta_star, np.float64)
+    eps = np.finfo(np.dtype(res.config.get("dtype", "float64"))).eps
+    floor = ROUNDING_FACTOR * star.size * (eps * np.max(np.abs(star), initial=0.0)) ** 2
+    low = m <= floor
+    if low.any():
+        warnings.warn(
+            f"the mean MSE at recorded rounds {int(picked[low][0])}..{int(picked[low][-1])} "
+            f"({int(low.sum())} of {low.size}) is at {res.config.get('dtype', 'float64')}'s rounding "
+            f"floor (<= {floor:.1e}, {ROUNDING_FACTOR:g} d (eps max|theta*|)^2): the slope may measure "
+            "rounding, not the algorithm; pass rounds=(a, b) before them",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def speedup(results, round=None, *, level: float = 0.95) -> Fit:

@@ -303,3 +303,33 @@ def test_compare_resumes_from_its_checkpoint(het_gaussian, tmp_path):
         np.testing.assert_array_equal(again.results[name].mse_mean, whole.results[name].mse_mean)
         np.testing.assert_array_equal(again.results[name].final_theta, whole.results[name].final_theta)
     np.testing.assert_array_equal(again.difference("A", "B").sem, whole.difference("A", "B").sem)
+
+
+def test_rate_refuses_a_diverged_curve_and_warns_at_the_rounding_floor():
+    """A curve through rounds where every seed diverged (mean MSE NaN) is refused, naming the round;
+    SCAFFLSA on a noise-free heterogeneous problem reaches theta* up to float64 rounding (a constant
+    1.7e-32 from round 30, alike over seeds): its slope is warned of, naming the rounds, while the
+    rounds before the floor fit without a word."""
+    import warnings
+
+    A = np.array([[[1.0, 0.2], [0.0, 0.8]], [[0.8, 0.1], [0.0, 1.2]]])
+    star = np.array([3.0, -4.0])
+    b = np.einsum("cij,j->ci", A, star) + np.array([[0.3, -0.2], [-0.3, 0.2]])
+    clean = fj.problems.gaussian_lsa(A, b, noise_A=0.0, noise_b=0.0, dtype="float64")  # x64: conftest
+    res = fj.simulate(0, clean, fj.scafflsa(0.5, 2), 200, 4, record_every=10, keep_seeds=4)
+    assert np.all(res.mse_mean[3:] < 1e-30)
+    with pytest.warns(
+        RuntimeWarning, match=r"recorded rounds 30\.\.200 \(18 of 20\) is at float64's rounding floor"
+    ):
+        fj.stats.rate(res, rounds=(10, 200))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fj.stats.rate(res, rounds=(0, 20), t0=1.0).slope < 0
+    noisy = fj.problems.gaussian_lsa(A, b, noise_A=0.5, noise_b=0.5)
+    with pytest.warns(RuntimeWarning, match="4 of 4 seeds diverged"):
+        blown = fj.simulate(0, noisy, fj.fedlsa(3.0, 4), 40, 4, record_every=10, divergence_threshold=1e6)
+    assert blown.num_diverged[-1] == 4 and np.isnan(blown.mse_mean[-1])
+    with pytest.raises(
+        ValueError, match=r"rounds=None is invalid: the mean MSE is nan at recorded round \d+ \(4 of 4"
+    ):
+        fj.stats.rate(blown)

@@ -17,6 +17,8 @@ on a hand-made breakage of it (``tests/mutations.py``, section "untested behavio
 * the mean-square stability certificate solves ``X - T(X) = I`` (the identity's vectorisation):
   a stable round whose linear part is a multiple of the identity is certified, where solving
   against the all-ones matrix (rank one, kept rank one by such a T) would refuse it;
+* ``on_record`` over several seed batches: statistics and per-seed counts over the seeds run so far
+  (3, 6, 7 of 7), equal to the kept seeds' values and to runs of that many seeds;
 """
 
 import json
@@ -373,3 +375,42 @@ def test_stability_certificate_solves_against_the_identity(monkeypatch):
     np.testing.assert_allclose(dense, fj.theory.exact_mse(problem, alg, 60)[-1], rtol=1e-10)
     with pytest.raises(ValueError, match=r"spectral radius 5\.0625 >= 1: no limit"):
         fj.theory.stationary_mse(problem, fj.fedlsa(2.5, 2))
+
+
+# --------------------------------------------------------------------------------------------
+# on_record over seed batches
+
+
+def test_on_record_statistics_and_counts_cover_the_seeds_run_so_far(het_gaussian):
+    """7 seeds in batches of 3, FedLSA over an uplink that delivers half the messages: the records
+    of batch b count the ``3, 6, 7`` seeds run so far; their MSE mean and standard error are those
+    of seeds ``0..n-1`` by hand (kept by a one-batch run of the 7: seed i depends on (key, i)
+    only), and their per-seed counts (samples, and the random delivered messages) those of a run
+    of n seeds, not the run's 7. The delivered counts of 3 and 6 seeds differ from 7's (power)."""
+    T, n, batch = 4, 7, 3
+    alg = fj.fedlsa(0.1, 2, success_prob=0.5)
+    run = lambda seeds, **kw: fj.simulate(0, het_gaussian, alg, T, seeds, record_every=2, **kw)  # noqa: E731
+    records = []
+    res = run(n, seed_batch_size=batch, on_record=records.append)
+    kept = run(n, seed_batch_size=n, keep_seeds=n).seed_mse  # (R, 7) every seed's squared error
+    assert res.config["execution"]["num_batches"] == 3
+    by_batch = {}
+    for r in records:
+        by_batch.setdefault(r.batch, []).append(r)
+    assert sorted(by_batch) == [0, 1, 2]
+    for b, seeds in enumerate([3, 6, 7]):
+        rows = by_batch[b]
+        assert {r.num_seeds for r in rows} == {seeds}
+        rounds = np.concatenate([r.rounds for r in rows])
+        np.testing.assert_array_equal(rounds, res.rounds)
+        x = kept[:, :seeds]
+        mean = np.concatenate([r.mse_mean for r in rows])
+        sem = np.concatenate([r.mse_sem for r in rows])
+        np.testing.assert_allclose(mean, x.mean(axis=1), rtol=1e-10)
+        np.testing.assert_allclose(sem[1:], x.std(axis=1, ddof=1)[1:] / np.sqrt(seeds), rtol=1e-8)
+        alone = run(seeds)
+        for name in ("samples", "messages_delivered"):
+            got = np.concatenate([r.counts[name] for r in rows])
+            np.testing.assert_allclose(got, getattr(alone, name), rtol=1e-12, err_msg=name)
+        if seeds < n:
+            assert not np.allclose(alone.messages_delivered, res.messages_delivered)

@@ -250,9 +250,8 @@ def stochastic_uniform(bits: int, range="maxabs") -> Quantizer:  # noqa: A002
         ``R > 0`` (levels span ``[-R, R]``, coordinates are clipped first: this is
         **biased** whenever ``|x|_inf > R``).
     """
-    b = _validate.integer("bits", bits)
-    if b > 16:  # beyond ~20 bits float32 leaves stochastic rounding no fractional part to round
-        _validate.fail("bits", bits, "expected an integer in [1, 16]")
+    # beyond ~20 bits float32 leaves stochastic rounding no fractional part to round
+    b = _validate.integer("bits", bits, maximum=16)
     if isinstance(range, str):
         _validate.choice("range", range, ("maxabs",))
         return Quantizer("stochastic_uniform", bits_per_coordinate=b)

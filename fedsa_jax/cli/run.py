@@ -149,7 +149,7 @@ def _algorithms(args, problem) -> tuple[list, list[str]]:
 def _run_options(args, checkpoint_name: str) -> dict:
     """The keywords of ``fj.simulate`` / ``fj.compare`` that the options set."""
     return dict(
-        record_every=min(args.record_every, args.rounds),
+        record_every=args.record_every,  # above --rounds refused, as fj.simulate refuses it
         chunk_rounds=args.chunk_rounds,
         checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / checkpoint_name,
         progress=args.progress,

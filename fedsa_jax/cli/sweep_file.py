@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fedsa_jax import registry
+from fedsa_jax._validate import fail
 from fedsa_jax.cli.build import _make_algorithm, _make_problem, one_line
 from fedsa_jax.cli.checks import _as_option
 from fedsa_jax.cli.options import PARAM_RE, algorithm, run_options
@@ -231,9 +232,17 @@ class _Grid:
         return total // H
 
     def record_every(self, config):
-        if self.run["record_every"] is not None:
-            return min(int(self.run["record_every"]), self.rounds(config))
-        return max(1, self.rounds(config) // int(self.run["records"] or self.rounds(config)))
+        """``run.record_every`` where given (refused above the configuration's rounds, as
+        ``fj.simulate`` refuses it), else every ``rounds // run.records`` rounds (1 without records)."""
+        from fedsa_jax._sweep import config_name
+
+        rounds, given = self.rounds(config), self.run["record_every"]
+        if given is None:
+            return max(1, rounds // int(self.run["records"] or rounds))
+        if int(given) > rounds:
+            where = "" if self.run["rounds"] is not None else f" (configuration {config_name(config)})"
+            fail("run.record_every", given, f"expected an integer in [1, num_rounds={rounds}]{where}")
+        return int(given)
 
 
 def _report(entries) -> None:
