@@ -38,7 +38,7 @@ from fedsa_jax import _validate
 from fedsa_jax._driver import execute_joint, simulate, simulation_run
 from fedsa_jax._options import Until
 from fedsa_jax.algorithms._base import Algorithm
-from fedsa_jax.result import SimulationResult, write_csv
+from fedsa_jax.result import SimulationResult, short_repr, write_csv
 
 __all__ = ["Comparison", "Difference", "compare"]
 
@@ -71,6 +71,14 @@ class Difference:
     sem_a: np.ndarray
     sem_b: np.ndarray
     metrics: dict[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """One line: the pair, the pairs of seeds, the final difference, each array's shape."""
+        return short_repr(
+            self,
+            f"{self.name_a} - {self.name_b}, {int(self.num_pairs[-1])} pairs, final MSE difference "
+            f"{self.mean[-1]:.4g} +- {self.sem[-1]:.2g}",
+        )
 
     def interval(self, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
         """``(low, high)``: Student t interval ``mean -+ t_{n-1} sem`` for ``MSE_A - MSE_B``."""

@@ -54,6 +54,19 @@ X_AXES = (
 )
 
 
+def short_repr(obj, summary: str) -> str:
+    """``Name(summary; field shape, ...)``: a dataclass of arrays in one line, each array by its shape,
+    each dict by its keys (``print(result)`` would otherwise print every array)."""
+    parts = []
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        if isinstance(value, np.ndarray):
+            parts.append(f"{field.name} {value.shape}")
+        elif isinstance(value, dict) and field.name != "config":
+            parts.append(f"{field.name} [{', '.join(map(str, value))}]")
+    return f"{type(obj).__name__}({summary}; {', '.join(parts)})"
+
+
 def count_arrays(columns) -> dict[str, np.ndarray]:
     """The counts of a result from the driver's sums ``columns`` (one per :data:`COUNT_NAMES`), with
     the totals ``bits_sent`` and ``bits_delivered`` (uplink plus downlink)."""
@@ -130,6 +143,16 @@ class SimulationResult:
     downlink_bits_delivered: np.ndarray = None  # pyright: ignore[reportAssignmentType]
 
     quantile_levels = QUANTILE_LEVELS
+
+    def __repr__(self) -> str:
+        """One line: the algorithm, the seeds, the rounds, the final MSE, each array's shape."""
+        name = self.config.get("algorithm", {}).get("algorithm", "?") if self.config else "?"
+        return short_repr(
+            self,
+            f"{name}, {self.num_seeds} seeds ({int(self.num_diverged[-1])} diverged), rounds "
+            f"0..{int(self.rounds[-1])} ({len(self.rounds)} recorded), final MSE "
+            f"{self.mse_mean[-1]:.4g} +- {self.mse_sem[-1]:.2g}",
+        )
 
     def __post_init__(self):
         """Counts per direction left out (a result of an older version): all uplink, no downlink."""

@@ -206,3 +206,29 @@ def test_samples_count_skipped_observations_only_for_markov(tiny_td):
         problem = fj.problems.federated_td(P, r, Phi, 0.9, sampling=sampling)
         res = fj.simulate(0, problem, fj.fedlsa(0.1, 2, skip=3), 4, 2)
         np.testing.assert_array_equal(res.samples, res.rounds * 3 * 2 * factor)
+
+
+def test_print_of_a_result_and_a_difference_is_one_short_line(het_gaussian):
+    """``print(result)`` and ``print(difference)`` show the algorithm(s), the seeds, the rounds and
+    the final MSE (difference) with its standard error, and each array by its shape: one line of a
+    few hundred characters however many rounds and seeds (a dataclass's own repr prints every
+    array: tens of thousands of characters here)."""
+    algs = {"fedlsa": fj.fedlsa(0.1, 2), "scafflsa": fj.scafflsa(0.1, 2)}
+    cmp = fj.compare(0, het_gaussian, algs, 400, 64, keep_seeds=8, metrics=["client_drift"])
+    res, diff = cmp.results["fedlsa"], cmp.difference("fedlsa", "scafflsa")
+    for obj, summary in [
+        (
+            res,
+            f"SimulationResult(fedlsa, 64 seeds (0 diverged), rounds 0..400 (401 recorded), "
+            f"final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g}; rounds (401,), mse_mean (401,)",
+        ),
+        (
+            diff,
+            f"Difference(fedlsa - scafflsa, 64 pairs, final MSE difference {diff.mean[-1]:.4g} "
+            f"+- {diff.sem[-1]:.2g}; rounds (401,), mean (401,)",
+        ),
+    ]:
+        text = repr(obj)
+        assert text.startswith(summary) and "\n" not in text and len(text) < 600, text
+    assert "seed_mse (401, 8)" in repr(res) and "metrics [client_drift]" in repr(res)
+    assert "seeds (401, 8)" in repr(diff) and "metrics [client_drift]" in repr(diff)
