@@ -10,26 +10,48 @@ them (1.05x for Gaussian LSA to 1.6x for TD on 2 cores, against JAX's single mul
 device). Importing the package never changes JAX's configuration.
 """
 
-from fedsa_jax import algorithms, channel, metrics, optim, problems, stats, theory
-from fedsa_jax._compare import Comparison, Difference, compare
-from fedsa_jax._driver import simulate
-from fedsa_jax._options import Execution, Record, Recording, Until, until
-from fedsa_jax._sweep import SweepEntry, grid, sweep
-from fedsa_jax._version import __version__ as __version__
-from fedsa_jax.algorithms import (
-    Algorithm,
-    RoundInfo,
-    averaged,
-    fedlsa,
-    qfedtd,
-    richardson,
-    scafflsa,
-    scaffnew,
-)
-from fedsa_jax.cpu import use_cpu_cores
-from fedsa_jax.optim import optimizer, schedule
-from fedsa_jax.result import MetricStats, SimulationResult, load
+from typing import TYPE_CHECKING
 
+from fedsa_jax._version import __version__ as __version__
+
+# name -> the module it comes from; each loads on first use (``import fedsa_jax`` itself imports
+# neither JAX nor matplotlib, so the command line's --help is instant); a submodule is its own entry
+_PUBLIC = {
+    "Algorithm": "fedsa_jax.algorithms",
+    "Comparison": "fedsa_jax._compare",
+    "Difference": "fedsa_jax._compare",
+    "Execution": "fedsa_jax._options",
+    "MetricStats": "fedsa_jax.result",
+    "Record": "fedsa_jax._options",
+    "Recording": "fedsa_jax._options",
+    "RoundInfo": "fedsa_jax.algorithms",
+    "SimulationResult": "fedsa_jax.result",
+    "SweepEntry": "fedsa_jax._sweep",
+    "Until": "fedsa_jax._options",
+    "algorithms": None,
+    "averaged": "fedsa_jax.algorithms",
+    "channel": None,
+    "compare": "fedsa_jax._compare",
+    "fedlsa": "fedsa_jax.algorithms",
+    "grid": "fedsa_jax._sweep",
+    "load": "fedsa_jax.result",
+    "metrics": None,
+    "optim": None,
+    "optimizer": "fedsa_jax.optim",
+    "problems": None,
+    "qfedtd": "fedsa_jax.algorithms",
+    "richardson": "fedsa_jax.algorithms",
+    "scafflsa": "fedsa_jax.algorithms",
+    "scaffnew": "fedsa_jax.algorithms",
+    "schedule": "fedsa_jax.optim",
+    "simulate": "fedsa_jax._driver",
+    "stats": None,
+    "sweep": "fedsa_jax._sweep",
+    "theory": None,
+    "until": "fedsa_jax._options",
+    "use_cpu_cores": "fedsa_jax.cpu",
+    "plotting": None,
+}
 __all__ = [
     "Algorithm",
     "Comparison",
@@ -67,11 +89,41 @@ __all__ = [
     "plotting",
 ]
 
+if TYPE_CHECKING:  # what type checkers and editors see: the same names, imported
+    from fedsa_jax import algorithms, channel, metrics, optim, plotting, problems, stats, theory
+    from fedsa_jax._compare import Comparison, Difference, compare
+    from fedsa_jax._driver import simulate
+    from fedsa_jax._options import Execution, Record, Recording, Until, until
+    from fedsa_jax._sweep import SweepEntry, grid, sweep
+    from fedsa_jax.algorithms import (
+        Algorithm,
+        RoundInfo,
+        averaged,
+        fedlsa,
+        qfedtd,
+        richardson,
+        scafflsa,
+        scaffnew,
+    )
+    from fedsa_jax.cpu import use_cpu_cores
+    from fedsa_jax.optim import optimizer, schedule
+    from fedsa_jax.result import MetricStats, SimulationResult, load
 
-def __getattr__(name):
-    # fj.plotting imports matplotlib, so it loads on first use only.
-    if name == "plotting":
-        import importlib
 
-        return importlib.import_module("fedsa_jax.plotting")
-    raise AttributeError(f"module 'fedsa_jax' has no attribute {name!r}")
+def __getattr__(name: str):
+    import importlib
+
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'fedsa_jax' has no attribute {name!r}")
+    source = _PUBLIC[name]
+    value = (
+        importlib.import_module(f"fedsa_jax.{name}")
+        if source is None
+        else getattr(importlib.import_module(source), name)
+    )
+    globals()[name] = value  # loaded once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

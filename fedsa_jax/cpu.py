@@ -40,8 +40,6 @@ import os
 import re
 import warnings
 
-from fedsa_jax import _validate
-
 __all__ = ["XLA_FLAG", "use_cpu_cores"]
 
 XLA_FLAG = "xla_force_host_platform_device_count"
@@ -118,6 +116,8 @@ def use_cpu_cores(num_devices: int | None = None) -> int:
       >>> res.config["device_count"] == n  # doctest: +SKIP
       True
     """
+    from fedsa_jax import _validate  # here: importing this module (XLA_FLAG, for --help) loads no JAX
+
     if num_devices is not None:
         num_devices = _validate.integer("num_devices", num_devices)
     wanted = usable_cores() if num_devices is None else num_devices

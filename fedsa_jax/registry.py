@@ -99,6 +99,15 @@ def positive_real(text: str) -> float:
 
 # --- options and entries -----------------------------------------------------------------------------------
 
+# an option's ``group``: its section of ``fedsa-jax run --help``, in this order, with these titles
+GROUPS = {
+    "problem": "problem",
+    "algorithms": "algorithms",
+    "schedule": "step sizes, server optimizer, averaging (every built-in algorithm)",
+    "channel": "uplink channel (every built-in algorithm)",
+    "simulation": "simulation",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Option:

@@ -851,6 +851,63 @@ MUTATIONS = [
         (f"{UNTESTED}::test_stability_certificate_solves_against_the_identity",),
         "the mean-square certificate solves X - T(X) = J (all ones): a stable round with T = c^2 I refused",
     ),
+    Mutation(
+        "on-record-counts-all-seeds",
+        "fedsa_jax/_driver.py",
+        "    seeds = plan.seeds_done(batch, run.num_seeds)\n",
+        "    seeds = run.num_seeds\n",
+        (f"{UNTESTED}::test_on_record_statistics_and_counts_cover_the_seeds_run_so_far",),
+        "on_record's statistics after batch b count the run's seeds, not those run so far",
+    ),
+    Mutation(
+        "ratio-covariance-sign",
+        "fedsa_jax/_compare.py",
+        "sb**2 / mb**2 - 2 * cov / (ma * mb)",
+        "sb**2 / mb**2 + 2 * cov / (ma * mb)",
+        ("tests/test_statistics.py::test_ratio_interval_uses_the_covariance_with_its_sign",),
+        "the ratio interval adds the paired covariance instead of subtracting it",
+    ),
+    # --- damaged files, integer bounds, rate's edges -------------------------------------------------
+    Mutation(
+        "damaged-header-not-caught",
+        "fedsa_jax/_io.py",
+        "    except Exception as err:  # zipfile's, numpy's header parser's",
+        "    except (ValueError, OSError, KeyError, EOFError) as err:  # zipfile's, numpy's header parser's",
+        ("tests/test_damaged_files.py::test_flips_in_headers_are_damaged_files",),
+        "a flip in a zip or npy header escapes as NotImplementedError / tokenize.TokenError",
+    ),
+    Mutation(
+        "edited-sem-nan-loads",
+        "fedsa_jax/result.py",
+        "defined = (num_seeds - diverged) >= 2",
+        "defined = (num_seeds - diverged) >= num_seeds + 2",
+        ("tests/test_damaged_files.py::test_values_no_run_writes_are_a_damaged_file",),
+        "a standard error NaN where the seed count defines it loads silently",
+    ),
+    Mutation(
+        "sweep-blocked-entry-not-refused",
+        "fedsa_jax/_sweep.py",
+        '                return None, "blocked"',
+        '                return None, ""',
+        ("tests/test_damaged_files.py::test_a_folder_where_a_sweep_result_goes_refuses_that_entry_alone",),
+        "a folder where a sweep result goes is retried as damaged, then the write fails",
+    ),
+    Mutation(
+        "integer-no-int32-bound",
+        "fedsa_jax/_validate.py",
+        "    if maximum is None and value > INDEX_MAX:",
+        "    if maximum is None and value > 2**70:",
+        ("tests/test_integer_bounds.py",),
+        "2**64 passes the check and fails in the conversion with OverflowError",
+    ),
+    Mutation(
+        "rate-no-rounding-floor",
+        "fedsa_jax/stats.py",
+        "    low = m <= floor\n",
+        "    low = m < 0\n",
+        ("tests/test_statistics.py::test_rate_refuses_a_diverged_curve_and_warns_at_the_rounding_floor",),
+        "a slope fitted through float64 rounding noise is returned without a word",
+    ),
 ]
 
 

@@ -65,6 +65,12 @@ def test_no_retrace(garnet):
     # a structural change does compile again (the start and the advance kernels)
     fj.simulate(key, garnet, fj.fedlsa(0.5, 3), 4, 3)
     assert sim_mod._num_traces == before + 2
+    # chunks of 3 rounds compile their kernel once: not again for the last, shorter chunk (10 = 3 + 3
+    # + 3 + 1), nor for another count of rounds, nor across seed batches (7 = 3 + 3 + 1)
+    fj.simulate(key, garnet, fj.fedlsa(0.5, 2), 10, 3, chunk_rounds=3)
+    chunked = sim_mod._num_traces
+    fj.simulate(key, garnet, fj.fedlsa(0.5, 2), 11, 7, chunk_rounds=3, seed_batch_size=3)
+    assert sim_mod._num_traces == chunked
 
 
 def test_diverged_seeds_are_counted_and_excluded():

@@ -25,22 +25,62 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from typing import TYPE_CHECKING
 
-from fedsa_jax._validate import one_line
-from fedsa_jax.cli.build import _make_algorithm, _make_problem, _make_quantizer
-from fedsa_jax.cli.options import param as _param
-from fedsa_jax.cli.parser import build_parser
-from fedsa_jax.cli.run import cmd_run
-from fedsa_jax.cli.sweep_file import _sweep_spec, cmd_sweep
+from fedsa_jax._text import one_line
+
+if TYPE_CHECKING:
+    from fedsa_jax.cli.parser import build_parser
+    from fedsa_jax.cli.run import cmd_run
+    from fedsa_jax.cli.sweep_file import cmd_sweep
 
 __all__ = ["build_parser", "cmd_run", "cmd_sweep", "main"]
-_TESTED = (_make_algorithm, _make_problem, _make_quantizer, _param, _sweep_spec)  # used as cli._name
+
+# loaded on first use, so that ``fedsa-jax --help`` imports neither JAX nor matplotlib
+_LAZY = {
+    "build_parser": "fedsa_jax.cli.parser",
+    "cmd_run": "fedsa_jax.cli.run",
+    "cmd_sweep": "fedsa_jax.cli.sweep_file",
+    "_make_algorithm": "fedsa_jax.cli.build",
+    "_make_problem": "fedsa_jax.cli.build",
+    "_make_quantizer": "fedsa_jax.cli.build",
+    "_param": "fedsa_jax.cli.options",  # its ``param``
+    "_sweep_spec": "fedsa_jax.cli.sweep_file",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fedsa_jax.cli' has no attribute {name!r}")
+    value = getattr(
+        importlib.import_module(_LAZY[name]), name.removeprefix("_") if name == "_param" else name
+    )
+    globals()[name] = value
+    return value
+
+
+def _loaded(name: str):
+    """``name`` of this module: loaded now, or as replaced (a test's monkeypatch)."""
+    return globals()[name] if name in globals() else __getattr__(name)
+
+
+def _asks_for_help(argv: list[str]) -> bool:
+    """``-h``/``--help`` before any ``--``, while the built-in algorithms are not imported yet (once
+    they are, a user's own registered entries may be there too: the real parser then prints it)."""
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    return any(w in ("-h", "--help") for w in words) and "fedsa_jax.algorithms" not in sys.modules
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    command = {"run": cmd_run, "sweep": cmd_sweep}[args.command]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if _asks_for_help(argv):
+        from fedsa_jax.cli.snapshot import help_parser
+
+        help_parser().parse_args(argv)  # prints the help and exits, from help.json alone
+    args = _loaded("build_parser")().parse_args(argv)
+    command = _loaded({"run": "cmd_run", "sweep": "cmd_sweep"}[args.command])
     shown = warnings.showwarning
 
     def one_line_warning(message, category, filename, lineno, file=None, line=None):

@@ -9,20 +9,15 @@ import json
 import re
 from pathlib import Path
 
-import fedsa_jax  # noqa: F401  (registers the built-in algorithms, problems and quantizers)
+import fedsa_jax.algorithms  # noqa: F401  (these register the built-in algorithms, problems and quantizers)
+import fedsa_jax.channel  # noqa: F401
+import fedsa_jax.problems  # noqa: F401
 from fedsa_jax import registry
-from fedsa_jax.registry import Option, nonnegative_int, positive_int, positive_real, real, seed
+from fedsa_jax.registry import GROUPS, Option, nonnegative_int, positive_int, positive_real, real, seed
 from fedsa_jax.result import X_AXES
 
 SCHEDULES = ("constant", "inverse-time")
 SERVER_OPTIMIZERS = ("none", "sgd", "adam")
-GROUPS = {
-    "problem": "problem",
-    "algorithms": "algorithms",
-    "schedule": "step sizes, server optimizer, averaging (every built-in algorithm)",
-    "channel": "uplink channel (every built-in algorithm)",
-    "simulation": "simulation",
-}
 _FACTORY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BUILT_IN_CHANNEL = "the built-in algorithms (a factory builds its own channel)"

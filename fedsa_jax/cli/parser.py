@@ -6,10 +6,9 @@ import argparse
 import re
 from pathlib import Path
 
-from fedsa_jax._validate import one_line
-from fedsa_jax.cli.options import GROUPS, run_options
+from fedsa_jax._text import one_line
 from fedsa_jax.cpu import XLA_FLAG
-from fedsa_jax.registry import Option, positive_int
+from fedsa_jax.registry import GROUPS, Option, positive_int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,7 +48,13 @@ def add_option(group, option: Option) -> None:
     group.add_argument(*option.flags, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(options: dict[str, Option] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``options`` (default: :func:`~fedsa_jax.cli.options.run_options`,
+    which imports the registered algorithms) are ``run``'s (the help's snapshot passes its own)."""
+    if options is None:
+        from fedsa_jax.cli.options import run_options
+
+        options = run_options()
     parser = _Parser(
         prog="fedsa-jax",
         description="Monte Carlo simulation of federated linear stochastic approximation in JAX.",
@@ -65,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Help,
     )
     groups = {key: run.add_argument_group(title) for key, title in GROUPS.items()}
-    for option in run_options().values():
+    for option in options.values():
         add_option(groups[option.group], option)
     _jax_options(groups["simulation"])
     _sweep_parser(sub)
