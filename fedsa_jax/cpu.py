@@ -40,9 +40,11 @@ import os
 import re
 import warnings
 
+from fedsa_jax import _validate
+from fedsa_jax.registry import XLA_FLAG  # --cpu-devices' help names it too
+
 __all__ = ["XLA_FLAG", "use_cpu_cores"]
 
-XLA_FLAG = "xla_force_host_platform_device_count"
 _XLA_FLAG_RE = re.compile(rf"(?:^|\s)--?{XLA_FLAG}=(\S*)")
 _ours: int | None = None  # the jax_num_cpu_devices value use_cpu_cores set (not the user's own)
 
@@ -116,8 +118,6 @@ def use_cpu_cores(num_devices: int | None = None) -> int:
       >>> res.config["device_count"] == n  # doctest: +SKIP
       True
     """
-    from fedsa_jax import _validate  # here: importing this module (XLA_FLAG, for --help) loads no JAX
-
     if num_devices is not None:
         num_devices = _validate.integer("num_devices", num_devices)
     wanted = usable_cores() if num_devices is None else num_devices

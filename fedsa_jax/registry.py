@@ -42,6 +42,7 @@ __all__ = [
     "HETEROGENEITY",
 ]
 
+XLA_FLAG = "xla_force_host_platform_device_count"  # JAX's CPU device count (fedsa_jax.cpu, --cpu-devices)
 SEED_MAX = 2**32 - 1  # larger seeds collide in 32-bit mode (JAX keeps the low 32 bits)
 
 

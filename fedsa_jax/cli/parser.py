@@ -7,8 +7,7 @@ import re
 from pathlib import Path
 
 from fedsa_jax._text import one_line
-from fedsa_jax.cpu import XLA_FLAG
-from fedsa_jax.registry import GROUPS, Option, positive_int
+from fedsa_jax.registry import GROUPS, XLA_FLAG, Option, positive_int
 
 
 class _Parser(argparse.ArgumentParser):
