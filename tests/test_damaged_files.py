@@ -66,22 +66,19 @@ def damaged_or_loads(kind: str, path: Path) -> None:
             assert str(path) in str(err) and "\n" not in str(err)
 
 
+@pytest.mark.parametrize("damage", ["bit flip", "truncation"])
 @pytest.mark.parametrize("kind", ["result", "checkpoint"])
 @FUZZ
 @given(where=st.floats(0, 1, exclude_max=True))
-def test_every_bit_flip_loads_or_is_damaged(files, tmp_path, kind, where):
+def test_every_bit_flip_loads_or_is_damaged_and_every_truncation_is_damaged(
+    files, tmp_path, kind, damage, where
+):
     data = files[kind]
     path = tmp_path / f"{kind}.npz"
-    path.write_bytes(flipped(data, int(where * 8 * len(data))))
-    damaged_or_loads(kind, path)
-
-
-@pytest.mark.parametrize("kind", ["result", "checkpoint"])
-@FUZZ
-@given(where=st.floats(0, 1, exclude_max=True))
-def test_every_truncation_is_damaged(files, tmp_path, kind, where):
-    data = files[kind]
-    path = tmp_path / f"{kind}.npz"
+    if damage == "bit flip":
+        path.write_bytes(flipped(data, int(where * 8 * len(data))))
+        damaged_or_loads(kind, path)
+        return
     path.write_bytes(data[: int(where * len(data))])
     with pytest.raises(DamagedFileError) as err:
         read_back(kind, path)

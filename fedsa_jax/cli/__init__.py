@@ -28,24 +28,24 @@ import warnings
 from typing import TYPE_CHECKING
 
 from fedsa_jax._text import one_line
+from fedsa_jax.cli.parser import build_parser
+from fedsa_jax.cli.snapshot import help_parser
 
 if TYPE_CHECKING:
-    from fedsa_jax.cli.parser import build_parser
     from fedsa_jax.cli.run import cmd_run
     from fedsa_jax.cli.sweep_file import cmd_sweep
 
 __all__ = ["build_parser", "cmd_run", "cmd_sweep", "main"]
 
 # loaded on first use, so that ``fedsa-jax --help`` imports neither JAX nor matplotlib
-_LAZY = {
-    "build_parser": "fedsa_jax.cli.parser",
-    "cmd_run": "fedsa_jax.cli.run",
-    "cmd_sweep": "fedsa_jax.cli.sweep_file",
-    "_make_algorithm": "fedsa_jax.cli.build",
-    "_make_problem": "fedsa_jax.cli.build",
-    "_make_quantizer": "fedsa_jax.cli.build",
-    "_param": "fedsa_jax.cli.options",  # its ``param``
-    "_sweep_spec": "fedsa_jax.cli.sweep_file",
+_LAZY = {  # name here -> (module, its name there)
+    "cmd_run": ("fedsa_jax.cli.run", "cmd_run"),
+    "cmd_sweep": ("fedsa_jax.cli.sweep_file", "cmd_sweep"),
+    "_make_algorithm": ("fedsa_jax.cli.build", "_make_algorithm"),
+    "_make_problem": ("fedsa_jax.cli.build", "_make_problem"),
+    "_make_quantizer": ("fedsa_jax.cli.build", "_make_quantizer"),
+    "_param": ("fedsa_jax.cli.options", "param"),
+    "_sweep_spec": ("fedsa_jax.cli.sweep_file", "_sweep_spec"),
 }
 
 
@@ -54,9 +54,8 @@ def __getattr__(name: str):
 
     if name not in _LAZY:
         raise AttributeError(f"module 'fedsa_jax.cli' has no attribute {name!r}")
-    value = getattr(
-        importlib.import_module(_LAZY[name]), name.removeprefix("_") if name == "_param" else name
-    )
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
     globals()[name] = value
     return value
 
@@ -76,10 +75,8 @@ def _asks_for_help(argv: list[str]) -> bool:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if _asks_for_help(argv):
-        from fedsa_jax.cli.snapshot import help_parser
-
         help_parser().parse_args(argv)  # prints the help and exits, from help.json alone
-    args = _loaded("build_parser")().parse_args(argv)
+    args = build_parser().parse_args(argv)
     command = _loaded({"run": "cmd_run", "sweep": "cmd_sweep"}[args.command])
     shown = warnings.showwarning
 

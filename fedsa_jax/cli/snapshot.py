@@ -18,6 +18,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from fedsa_jax.cli.parser import build_parser
 from fedsa_jax.registry import Option
 
 PATH = Path(__file__).with_name("help.json")
@@ -55,15 +56,13 @@ def describe(options: dict[str, Option]) -> list[dict]:
 def help_parser(path: Path = PATH) -> argparse.ArgumentParser:
     """The command line's parser, built from ``help.json``: it prints the help, and nothing else it
     parses is converted or checked."""
-    from fedsa_jax.cli.parser import build_parser
-
     specs = json.loads(path.read_text(encoding="utf-8"))
     return build_parser({spec["dest"]: _option(spec) for spec in specs})
 
 
 def write(path: Path = PATH) -> None:
-    """``help.json`` from today's options."""
-    from fedsa_jax.cli.options import run_options
+    """``help.json`` from today's options (the one function here that imports the algorithms)."""
+    from fedsa_jax.cli.options import run_options  # (imports JAX: here, not for --help)
 
     path.write_text(json.dumps(describe(run_options()), indent=1) + "\n", encoding="utf-8")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fedsa_jax import registry
+from fedsa_jax._sweep import config_name
 from fedsa_jax._validate import fail
 from fedsa_jax.cli.build import _make_algorithm, _make_problem, one_line
 from fedsa_jax.cli.checks import _as_option
@@ -218,8 +219,6 @@ class _Grid:
             raise ValueError(_as_option(str(err), o, key)) from None
 
     def rounds(self, config):
-        from fedsa_jax._sweep import config_name
-
         if self.run["rounds"] is not None:
             return int(self.run["rounds"])
         total, H = int(self.run["total_local_steps"]), _num_local_steps(self.build(config)[1])
@@ -234,8 +233,6 @@ class _Grid:
     def record_every(self, config):
         """``run.record_every`` where given (refused above the configuration's rounds, as
         ``fj.simulate`` refuses it), else every ``rounds // run.records`` rounds (1 without records)."""
-        from fedsa_jax._sweep import config_name
-
         rounds, given = self.rounds(config), self.run["record_every"]
         if given is None:
             return max(1, rounds // int(self.run["records"] or rounds))
