@@ -42,7 +42,8 @@ from fedsa_jax._kernel import seed_keys
 
 
 def numpy_fedlsa_td(problem, step_size, H, T, n, rng, dtype):
-    """FedLSA TD(0), numpy, vectorised over seeds and agents (alias sampling, block draws)."""
+    """FedLSA TD(0), numpy, vectorised over seeds and agents (alias sampling, block draws); ``H`` an
+    integer or a sequence ``H_t`` (round t runs ``H[t]`` local steps)."""
     N, S, d = problem.num_agents, problem.num_states, problem.dim
     mu_p, mu_a = np.asarray(problem.mu_prob), np.asarray(problem.mu_alias)
     P_p, P_a = np.asarray(problem.P_prob), np.asarray(problem.P_alias)
@@ -59,13 +60,14 @@ def numpy_fedlsa_td(problem, step_size, H, T, n, rng, dtype):
         return np.where(x - i < prob[j], i, al[j])
 
     theta = np.zeros((n, d), dtype)
-    for _ in range(T):
-        u = rng.random((n, N, 2, H), dtype=dtype)
+    for t in range(T):
+        Ht = H if np.ndim(H) == 0 else int(H[t])
+        u = rng.random((n, N, 2, Ht), dtype=dtype)
         s = alias(mu_p, mu_a, cS, u[:, :, 0])
         s2 = alias(P_p, P_a, (cS + s) * S, u[:, :, 1])
         r = rew[cS + s]
         th = np.broadcast_to(theta[:, None, :], (n, N, d)).copy()
-        for h in range(H):
+        for h in range(Ht):
             phi = Phi[s[:, :, h]]
             psi = phi - gamma * Phi[s2[:, :, h]]
             dot = np.einsum("ijk,ijk->ij", psi, th)

@@ -34,7 +34,9 @@ _PUBLIC = {
     "compare": "fedsa_jax._compare",
     "fedlsa": "fedsa_jax.algorithms",
     "grid": "fedsa_jax._sweep",
+    "growing_local_steps": "fedsa_jax.optim",
     "load": "fedsa_jax.result",
+    "local_steps": "fedsa_jax.optim",
     "metrics": None,
     "optim": None,
     "optimizer": "fedsa_jax.optim",
@@ -70,7 +72,9 @@ __all__ = [
     "compare",
     "fedlsa",
     "grid",
+    "growing_local_steps",
     "load",
+    "local_steps",
     "metrics",
     "optim",
     "optimizer",
@@ -106,7 +110,7 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
         scaffnew,
     )
     from fedsa_jax.cpu import use_cpu_cores
-    from fedsa_jax.optim import optimizer, schedule
+    from fedsa_jax.optim import growing_local_steps, local_steps, optimizer, schedule
     from fedsa_jax.result import MetricStats, SimulationResult, load
 
 

@@ -5,8 +5,19 @@
 is a float or a schedule: any optax schedule (a function of an integer count), or
 ``fj.schedule(factory, **hyperparameters)``. The count is the **global local-step
 index** ``k = t H + h`` (0-based: round t, local step h < H), as optax counts
-updates; a schedule per round is ``lambda k: f(k // H)``. Every local step of round t
-uses its own ``eta_k``. SCAFFLSA's control-variate update divides by the sum of the
+updates; ``fj.schedule(fn, per_round=True)`` counts rounds instead (every local step of
+round t uses ``eta_t``, e.g. ``fj.schedule(fj.optim.inverse_power, eta0=1.0, t0=100.0,
+power=0.6, per_round=True)``, ``eta_t = eta0 (t + t0)^-power``). Otherwise every local step of
+round t uses its own ``eta_k``.
+
+**Local steps that change with the round.** ``num_local_steps`` is an integer H or a
+table ``H_t`` over the run's rounds (:func:`local_steps`, :func:`growing_local_steps`;
+a list of integers is taken as one): round t runs ``H_t`` local steps, the local-step index
+of its step h is ``k = K_t + h`` with ``K_t = sum_{s<t} H_s``. In the kernel every round has
+``H_max = max_t H_t`` steps, those past ``H_t`` with step size 0 and no observation drawn from
+a Markov chain (their random numbers are drawn and left unused): one compiled program for
+the whole run, whose useful fraction is ``mean_t H_t / H_max``. A table is static: another
+table compiles again. SCAFFLSA's control-variate update divides by the sum of the
 round's steps, ``sum_{h<H} eta_{tH+h}`` (``eta H`` for a constant step); Scaffnew's
 by ``eta_k / p`` at the local step k that communicates. The exact theory
 (:mod:`fedsa_jax.theory`) follows the same definitions.
@@ -51,7 +62,9 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import math
 import numbers
+import reprlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -65,11 +78,15 @@ from fedsa_jax._describe import describe_value
 from fedsa_jax._digest import _library, code_digest
 
 __all__ = [
+    "LocalSteps",
     "Schedule",
     "ServerOptimizer",
     "fingerprint",
+    "growing_local_steps",
     "init_server",
+    "inverse_power",
     "inverse_time",
+    "local_steps",
     "optimizer",
     "schedule",
     "server_optimizer_arg",
@@ -333,9 +350,11 @@ class _Built:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Schedule(_Built):
-    """A step-size schedule ``k -> scale * schedule(k)`` (see the module docstring)."""
+    """A step-size schedule ``k -> scale * schedule(k)`` (see the module docstring); with
+    ``per_round`` its count is the round t, not the local step k."""
 
     scale: float = 1.0  # a traced leaf
+    per_round: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     def __call__(self, count):
         return self.scale * self.build()(count)
@@ -347,6 +366,8 @@ class Schedule(_Built):
         out: dict[str, Any] = {"schedule": super().describe()}
         if self.scale != 1.0:
             out["scale"] = float(self.scale)
+        if self.per_round:
+            out["per_round"] = True
         return out
 
 
@@ -359,6 +380,14 @@ class ServerOptimizer(_Built):
 def inverse_time(eta0: float, k0: float) -> Callable:
     """The ``1/k`` schedule ``k -> eta0 / (1 + k / k0)`` (Robbins-Monro with an offset ``k0``)."""
     return lambda k: eta0 / (1.0 + k / k0)
+
+
+def inverse_power(eta0: float, t0: float, power: float) -> Callable:
+    """The polynomially decreasing schedule ``t -> eta0 (t + t0)^-power`` (with ``per_round=True``,
+    the step sizes ``eta_t = eta (t + t0)^-gamma`` of Levin, Shuklin, Moulines, Mangold, Samsonov,
+    "Gaussian Approximation and Multiplier Bootstrap for Federated Linear Stochastic
+    Approximation", arXiv:2605.19629, 2026, Sec. 3)."""
+    return lambda t: eta0 * (t + t0) ** (-power)
 
 
 def _check_step_fn(sched: Schedule, name: str) -> Schedule:
@@ -378,7 +407,7 @@ def _check_step_fn(sched: Schedule, name: str) -> Schedule:
     return sched
 
 
-def schedule(fn: Callable, /, *, scale: float = 1.0, **hyperparams) -> Schedule:
+def schedule(fn: Callable, /, *, scale: float = 1.0, per_round: bool = False, **hyperparams) -> Schedule:
     """A step-size schedule for ``step_size=``.
 
     ``schedule(optax_schedule)`` wraps a function of the count;
@@ -386,7 +415,8 @@ def schedule(fn: Callable, /, *, scale: float = 1.0, **hyperparams) -> Schedule:
     with the float hyperparameters traced (a sweep over them compiles once), e.g.
     ``fj.schedule(optax.polynomial_schedule, init_value=0.5, end_value=0.01, power=1.0,
     transition_steps=10_000)`` or ``fj.schedule(fj.optim.inverse_time, eta0=0.5, k0=100.0)``.
-    ``scale`` (traced) multiplies the schedule.
+    ``scale`` (traced) multiplies the schedule. ``per_round=True``: the count is the round t
+    (every local step of round t uses ``eta_t``), not the local step k.
     """
     if not callable(fn):
         _validate.fail(
@@ -394,7 +424,10 @@ def schedule(fn: Callable, /, *, scale: float = 1.0, **hyperparams) -> Schedule:
         )
     traced, static = _split(hyperparams)
     scale = _validate.real("scale", scale, 0.0, low_open=True)
-    return _check_step_fn(Schedule(traced, fn, static, bool(hyperparams), scale), "step_size")
+    if not isinstance(per_round, (bool, np.bool_)):
+        _validate.fail("per_round", per_round, "expected True (count rounds) or False (count local steps)")
+    sched = Schedule(traced, fn, static, bool(hyperparams), scale, bool(per_round))
+    return _check_step_fn(sched, "step_size")
 
 
 def optimizer(fn: Any, /, **hyperparams) -> ServerOptimizer:
@@ -514,17 +547,191 @@ def is_constant(step_size) -> bool:
     return not isinstance(step_size, Schedule)
 
 
-def step_sizes(step_size, count, num_local_steps: int, dtype):
-    """The round's step sizes: a scalar for a constant step; ``(H,)`` values
-    ``eta_{count H + h}`` for a schedule."""
+# --- local steps that change with the round -------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSteps:
+    """``H_t``, the local steps of round t (0-based), for the run's first ``num_rounds`` rounds: a
+    static part of a configuration (hashable, compared by value). See the module docstring for how
+    the kernel runs it; build it with :func:`local_steps` or :func:`growing_local_steps`."""
+
+    table: tuple[int, ...]
+
+    @property
+    def max(self) -> int:
+        """``H_max``: the steps every round of the compiled kernel has."""
+        return max(self.table)
+
+    @property
+    def num_rounds(self) -> int:
+        """The rounds the table covers (a run may not be longer)."""
+        return len(self.table)
+
+    def total(self, num_rounds: int) -> int:
+        """``K_T = sum_{t<T} H_t``: the local steps of the first ``num_rounds`` rounds."""
+        return int(sum(self.table[:num_rounds]))
+
+    def at(self, count):
+        """``H_t`` at the traced round count ``t`` (int32)."""
+        return jnp.asarray(self.table, jnp.int32)[count]
+
+    def before(self, count):
+        """``K_t = sum_{s<t} H_s`` at the traced round count ``t`` (int32): the local-step index of
+        round t's first step."""
+        return jnp.asarray(np.concatenate([[0], np.cumsum(self.table)[:-1]]), jnp.int32)[count]
+
+    def describe(self) -> list[int]:
+        return list(self.table)
+
+
+def local_steps(steps: Any, num_rounds: int | None = None) -> int | LocalSteps:
+    """``num_local_steps`` that change with the round: ``steps`` a sequence of integers ``H_t``
+    (round t runs ``steps[t]`` local steps), or a function ``t -> H_t`` tabulated over
+    ``t = 0..num_rounds-1``, e.g. ``fj.local_steps(lambda t: math.ceil(5 * (t + 1) ** 0.2), 1000)``.
+    Every ``H_t`` is an integer ``>= 1``; a table whose entries are all one H is that integer H
+    (the same kernel and numbers as ``num_local_steps=H``, without a horizon)."""
+    if callable(steps):
+        n = _validate.integer("num_rounds", num_rounds)
+        try:
+            values = [steps(t) for t in range(n)]
+        except Exception as e:  # noqa: BLE001 (any failure of user code is reported as a bad argument)
+            _validate.fail(
+                "num_local_steps", steps, f"calling it on a round t failed: {type(e).__name__}: {e}"
+            )
+    else:
+        if num_rounds is not None:
+            _validate.fail("num_rounds", num_rounds, "given with a table of H_t, which has its own length")
+        if isinstance(steps, (str, bytes)) or not hasattr(steps, "__len__") or np.ndim(steps) != 1:
+            _validate.fail(
+                "num_local_steps", steps, "expected an integer >= 1, a sequence of them or t -> H_t"
+            )
+        values = list(steps)
+    if not values:
+        _validate.fail("num_local_steps", steps, "expected at least one round's H_t")
+    table = []
+    for t, h in enumerate(values):
+        if isinstance(h, (float, np.floating)) and float(h).is_integer():
+            h = int(h)
+        if isinstance(h, (bool, np.bool_)) or not isinstance(h, (numbers.Integral, np.integer)) or h < 1:
+            _validate.fail(
+                "num_local_steps",
+                reprlib.repr(values),
+                f"H_t = {h!r} at round t={t}: every H_t must be an integer >= 1",
+            )
+        table.append(_validate.integer("num_local_steps", int(h)))
+    _validate.integer("num_local_steps", sum(table))  # the local-step index is int32
+    if len(set(table)) == 1:
+        return table[0]
+    return LocalSteps(tuple(table))
+
+
+def growing_local_steps(
+    h0: int, power: float, num_rounds: int | None = None, *, total_local_steps: int | None = None
+) -> int | LocalSteps:
+    """``H_t = ceil(h0 (t + 1)^power)``: the increasing local steps of Levin et al.,
+    arXiv:2605.19629 (2026), ``H_t = ceil(H_0 t^gamma_H)`` counted from t = 1 (``power = 0``: ``h0``
+    steps every round). ``power`` in ``[0, 4]``. The table covers ``num_rounds`` rounds, or, given
+    ``total_local_steps`` instead, the most rounds whose steps add up to at most that many."""
+    h0 = _validate.integer("h0", h0)
+    power = _validate.real("power", power, 0.0, 4.0)
+    if (num_rounds is None) == (total_local_steps is None):
+        _validate.fail("num_rounds", num_rounds, "give exactly one of num_rounds and total_local_steps")
+    at = lambda t: math.ceil(h0 * (t + 1) ** power - 1e-9)  # noqa: E731 (1e-9: h0 t^0 is h0, not h0 + 1)
+    if num_rounds is not None:
+        return local_steps([at(t) for t in range(_validate.integer("num_rounds", num_rounds))])
+    total = _validate.integer("total_local_steps", total_local_steps, minimum=h0)
+    table, used = [], 0
+    while used + at(len(table)) <= total:
+        table.append(at(len(table)))
+        used += table[-1]
+    return local_steps(table)
+
+
+def local_steps_arg(value: Any) -> int | LocalSteps:
+    """Validated ``num_local_steps``: an integer ``>= 1``, a :class:`LocalSteps` or a sequence of
+    ``H_t`` (:func:`local_steps`)."""
+    if isinstance(value, LocalSteps):
+        return value
+    if callable(value):
+        _validate.fail(
+            "num_local_steps",
+            value,
+            "a function of the round needs its horizon: fj.local_steps(fn, num_rounds)",
+        )
+    if np.ndim(value) == 1 and not isinstance(value, (str, bytes)):
+        return local_steps(value)
+    return _validate.integer("num_local_steps", value)
+
+
+def max_local_steps(num_local_steps) -> int:
+    """``H`` or ``H_max`` (the steps every round of the kernel has)."""
+    return num_local_steps.max if isinstance(num_local_steps, LocalSteps) else int(num_local_steps)
+
+
+def round_local_steps(num_local_steps, count):
+    """``H_t`` of the round at the traced count ``t`` (int32; a constant for an integer H)."""
+    if isinstance(num_local_steps, LocalSteps):
+        return num_local_steps.at(count)
+    return jnp.int32(num_local_steps)
+
+
+def active_steps(num_local_steps, count):
+    """``(H_max,) bool``: which of the kernel's steps round t runs (``h < H_t``); None for an
+    integer H (every step)."""
+    if not isinstance(num_local_steps, LocalSteps):
+        return None
+    return jnp.arange(num_local_steps.max, dtype=jnp.int32) < num_local_steps.at(count)
+
+
+def total_local_steps(num_local_steps, num_rounds: int) -> int:
+    """Local steps of the first ``num_rounds`` rounds (``T H`` for an integer H)."""
+    if isinstance(num_local_steps, LocalSteps):
+        return num_local_steps.total(num_rounds)
+    return int(num_rounds) * int(num_local_steps)
+
+
+def rounds_within(num_local_steps, total: int) -> int:
+    """The most rounds whose local steps add up to at most ``total`` (``total // H`` for an integer
+    H; for a table, at most its length)."""
+    if not isinstance(num_local_steps, LocalSteps):
+        return int(total) // int(num_local_steps)
+    return int(np.searchsorted(np.cumsum(num_local_steps.table), int(total), side="right"))
+
+
+def check_horizon(config, num_rounds: int) -> None:
+    """Refuse a run longer than its table of local steps (every field of ``config`` that is a
+    :class:`LocalSteps`)."""
+    H = getattr(config, "num_local_steps", 1)
+    if isinstance(H, LocalSteps) and num_rounds > H.num_rounds:
+        _validate.fail(
+            "num_rounds",
+            num_rounds,
+            f"the table of local steps H_t covers {H.num_rounds} rounds; build it for at least "
+            f"{num_rounds} (fj.local_steps(fn, num_rounds), fj.growing_local_steps(h0, power, num_rounds))",
+        )
+
+
+def step_sizes(step_size, count, num_local_steps, dtype):
+    """The round's step sizes: a scalar for a constant step with an integer H; else ``(H_max,)``
+    values, ``eta_{K_t + h}`` (``eta_t`` for a schedule of the round), 0 past ``H_t``."""
+    active = active_steps(num_local_steps, count)
+    H = max_local_steps(num_local_steps)
     if is_constant(step_size):
-        return jnp.asarray(step_size, dtype)
-    k = count * num_local_steps + jnp.arange(num_local_steps, dtype=jnp.int32)
-    return jnp.asarray(jax.vmap(step_size)(k), dtype)
+        eta = jnp.asarray(step_size, dtype)
+        return eta if active is None else jnp.where(active, eta, jnp.zeros((), dtype))
+    if step_size.per_round:
+        k = jnp.broadcast_to(count, (H,)).astype(jnp.int32)
+    else:
+        start = num_local_steps.before(count) if active is not None else count * H
+        k = start + jnp.arange(H, dtype=jnp.int32)
+    etas = jnp.asarray(jax.vmap(step_size)(k), dtype)
+    return etas if active is None else jnp.where(active, etas, jnp.zeros((), dtype))
 
 
-def round_step_sum(etas, num_local_steps: int):
-    """``sum_h eta_{tH+h}``: ``eta H`` for a constant step (SCAFFLSA's control-variate denominator)."""
+def round_step_sum(etas, num_local_steps):
+    """``sum_h eta_{K_t+h}``: ``eta H`` for a constant step (SCAFFLSA's control-variate
+    denominator; the steps past ``H_t`` are 0)."""
     return etas * num_local_steps if etas.ndim == 0 else jnp.sum(etas)
 
 
@@ -568,13 +775,16 @@ def schedule_values(sched: Schedule, num_steps: int, dtype=None) -> np.ndarray:
 
 
 def check_run(algorithm, num_rounds: int, dtype) -> None:
-    """Check the schedules of ``algorithm`` over a run of ``num_rounds`` rounds: every step size used is
-    finite and ``> 0`` in ``dtype`` (all of them up to ``_MAX_CHECKED`` local steps, else the first
-    ``_MAX_CHECKED / 2`` and a log-spaced sample of the rest), and the step count fits int32."""
+    """Check ``algorithm`` over a run of ``num_rounds`` rounds: its table of local steps covers
+    them (:func:`check_horizon`), and every step size its schedules give is finite and ``> 0`` in
+    ``dtype`` (all of them up to ``_MAX_CHECKED`` counts, else the first ``_MAX_CHECKED / 2`` and a
+    log-spaced sample of the rest), with the local-step count within int32."""
+    check_horizon(algorithm.config, num_rounds)
     scheds = _schedules_in(algorithm.config)
     if not scheds:
         return
-    steps = num_rounds * algorithm.num_local_steps
+    H = getattr(algorithm.config, "num_local_steps", 1)
+    steps = total_local_steps(H, num_rounds) if isinstance(H, LocalSteps) else num_rounds * max_local_steps(H)
     if steps > _MAX_COUNT:
         _validate.fail(
             "num_rounds",
@@ -582,19 +792,10 @@ def check_run(algorithm, num_rounds: int, dtype) -> None:
             f"num_rounds x num_local_steps = {steps} local steps is more than "
             f"a schedule's int32 count allows ({_MAX_COUNT}); split the run",
         )
-    if steps <= _MAX_CHECKED:
-        k = np.arange(steps)
-    else:
-        k = np.unique(
-            np.concatenate(
-                [
-                    np.arange(_MAX_CHECKED // 2),
-                    np.geomspace(_MAX_CHECKED // 2, steps - 1, _MAX_CHECKED // 2).astype(np.int64),
-                ]
-            )
-        )
     for path, sched in scheds:
         name = "step_size" if path.endswith(".step_size") or path == "" else path.lstrip(".")
+        n, unit = (num_rounds, "round t") if sched.per_round else (steps, "local step k")
+        k = _checked_counts(n)
         values = np.asarray(jax.jit(jax.vmap(sched))(jnp.asarray(k, jnp.int32)).astype(dtype))
         bad = ~(np.isfinite(values) & (values > 0))
         if np.any(bad):
@@ -602,6 +803,16 @@ def check_run(algorithm, num_rounds: int, dtype) -> None:
             _validate.fail(
                 name,
                 sched.describe(),
-                f"the schedule gives {float(values[i])!r} at local step k={int(k[i])} "
-                f"(in {np.dtype(dtype)}); step sizes must be finite and > 0 at every k < {steps}",
+                f"the schedule gives {float(values[i])!r} at {unit}={int(k[i])} "
+                f"(in {np.dtype(dtype)}); step sizes must be finite and > 0 at every {unit[-1]} < {n}",
             )
+
+
+def _checked_counts(n: int) -> np.ndarray:
+    """The counts :func:`check_run` evaluates among ``0..n-1``."""
+    if n <= _MAX_CHECKED:
+        return np.arange(n)
+    head = np.arange(_MAX_CHECKED // 2)
+    return np.unique(
+        np.concatenate([head, np.geomspace(_MAX_CHECKED // 2, n - 1, _MAX_CHECKED // 2).astype(np.int64)])
+    )

@@ -218,6 +218,19 @@ LOCAL_STEPS = Option(
     plugins=True,
     read_by="algorithms with local steps (qfedtd takes one step per round)",
 )
+LOCAL_STEPS_GROWTH = Option(
+    ("--local-steps-growth",),
+    "local_steps_growth",
+    "local steps that grow with the round: H_t = ceil(H (t + 1)^GAMMA), H from --local-steps "
+    "(default 0: H every round)",
+    real,
+    0.0,
+    metavar="GAMMA",
+    group="algorithms",
+    params=("power",),
+    plugins=True,
+    read_by="algorithms with local steps (qfedtd takes one step per round)",
+)
 SKIP = Option(
     ("--skip",),
     "skip",

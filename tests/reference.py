@@ -15,7 +15,10 @@ the driver's documented key derivation:
   normals), turned into observations here;
 * uplink: ``(k_q, k_e) = split(k_channel)``, agent c's quantizer uniforms
   ``uniform(split(k_q, N)[c], (d,))``, deliveries ``uniform(k_e, (N,)) < p``;
-* Scaffnew: ``(k_coin, k_send) = split(k_channel)``, coins ``uniform(k_coin, (H,)) < p``.
+* Scaffnew: ``(k_coin, k_send) = split(k_channel)``, coins ``uniform(k_coin, (H,)) < p``;
+* local steps that change with the round (a table ``H_t``): every round draws for ``H_max``
+  steps and uses the first ``H_t`` (Scaffnew's coins past ``H_t`` are not used); under Markov
+  sampling step h's draws are ``problem.randomness(split(k_obs, H_max)[h], N, 1, skip)``.
 
 so trajectories must agree with the kernel's to float64 rounding. Only the key derivation
 (``fedsa_jax._kernel.per_seed_keys``, ``jax.random``) and the problems' raw draws and alias
@@ -80,14 +83,46 @@ def _round_keys(key, seed, t):
     return jax.random.split(jax.random.fold_in(round_key, jnp.asarray(t, jnp.uint32)))
 
 
-@functools.partial(jax.jit, static_argnums=(4, 5))
-def _observation_draws(problem, key, seed, t, H, skip):
-    return problem.randomness(_round_keys(key, seed, t)[0], problem.num_agents, H, skip)
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+def _observation_draws(problem, key, seed, t, H, skip, stepwise):
+    k_obs = _round_keys(key, seed, t)[0]
+    if not stepwise:
+        return problem.randomness(k_obs, problem.num_agents, H, skip)
+    blocks = jax.vmap(lambda k: problem.randomness(k, problem.num_agents, 1, skip))(
+        jax.random.split(k_obs, H)
+    )
+    return jnp.moveaxis(blocks, 0, 1).reshape(problem.num_agents, -1)  # (N, H skip): step h at h skip
 
 
-def round_randomness(problem, key, seed, t, H, skip=1):
-    """The problem's raw draws for round t's observations (all agents)."""
-    return np.asarray(_observation_draws(problem, key, seed, t, H, skip))
+def round_randomness(problem, key, seed, t, H, skip=1, stepwise=False):
+    """The problem's raw draws for round t's observations (all agents); ``stepwise``: drawn one
+    local step at a time (local steps that change with the round, Markov sampling), laid out as
+    one block of H steps."""
+    return np.asarray(_observation_draws(problem, key, seed, t, H, skip, stepwise))
+
+
+def local_steps_at(config, t):
+    """``H_t``: round t's local steps (the integer H, or the table's entry)."""
+    H = config.num_local_steps
+    return H.table[t] if hasattr(H, "table") else H
+
+
+def step_sizes_at(config, t):
+    """Round t's ``H_t`` step sizes: a constant, or the schedule at the local-step indices
+    ``K_t + h`` (``K_t = sum_{s<t} H_s``), or at t for a schedule of the round."""
+    H, eta = local_steps_at(config, t), config.step_size
+    if isinstance(eta, float):
+        return [eta] * H
+    if eta.per_round:
+        return [float(eta(t))] * H
+    start = sum(local_steps_at(config, s) for s in range(t))
+    return [float(eta(start + h)) for h in range(H)]
+
+
+def max_local_steps(config):
+    """The steps every round draws for: H, or the table's largest ``H_t``."""
+    H = config.num_local_steps
+    return max(H.table) if hasattr(H, "table") else H
 
 
 @functools.partial(jax.jit, static_argnums=(2,))
@@ -234,13 +269,13 @@ def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
         return scaffnew_loop(problem, algorithm, T, theta0, agent_round, key, seed)
     N, d = problem.num_agents, problem.dim
     cfg = algorithm.config
-    eta, H = float(cfg.step_size), cfg.num_local_steps
     ch = cfg.channel
     theta = np.zeros(d) if theta0 is None else np.array(theta0, float)
     xi = np.zeros((N, d))
     out = [theta.copy()]
     for t in range(T):
-        g = agent_round(t)
+        g, H, etas = agent_round(t), local_steps_at(cfg, t), step_sizes_at(cfg, t)
+        eta = etas[0]
         if algorithm.name == "qfedtd":
             msg = np.stack([-g(c, 0, theta) for c in range(N)])  # the TD direction
         else:
@@ -251,7 +286,7 @@ def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
                     step = g(c, h, th)
                     if algorithm.name == "scafflsa":
                         step = step - xi[c]
-                    th = th - eta * step
+                    th = th - etas[h] * step
                 local[c] = th
             msg = local - theta
         q, delivered, w = uplink(ch, msg, *(() if ch.trivial else channel_uniforms(key, seed, t, N, d)))
@@ -259,7 +294,7 @@ def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
         theta = theta + (eta * update if algorithm.name == "qfedtd" else update)
         if algorithm.name == "scafflsa":
             mean_received = q[delivered].sum(0) / max(delivered.sum(), 1)
-            xi[delivered] += (mean_received - q[delivered]) / (eta * H)
+            xi[delivered] += (mean_received - q[delivered]) / sum(etas)
         out.append(theta.copy())
     return np.array(out)
 
@@ -271,14 +306,14 @@ def scaffnew_loop(problem, algorithm, T, theta0, agent_round, key, seed):
     N, d = problem.num_agents, problem.dim
     cfg = algorithm.config
     assert cfg.channel.trivial, "Scaffnew's loop has an exact channel only"
-    eta, p, H = cfg.step_size, cfg.comm_prob, cfg.num_local_steps
+    p = cfg.comm_prob
     theta = np.zeros(d) if theta0 is None else np.array(theta0, float)
     x = np.tile(theta, (N, 1))
     h = np.zeros((N, d))
     out = [theta.copy()]
     for t in range(T):
-        g, coin = agent_round(t), scaffnew_coins(key, seed, t, H, p)
-        for k in range(H):
+        g, coin = agent_round(t), scaffnew_coins(key, seed, t, max_local_steps(cfg), p)
+        for k, eta in enumerate(step_sizes_at(cfg, t)):
             xh = np.array([x[c] - eta * (g(c, k, x[c]) - h[c]) for c in range(N)])
             if coin[k]:
                 xbar = xh.mean(0)
@@ -295,7 +330,8 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
     (generative, or one Markov chain per agent carried across rounds, keeping one transition
     out of every ``skip``); the direction is ``-(r_c(s) + gamma phi(s')^T theta - phi(s)^T theta) phi(s)``."""
     N, S = problem.num_agents, problem.num_states
-    H, skip = algorithm.config.num_local_steps, algorithm.config.skip
+    H, skip = max_local_steps(algorithm.config), algorithm.config.skip
+    stepwise = hasattr(algorithm.config.num_local_steps, "table") and problem.sampling == "markov"
     Phi = np.asarray(problem.features)
     gamma = float(problem.gamma)
     R = np.asarray(problem.rewards)
@@ -306,7 +342,7 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
     chain = [alias(mu_p[c], mu_a[c], u) for c, u in enumerate(init_randomness(key, seed, N))]
 
     def agent_round(t):
-        u = round_randomness(problem, key, seed, t, H, skip)
+        u = round_randomness(problem, key, seed, t, H, skip, stepwise)
 
         def g(c, h, th):
             if problem.sampling == "generative":
@@ -326,7 +362,7 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
 
 def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
     """Gaussian LSA problem: seed ``seed``'s theta_0..theta_T with the kernel's normals."""
-    H = algorithm.config.num_local_steps
+    H = max_local_steps(algorithm.config)
     A = np.asarray(problem.A_bar)
     b = np.asarray(problem.b_bar)
     sA = np.asarray(problem.noise_A)
@@ -640,8 +676,11 @@ def markov_enumerated_moments(problem, kind, eta, H, T, skip=1, theta0=None, suc
     the agents' chains (and, for QFedTD, every delivery pattern and rand-k coordinate choice) its
     probability times the iterate it leads to. Each chain starts from its stationary law and runs
     on across rounds; local step h of round t reads the transition ``(s_i, s_{i+1})``,
-    ``i = (t H + h) skip``. Written from the update rules (module docstring); only the problem's
-    arrays are read. Tiny problems only: the outcomes multiply."""
+    ``i = (K_t + h) skip`` with ``K_t = t H`` (``H`` a sequence ``H_t``: ``K_t = sum_{s<t} H_s``).
+    Written from the update rules (module docstring); only the problem's arrays are read. Tiny
+    problems only: the outcomes multiply."""
+    table = list(H) if np.ndim(H) == 1 else [H] * T
+    starts = np.concatenate([[0], np.cumsum(table)]).astype(int)
     P = np.asarray(problem.transitions, np.float64)
     mu = np.asarray(problem.stationary, np.float64)
     r = np.asarray(problem.rewards, np.float64)
@@ -650,7 +689,7 @@ def markov_enumerated_moments(problem, kind, eta, H, T, skip=1, theta0=None, suc
     theta_star = np.asarray(problem.theta_star, np.float64)
     N, S, _ = P.shape
     d = phi.shape[1]
-    length = (T * H - 1) * skip + 2  # the last transition read is (s_{(TH-1)skip}, s_{(TH-1)skip+1})
+    length = (starts[T] - 1) * skip + 2  # the last transition read: (s_{(K_T-1)skip}, s_{(K_T-1)skip+1})
     # per agent: every path, and for QFedTD every round's channel draw (delivered, kept coordinate)
     per_agent = []
     for c in range(N):
@@ -706,12 +745,12 @@ def markov_enumerated_moments(problem, kind, eta, H, T, skip=1, theta0=None, suc
             loc = []
             for c in range(N):
                 x = theta.copy()
-                for h in range(H):
-                    x = x + eta * (direction(c, (t * H + h) * skip, x) + xi[c])
+                for h in range(table[t]):
+                    x = x + eta * (direction(c, (starts[t] + h) * skip, x) + xi[c])
                 loc.append(x)
             theta = np.mean(loc, axis=0)
             if kind == "scafflsa":
                 for c in range(N):
-                    xi[c] = xi[c] + (theta - loc[c]) / (eta * H)
+                    xi[c] = xi[c] + (theta - loc[c]) / (eta * table[t])
         out.append(moments(theta))
     return np.array([m for m, _ in out]), np.array([e for _, e in out])

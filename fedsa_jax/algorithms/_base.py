@@ -88,8 +88,9 @@ class Algorithm:
 
     @property
     def num_local_steps(self) -> int:
-        """``config.num_local_steps`` (default 1)."""
-        return int(getattr(self.config, "num_local_steps", 1))
+        """``config.num_local_steps`` (default 1); ``H_max`` for local steps that change with the
+        round (:class:`fedsa_jax.optim.LocalSteps`): the steps every round of the kernel has."""
+        return optim.max_local_steps(getattr(self.config, "num_local_steps", 1))
 
     @property
     def skip(self) -> int:
@@ -117,7 +118,11 @@ class Algorithm:
         (``fold_in(key, COHORT_STREAM)``, ``COHORT_STREAM = 0x636F68``), so that ``m = N`` keeps the
         numbers of every agent."""
         k_obs, k_channel = jax.random.split(key)
-        obs = problem.randomness(k_obs, problem.num_agents, self.num_local_steps, self.skip)
+        if stepwise_observations(self.config, problem):  # (H_max, N, ...): one block per local step
+            keys = jax.random.split(k_obs, self.num_local_steps)
+            obs = jax.vmap(lambda k: problem.randomness(k, problem.num_agents, 1, self.skip))(keys)
+        else:
+            obs = problem.randomness(k_obs, problem.num_agents, self.num_local_steps, self.skip)
         if not cohort_active(self.config, problem.num_agents):
             return RoundRandomness(obs, k_channel)
         return RoundRandomness(obs, k_channel, jax.random.fold_in(key, COHORT_STREAM))
@@ -156,7 +161,7 @@ class LocalStepsConfig:
     step_size: Any  # eta: a float (a traced leaf: changing or vmapping it does not recompile) or a
     # fj.optim.Schedule of the local-step count k = t H + h
     channel: Channel  # uplink; its success probability is a traced leaf too
-    num_local_steps: int = dataclasses.field(metadata=dict(static=True))  # H
+    num_local_steps: Any = dataclasses.field(metadata=dict(static=True))  # H, or fj.optim.LocalSteps
     skip: int = dataclasses.field(default=1, metadata=dict(static=True))  # keep 1 obs out of skip
     server_optimizer: Any = None  # None or fj.optim.ServerOptimizer (optax), see fedsa_jax.optim
     downlink: Any = dataclasses.field(default=None, metadata=dict(omit_none=True))  # None or a Channel
@@ -203,7 +208,7 @@ def local_steps_config(
     None or optax, see :mod:`fedsa_jax.optim`; ``error_feedback``: see :mod:`fedsa_jax.channel`;
     ``downlink``: None or a channel, see :mod:`fedsa_jax.channel.downlink`)."""
     eta = optim.step_size_arg(step_size)
-    H = _validate.integer("num_local_steps", num_local_steps)
+    H = optim.local_steps_arg(num_local_steps)
     k = _validate.integer("skip", skip)
     opt = optim.server_optimizer_arg(server_optimizer)
     up = channel(quantizer, success_prob, aggregation, error_feedback)
@@ -384,12 +389,20 @@ def observations_per_step(problem, skip: int) -> int:
 
 
 def round_info(
-    local: jax.Array, theta: jax.Array, delivery: Delivery, config, problem, cohort: jax.Array | None = None
+    local: jax.Array,
+    theta: jax.Array,
+    delivery: Delivery,
+    config,
+    problem,
+    cohort: jax.Array | None = None,
+    count: Any = None,
 ) -> RoundInfo:
     """:class:`RoundInfo` of the usual round: every agent ran ``num_local_steps`` local steps
     (``local (N, d)``, its last iterate) and sent one message of
     ``channel.quantizer.bits(d)`` bits; ``delivery`` says which arrived. With a cohort S (mask)
-    only its m agents observed and sent, and ``client_drift`` is their mean.
+    only its m agents observed and sent, and ``client_drift`` is their mean. Local steps that
+    change with the round count the ``H_t`` of the round whose count (rounds done before it) is
+    ``count``.
 
     ``config``'s optional fields ``num_local_steps``, ``skip`` and ``channel`` take their
     defaults (1, 1, exact) when absent.
@@ -397,10 +410,10 @@ def round_info(
     if cohort is not None:
         m = int(config.clients_per_round)
         drift = jnp.sum(jnp.where(cohort, jnp.sum((local - theta) ** 2, axis=-1), 0.0)) / m
-        full = round_info(local[:m], theta, delivery, config, problem)  # the counts of m agents
+        full = round_info(local[:m], theta, delivery, config, problem, count=count)  # m agents' counts
         return full._replace(client_drift=drift)
     N, d = local.shape
-    H = int(getattr(config, "num_local_steps", 1))
+    H = optim.round_local_steps(getattr(config, "num_local_steps", 1), count)
     skip = int(getattr(config, "skip", 1))
     ch = getattr(config, "channel", None)
     bits = channel().quantizer.bits(d) if ch is None else ch.quantizer.bits(d)
@@ -413,7 +426,7 @@ def round_info(
         messages_delivered=delivered,
         bits_sent=jnp.int32(N * bits),
         bits_delivered=delivered * jnp.int32(bits),
-        observations=jnp.int32(N * H * observations_per_step(problem, skip)),
+        observations=jnp.int32(N * observations_per_step(problem, skip)) * H,
         downlink_bits_sent=down,
         downlink_bits_delivered=down,
     )
@@ -492,15 +505,61 @@ def local_updates(problem, params, obs, theta, step_size, control=None):
     return theta
 
 
-def run_agents(rand, problem, samplers, theta, step_size, skip=1, controls=None):
+def stepwise_observations(config, problem) -> bool:
+    """Whether a round's observations are drawn one local step at a time (blocks ``(H_max, N,
+    ...)``, :meth:`Algorithm.randomness`): local steps that change with the round
+    (:class:`fedsa_jax.optim.LocalSteps`) under Markov sampling, so that a chain moves only on the
+    ``H_t`` steps its round runs."""
+    return isinstance(getattr(config, "num_local_steps", 1), optim.LocalSteps) and (
+        getattr(problem, "sampling", None) == "markov"
+    )
+
+
+def stepwise_active(config, problem, count):
+    """The round's ``(H_max,) bool`` active steps where its observations are drawn step by step
+    (:func:`stepwise_observations`), else None (one block, every step drawn)."""
+    if not stepwise_observations(config, problem):
+        return None
+    return optim.active_steps(config.num_local_steps, count)
+
+
+def run_agents(rand, problem, samplers, theta, step_size, skip=1, controls=None, active=None):
     """All agents' local rounds from the common ``theta`` (vmapped over agents).
 
     ``rand``: the random numbers of all agents' H observations, one block
     (:meth:`Algorithm.randomness`). Returns ``(theta^c_{t,H} (N, d), new samplers (N,))``.
+    ``active`` (``(H_max,) bool``, :func:`stepwise_active`): ``rand`` holds one block per local
+    step, and the steps are scanned one at a time, each agent observing (its chain moving) and
+    updating only on the active ones.
     """
+    params = problem.agent_params()
+    if active is not None:
+        return _run_stepwise(rand, problem, params, samplers, theta, step_size, skip, controls, active)
 
     def agent(rand, params, sampler, control):
         obs, sampler = problem.observe(params, sampler, rand, skip)
         return local_updates(problem, params, obs, theta, step_size, control), sampler
 
-    return jax.vmap(agent)(rand, problem.agent_params(), samplers, controls)
+    return jax.vmap(agent)(rand, params, samplers, controls)
+
+
+def _run_stepwise(blocks, problem, params, samplers, theta, etas, skip, controls, active):
+    """:func:`run_agents` one local step at a time: ``blocks`` has leading axis H_max."""
+
+    def agent_step(params, sampler, rand, th, control, eta):
+        obs, moved = problem.observe(params, sampler, rand, skip)
+        return local_updates(problem, params, obs, th, eta, control), moved
+
+    def body(carry, xs):
+        local, sampler = carry
+        rand, eta, act = xs
+        new, moved = jax.vmap(agent_step, in_axes=(0, 0, 0, 0, 0, None))(
+            params, sampler, rand, local, controls, eta
+        )
+        keep = lambda n, o: jnp.where(act, n, o)  # noqa: E731
+        return (keep(new, local), jax.tree.map(keep, moved, sampler)), None
+
+    local = jnp.broadcast_to(theta, (problem.num_agents, *theta.shape))
+    etas = jnp.broadcast_to(etas, active.shape)
+    (local, samplers), _ = jax.lax.scan(body, (local, samplers), (blocks, etas, active))
+    return local, samplers

@@ -43,6 +43,7 @@ TD Learning", NeurIPS 2024, arXiv:2402.04114, Algorithm 1 and Sec. 3.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -66,6 +67,7 @@ from fedsa_jax.algorithms._base import (
     round_info,
     run_agents,
     server_update,
+    stepwise_active,
     with_clients_per_round,
 )
 
@@ -102,7 +104,8 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     view = ErrorCoordinates(problem)
     cohort = round_cohort(rand, config, problem)  # None: every agent
     start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
-    local, sampler = run_agents(rand.obs, view, state.sampler, start, eta, config.skip)
+    active = stepwise_active(config, problem, state.count)
+    local, sampler = run_agents(rand.obs, view, state.sampler, start, eta, config.skip, active=active)
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
     aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
     aggregate = from_reference(state.error, start, aggregate, config)
@@ -111,7 +114,7 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     state = FedLSAState(
         problem.theta_star + error, error, sampler, state.count + 1, opt_state, delivery.memory, hat
     )
-    return state, round_info(local, error, delivery, config, problem, cohort)
+    return state, round_info(local, error, delivery, config, problem, cohort, state.count - 1)
 
 
 def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
@@ -145,7 +148,7 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
 
 def fedlsa(
     step_size: float,
-    num_local_steps: int,
+    num_local_steps: int | Sequence[int] | optim.LocalSteps,
     skip: int = 1,
     quantizer=None,
     success_prob: float = 1.0,
@@ -160,7 +163,9 @@ def fedlsa(
     Args:
       step_size: ``eta > 0``, or a schedule of the local-step count ``k = t H + h``
         (an optax schedule or ``fj.schedule(...)``, see :mod:`fedsa_jax.optim`).
-      num_local_steps: ``H >= 1``.
+      num_local_steps: ``H >= 1``; or local steps that change with the round, a table
+        ``H_t`` (a list of integers, ``fj.local_steps(fn, num_rounds)``,
+        ``fj.growing_local_steps(h0, power, num_rounds)``; :mod:`fedsa_jax.optim`).
       skip: keep one observation out of ``skip`` (Markovian sampling), ``>= 1``.
       quantizer: uplink quantizer from :mod:`fedsa_jax.channel` (default: exact).
       success_prob: probability in ``(0, 1]`` that an uplink message is delivered.
@@ -209,7 +214,7 @@ def _from_options(step_size, args, **channel) -> Algorithm:
 registry.register_algorithm(
     "fedlsa",
     _from_options,
-    options=(registry.LOCAL_STEPS, registry.SKIP, registry.CLIENTS_PER_ROUND),
+    options=(registry.LOCAL_STEPS, registry.LOCAL_STEPS_GROWTH, registry.SKIP, registry.CLIENTS_PER_ROUND),
     title="FedLSA",
     bias="fedlsa_bias",
     order=0,

@@ -52,6 +52,7 @@ Algorithm 2 and Sec. 5.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -77,6 +78,7 @@ from fedsa_jax.algorithms._base import (
     round_info,
     run_agents,
     server_update,
+    stepwise_active,
     with_clients_per_round,
 )
 
@@ -116,8 +118,9 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     eta = optim.step_sizes(config.step_size, state.count, H, problem.dtype)
     cohort = round_cohort(rand, config, problem)  # None: every agent
     start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
+    active = stepwise_active(config, problem, state.count)
     local, sampler = run_agents(
-        rand.obs, ErrorCoordinates(problem), state.sampler, start, eta, config.skip, controls=state.xi
+        rand.obs, ErrorCoordinates(problem), state.sampler, start, eta, config.skip, state.xi, active
     )
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
     aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
@@ -130,7 +133,7 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     state = SCAFFLSAState(
         problem.theta_star + error, error, xi, sampler, state.count + 1, opt_state, delivery.memory, hat
     )
-    return state, round_info(local, error, delivery, config, problem, cohort)
+    return state, round_info(local, error, delivery, config, problem, cohort, state.count - 1)
 
 
 def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
@@ -170,7 +173,7 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
 
 def scafflsa(
     step_size: float,
-    num_local_steps: int,
+    num_local_steps: int | Sequence[int] | optim.LocalSteps,
     skip: int = 1,
     quantizer=None,
     success_prob: float = 1.0,
@@ -186,7 +189,9 @@ def scafflsa(
       step_size: ``eta > 0``, or a schedule of the local-step count ``k = t H + h``
         (:mod:`fedsa_jax.optim`); the control variates then divide by
         ``sum_{h<H} eta_{tH+h}`` instead of ``eta H``.
-      num_local_steps: ``H >= 1``.
+      num_local_steps: ``H >= 1``; or local steps that change with the round, a table
+        ``H_t`` (a list of integers, ``fj.local_steps(fn, num_rounds)``,
+        ``fj.growing_local_steps(h0, power, num_rounds)``; :mod:`fedsa_jax.optim`).
       skip: keep one observation out of ``skip`` (Markovian sampling), ``>= 1``.
       quantizer: uplink quantizer from :mod:`fedsa_jax.channel` (default: exact).
       success_prob: probability in ``(0, 1]`` that an uplink message is delivered.
@@ -232,7 +237,7 @@ def _from_options(step_size, args, **channel) -> Algorithm:
 registry.register_algorithm(
     "scafflsa",
     _from_options,
-    options=(registry.LOCAL_STEPS, registry.SKIP, registry.CLIENTS_PER_ROUND),
+    options=(registry.LOCAL_STEPS, registry.LOCAL_STEPS_GROWTH, registry.SKIP, registry.CLIENTS_PER_ROUND),
     title="SCAFFLSA",
     order=1,
     default=True,

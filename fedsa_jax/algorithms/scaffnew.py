@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -106,6 +107,7 @@ from fedsa_jax.algorithms._base import (
     local_steps_config,
     observations_per_step,
     server_update,
+    stepwise_active,
     with_clients_per_round,
 )
 from fedsa_jax.channel import Channel, broadcast, channel, downlink_key
@@ -122,7 +124,7 @@ class ScaffnewConfig:
     step_size: Any  # eta: a float or a schedule of the local-step count (fedsa_jax.optim)
     comm_prob: float  # p, probability that a local step ends with a communication
     channel: Channel  # uplink
-    num_local_steps: int = dataclasses.field(metadata=dict(static=True))  # H local steps per round
+    num_local_steps: Any = dataclasses.field(metadata=dict(static=True))  # H (or fj.optim.LocalSteps)
     skip: int = dataclasses.field(default=1, metadata=dict(static=True))  # keep 1 obs out of skip
     server_optimizer: Any = None  # None or an optax transformation applied at each communication
     downlink: Any = dataclasses.field(default=None, metadata=dict(omit_none=True))  # None or a Channel
@@ -172,33 +174,46 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
     if state.cohort is not None:
         return _cohort_step(rand, state, problem, config)
     dtype = problem.dtype
-    H, ch = config.num_local_steps, config.channel
-    etas = jnp.broadcast_to(optim.step_sizes(config.step_size, state.count, H, dtype), (H,))
+    H, ch = optim.max_local_steps(config.num_local_steps), config.channel
+    etas = jnp.broadcast_to(
+        optim.step_sizes(config.step_size, state.count, config.num_local_steps, dtype), (H,)
+    )
     p = jnp.asarray(config.comm_prob, dtype)
     params = problem.agent_params()
     view = ErrorCoordinates(problem)
-    obs, sampler = jax.vmap(lambda *a: problem.observe(*a, config.skip))(params, state.sampler, rand.obs)
-    obs = jax.tree.map(lambda o: jnp.swapaxes(o, 0, 1), obs)  # (H, N, ...): scanned over local steps
+    observe = jax.vmap(lambda *a: problem.observe(*a, config.skip))
+    active = stepwise_active(config, problem, state.count)  # Markov, H_t: observe step by step
+    if active is None:
+        obs, sampler = observe(params, state.sampler, rand.obs)
+        obs = jax.tree.map(lambda o: jnp.swapaxes(o, 0, 1), obs)  # (H, N, ...): scanned over local steps
+        acts = None
+    else:
+        obs, sampler, acts = rand.obs, state.sampler, active  # (H, N, ...) blocks of one observation
     k_coin, k_send = jax.random.split(rand.channel)
-    coins = jax.random.uniform(k_coin, (H,), dtype) < p
+    coins = _coins(k_coin, H, p, config, state.count)
     send_keys = None if ch.trivial else jax.random.split(k_send, H)
 
     def local_step(carry, xs):
-        x, sync = carry
-        o, coin, key, down_key, eta = xs
+        x, sync, sampler = carry
+        o, coin, key, down_key, eta, act = xs
+        if act is not None:
+            o, moved = observe(params, sampler, o)
+            sampler = jax.tree.map(lambda n, old: jnp.where(act, n, old), moved, sampler)
+            o = jax.tree.map(lambda a: a[:, 0], o)
         xh = x - eta * (jax.vmap(view.direction)(params, o, x) - sync[0])
-        return _communicate(coin, key, down_key, xh, sync, eta / p, problem, config), None
+        return (*_communicate(coin, key, down_key, xh, sync, eta / p, problem, config), sampler), None
 
-    carry = (state.x, _sync_carry(state))
-    (x, (xi, x_sync, opt_state, delivered, memory, hat)), _ = jax.lax.scan(
+    carry = (state.x, _sync_carry(state), sampler)
+    (x, (xi, x_sync, opt_state, delivered, memory, hat), sampler), _ = jax.lax.scan(
         local_step,
         carry,
-        (obs, coins, send_keys, _down_keys(rand, config, H), etas),
+        (obs, coins, send_keys, _down_keys(rand, config, H), etas, acts),
         unroll=min(LOCAL_UNROLL, H),
     )
     error = x.mean(axis=0)
     N, d = x.shape
-    info = _round_info(coins, delivered, N, config, problem, jnp.mean(jnp.sum((x - error) ** 2, axis=-1)))
+    drift = jnp.mean(jnp.sum((x - error) ** 2, axis=-1))
+    info = _round_info(coins, delivered, N, config, problem, drift, state.count)
     new = ScaffnewState(
         problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state, memory, hat
     )
@@ -218,9 +233,18 @@ def _down_keys(rand: RoundRandomness, config, H: int):
     return jax.random.split(downlink_key(rand.channel), H)
 
 
-def _round_info(coins, delivered, senders: int, config, problem, client_drift) -> RoundInfo:
-    """The round's counts: ``senders`` messages per communication (N, or m with a cohort)."""
-    d, H = problem.dim, config.num_local_steps
+def _coins(key, H: int, p, config, count):
+    """The round's H_max communication coins, ``uniform(key, (H_max,)) < p``, False past ``H_t``
+    (local steps that change with the round)."""
+    coins = jax.random.uniform(key, (H,), p.dtype) < p
+    active = optim.active_steps(config.num_local_steps, count)
+    return coins if active is None else coins & active
+
+
+def _round_info(coins, delivered, senders: int, config, problem, client_drift, count) -> RoundInfo:
+    """The round's counts: ``senders`` messages per communication (N, or m with a cohort); ``count``
+    the round's (rounds done before it)."""
+    d, H = problem.dim, optim.round_local_steps(config.num_local_steps, count)
     bits = config.channel.quantizer.bits(d)
     communications = jnp.sum(coins)
     sent = jnp.int32(senders) * communications.astype(jnp.int32)
@@ -231,7 +255,7 @@ def _round_info(coins, delivered, senders: int, config, problem, client_drift) -
         messages_delivered=delivered,
         bits_sent=sent * jnp.int32(bits),
         bits_delivered=delivered * jnp.int32(bits),
-        observations=jnp.int32(senders * H * observations_per_step(problem, config.skip)),
+        observations=jnp.int32(senders * observations_per_step(problem, config.skip)) * H,
         downlink_bits_sent=down,
         downlink_bits_delivered=down,
     )
@@ -271,13 +295,17 @@ def _cohort_step(rand: RoundRandomness, state: ScaffnewState, problem, config: S
     so that an agent's stream moves only on the steps where it trains; a communication switches
     to that step's next cohort."""
     dtype, N = problem.dtype, problem.num_agents
-    H, m = config.num_local_steps, int(config.clients_per_round or N)
-    etas = jnp.broadcast_to(optim.step_sizes(config.step_size, state.count, H, dtype), (H,))
+    H, m = optim.max_local_steps(config.num_local_steps), int(config.clients_per_round or N)
+    etas = jnp.broadcast_to(
+        optim.step_sizes(config.step_size, state.count, config.num_local_steps, dtype), (H,)
+    )
     p = jnp.asarray(config.comm_prob, dtype)
     params = problem.agent_params()
     view = ErrorCoordinates(problem)
     k_coin, k_send = jax.random.split(rand.channel)
-    coins = jax.random.uniform(k_coin, (H,), dtype) < p
+    coins = _coins(k_coin, H, p, config, state.count)
+    active = optim.active_steps(config.num_local_steps, state.count)
+    acts = jnp.ones((H,), bool) if active is None else active
     # per step k: (k_obs, k_next) = split(split(rand.cohort, H)[k]), drawn for all steps at once
     k_obs, k_next = jnp.moveaxis(jax.vmap(jax.random.split)(jax.random.split(rand.cohort, H)), 1, 0)
     blocks = jax.vmap(lambda k: problem.randomness(k, N, 1, config.skip))(k_obs)
@@ -285,9 +313,9 @@ def _cohort_step(rand: RoundRandomness, state: ScaffnewState, problem, config: S
 
     def local_step(carry, xs):
         x, sync, sampler, cohort = carry
-        coin, key, down_key, block, next_cohort, eta = xs
+        coin, key, down_key, block, next_cohort, eta, act = xs
         obs, moved = jax.vmap(lambda *a: problem.observe(*a, config.skip))(params, sampler, block)
-        sampler = keep_outside(cohort, moved, sampler)  # idle agents draw nothing
+        sampler = keep_outside(cohort & act, moved, sampler)  # idle agents (and steps past H_t) draw nothing
         o = jax.tree.map(lambda a: a[:, 0], obs)
         xh = keep_outside(cohort, x - eta * (jax.vmap(view.direction)(params, o, x) - sync[0]), x)
         x, sync = _communicate(coin, key, down_key, xh, sync, eta / p, problem, config, cohort)
@@ -298,13 +326,13 @@ def _cohort_step(rand: RoundRandomness, state: ScaffnewState, problem, config: S
     (x, (xi, x_sync, opt_state, delivered, memory, hat), sampler, cohort), _ = jax.lax.scan(
         local_step,
         carry,
-        (coins, jax.random.split(k_send, H), _down_keys(rand, config, H), blocks, next_cohorts, etas),
+        (coins, jax.random.split(k_send, H), _down_keys(rand, config, H), blocks, next_cohorts, etas, acts),
         unroll=min(LOCAL_UNROLL, H),
     )
     inside = cohort[:, None]
     error = jnp.sum(jnp.where(inside, x, 0.0), axis=0) / m  # the cohort's mean (idle agents hold x_sync)
     drift = jnp.sum(jnp.where(inside, (x - error) ** 2, 0.0)) / m
-    info = _round_info(coins, delivered, m, config, problem, drift)
+    info = _round_info(coins, delivered, m, config, problem, drift, state.count)
     new = ScaffnewState(
         problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state, memory, hat
     )
@@ -360,7 +388,7 @@ def theory(config: ScaffnewConfig, problem) -> moments.Recursion:
 def scaffnew(
     step_size: float,
     comm_prob: float,
-    num_local_steps: int,
+    num_local_steps: int | Sequence[int] | optim.LocalSteps,
     skip: int = 1,
     quantizer=None,
     success_prob: float = 1.0,
@@ -378,7 +406,9 @@ def scaffnew(
         (:mod:`fedsa_jax.optim`); a communication at step k divides by ``eta_k / p``.
       comm_prob: ``p`` in ``(0, 1]``, probability that a local step ends with a
         communication (one coin for all agents).
-      num_local_steps: ``H >= 1``, local steps per recorded round.
+      num_local_steps: ``H >= 1``, local steps per recorded round; or local steps that change
+        with the round, a table ``H_t`` (a list of integers, ``fj.local_steps(fn, num_rounds)``,
+        ``fj.growing_local_steps(h0, power, num_rounds)``; :mod:`fedsa_jax.optim`).
       skip: keep one observation out of ``skip`` (Markovian sampling), ``>= 1``.
       quantizer: uplink quantizer from :mod:`fedsa_jax.channel` (default: exact).
       success_prob: probability in ``(0, 1]`` that an uplink message is delivered.
@@ -449,7 +479,13 @@ def _from_options(step_size, args, **channel) -> Algorithm:
 registry.register_algorithm(
     "scaffnew",
     _from_options,
-    options=(COMM_PROB, registry.LOCAL_STEPS, registry.SKIP, registry.CLIENTS_PER_ROUND),
+    options=(
+        COMM_PROB,
+        registry.LOCAL_STEPS,
+        registry.LOCAL_STEPS_GROWTH,
+        registry.SKIP,
+        registry.CLIENTS_PER_ROUND,
+    ),
     title="Scaffnew",
     order=3,
 )

@@ -7,6 +7,7 @@ import importlib
 import inspect
 import os
 import sys
+from types import SimpleNamespace
 
 import fedsa_jax as fj
 from fedsa_jax import registry
@@ -47,6 +48,7 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
     elif name not in algorithms:
         raise ValueError(f"algorithm={name!r} is invalid: expected one of {', '.join(algorithms)}")
     else:
+        args = _with_local_steps(args)
         step = args.step_size
         if args.schedule == "inverse-time":
             step = fj.schedule(fj.optim.inverse_time, eta0=float(args.step_size), k0=float(args.decay_steps))
@@ -63,6 +65,36 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
     if args.average is not None:
         alg = fj.averaged(alg, burn_in=args.average)  # pyright: ignore[reportArgumentType]
     return fj.richardson(alg) if args.richardson else alg  # pyright: ignore[reportArgumentType]
+
+
+def local_steps(args):
+    """``num_local_steps`` from the options: ``--local-steps`` H, or with ``--local-steps-growth``
+    gamma > 0 the table ``H_t = ceil(H (t + 1)^gamma)`` over the run's rounds (a sweep's
+    ``total_local_steps``: the rounds that fit in it)."""
+    growth = float(getattr(args, "local_steps_growth", 0.0) or 0.0)
+    if growth == 0.0:
+        return args.local_steps
+    total = getattr(args, "total_local_steps", None)
+    if total is not None:
+        return fj.optim.growing_local_steps(args.local_steps, growth, total_local_steps=total)
+    return fj.optim.growing_local_steps(args.local_steps, growth, args.rounds)
+
+
+def rounds_within(alg, total: int) -> tuple[int, int]:
+    """``(rounds, H_0)``: the most rounds of ``alg`` whose local steps add up to at most ``total``,
+    and its first round's local steps."""
+    H = getattr(alg.config, "num_local_steps", 1)
+    first = H.table[0] if isinstance(H, fj.optim.LocalSteps) else int(H)
+    return fj.optim.rounds_within(H, total), first
+
+
+def _with_local_steps(args):
+    """``args`` with ``local_steps`` the table of :func:`local_steps` (a copy; ``args`` itself is
+    left as it is)."""
+    steps = local_steps(args)
+    if steps is args.local_steps:
+        return args
+    return SimpleNamespace(**{**vars(args), "local_steps": steps})
 
 
 def _make_server_optimizer(args):
@@ -157,7 +189,7 @@ def _custom_algorithm(spec: str, params: dict, args, option: str, param_option: 
                     where,
                     shown,
                 )
-        for key, value in (("step_size", args.step_size), ("num_local_steps", args.local_steps)):
+        for key, value in (("step_size", args.step_size), ("num_local_steps", local_steps(args))):
             if key in names and key not in params:
                 kwargs[key] = value
     try:

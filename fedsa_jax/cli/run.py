@@ -46,8 +46,16 @@ def _prepare_outputs(pairs) -> None:
             prepare_dir(path, option)
 
 
-def _num_local_steps(alg) -> int:
-    return int(getattr(alg.config, "num_local_steps", 1))
+def _mean_local_steps(alg, num_rounds: int) -> float:
+    """Local steps per round, averaged over the run's rounds (H for an integer H)."""
+    import fedsa_jax as fj
+
+    H = getattr(alg.config, "num_local_steps", 1)
+    return (
+        fj.optim.total_local_steps(H, num_rounds) / max(num_rounds, 1)
+        if num_rounds
+        else float(fj.optim.max_local_steps(H))
+    )
 
 
 class _CompileTimer:
@@ -101,7 +109,8 @@ def _timing(res, seconds: float, compile_s: float, problem, alg) -> dict:
     """What a run cost: wall time, compile time, and warm agent-steps/s over the work it did
     itself (a resumed run counts only the rounds it ran)."""
     execution = res.config["execution"]
-    steps = int(execution.get("seed_rounds_run", 0)) * problem.num_agents * _num_local_steps(alg)
+    per_round = _mean_local_steps(alg, int(res.rounds[-1]))
+    steps = round(int(execution.get("seed_rounds_run", 0)) * problem.num_agents * per_round)
     warm = seconds - compile_s
     return {
         "seconds": seconds,
@@ -302,6 +311,8 @@ def _bias_lines(args, problem, summary: dict) -> dict:
     lines = {}
     for name, entry in registry.algorithms().items():
         if entry.bias is None or name not in args.algorithms or args.schedule != "constant":
+            continue
+        if getattr(args, "local_steps_growth", 0.0):  # the closed form is for one H
             continue
         bias = getattr(fj.theory, entry.bias)(problem, args.step_size, args.local_steps)
         level = float(np.sum(bias**2))

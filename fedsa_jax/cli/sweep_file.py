@@ -13,11 +13,11 @@ from types import SimpleNamespace
 from fedsa_jax import registry
 from fedsa_jax._sweep import config_name
 from fedsa_jax._validate import fail
-from fedsa_jax.cli.build import _make_algorithm, _make_problem, one_line
+from fedsa_jax.cli.build import _make_algorithm, _make_problem, one_line, rounds_within
 from fedsa_jax.cli.checks import _as_option
 from fedsa_jax.cli.options import PARAM_RE, algorithm, run_options
 from fedsa_jax.cli.parser import build_parser
-from fedsa_jax.cli.run import _num_local_steps, _prepare_jax, _prepare_outputs
+from fedsa_jax.cli.run import _prepare_jax, _prepare_outputs
 from fedsa_jax.registry import positive_int
 
 RUN_KEYS = {
@@ -201,6 +201,7 @@ class _Grid:
             "dtype": self.run["dtype"],
             **{k: v for k, v in config.items() if "." not in k},
         }
+        merged["rounds"], merged["total_local_steps"] = self.run["rounds"], self.run["total_local_steps"]
         merged["algorithm"] = config.get("algorithm", _default_algorithm())
         merged["params"] = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("params.")}
         return SimpleNamespace(**merged)
@@ -221,14 +222,15 @@ class _Grid:
     def rounds(self, config):
         if self.run["rounds"] is not None:
             return int(self.run["rounds"])
-        total, H = int(self.run["total_local_steps"]), _num_local_steps(self.build(config)[1])
-        if total < H:  # a round is H local steps: fewer cannot be run
+        total = int(self.run["total_local_steps"])
+        rounds, first = rounds_within(self.build(config)[1], total)
+        if rounds < 1:  # a round is H local steps: fewer cannot be run
             raise ValueError(
                 f"run.total_local_steps={total} is invalid: configuration {config_name(config)} "
-                f"has H = {H} local steps per round; expected total_local_steps >= H (rounds = "
-                "total_local_steps // H)"
+                f"has H = {first} local steps in its first round; expected total_local_steps >= H "
+                "(rounds = the most whose local steps fit in it)"
             )
-        return total // H
+        return rounds
 
     def record_every(self, config):
         """``run.record_every`` where given (refused above the configuration's rounds, as

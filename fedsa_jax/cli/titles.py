@@ -27,7 +27,8 @@ def run_title(args, problem) -> str:
             rf"$\eta$={args.step_size:g}", rf"$\eta_k$={args.step_size:g}/(1+k/{args.decay_steps:g})"
         )
     if reads_local_steps(args):
-        title += f", H={args.local_steps}"
+        growth = getattr(args, "local_steps_growth", 0.0)
+        title += rf", $H_t$=⌈{args.local_steps}(t+1)^{growth:g}⌉" if growth else f", H={args.local_steps}"
     if cohort_caption(args, problem):
         title += f", {cohort_caption(args, problem)}"
     if args.server_optimizer != "none":

@@ -5,32 +5,51 @@ touching only the rows a map changes), shared by :mod:`fedsa_jax.theory.engine` 
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
 from fedsa_jax import _validate, optim
 from fedsa_jax.moments import Recursion
 
-__all__ = ["round_map", "second_moment_round"]
+__all__ = ["changing_round", "round_map", "second_moment_round"]
 
 CACHE_SIZE = 32  # conjugators kept (one per map in use)
 
 
-def _etas(rec: Recursion, num_rounds: int) -> np.ndarray:
-    """``(num_rounds, H)`` step sizes of every local step (float64)."""
-    H = int(rec.num_local_steps)
+def changing_round(rec: Recursion) -> bool:
+    """Whether the rounds differ from one another: a step-size schedule, or local steps that
+    change with the round (:class:`fedsa_jax.optim.LocalSteps`)."""
+    return not optim.is_constant(rec.step_size) or isinstance(rec.num_local_steps, optim.LocalSteps)
+
+
+def _etas(rec: Recursion, num_rounds: int) -> Any:
+    """The step sizes of every local step, per round (float64): a ``(num_rounds, H)`` array, or for
+    local steps that change with the round a list of ``num_rounds`` arrays ``(H_t,)``."""
+    H = rec.num_local_steps
+    if isinstance(H, optim.LocalSteps) and num_rounds > H.num_rounds:
+        optim.check_horizon(rec, num_rounds)
+    table = H.table[:num_rounds] if isinstance(H, optim.LocalSteps) else (int(H),) * num_rounds
+    starts = np.concatenate([[0], np.cumsum(table)]).astype(np.int64)
     if optim.is_constant(rec.step_size):
-        return np.full((num_rounds, H), float(rec.step_size))
-    with jax.enable_x64(True):
-        values = optim.schedule_values(rec.step_size, num_rounds * H)
-    if not np.all(np.isfinite(values) & (values > 0)):
-        k = int(np.argmax(~(np.isfinite(values) & (values > 0))))
-        _validate.fail(
-            "step_size",
-            rec.step_size.describe(),
-            f"the schedule gives {float(values[k])!r} at k={k}; step sizes must be finite and > 0",
-        )
-    return values.reshape(num_rounds, H)
+        flat = np.full(int(starts[-1]), float(rec.step_size))
+    else:
+        per_round = rec.step_size.per_round
+        with jax.enable_x64(True):
+            values = optim.schedule_values(rec.step_size, num_rounds if per_round else int(starts[-1]))
+        if not np.all(np.isfinite(values) & (values > 0)):
+            k = int(np.argmax(~(np.isfinite(values) & (values > 0))))
+            _validate.fail(
+                "step_size",
+                rec.step_size.describe(),
+                f"the schedule gives {float(values[k])!r} at {'t' if per_round else 'k'}={k}; step sizes "
+                "must be finite and > 0",
+            )
+        flat = np.repeat(values, table) if per_round else values
+    if not isinstance(H, optim.LocalSteps):
+        return flat.reshape(num_rounds, int(H))
+    return [flat[starts[t] : starts[t + 1]] for t in range(num_rounds)]
 
 
 def _phases(rec: Recursion, t: int, etas: np.ndarray) -> list:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsa_jax import _validate, algorithms, optim
+from fedsa_jax import _validate, algorithms
 from fedsa_jax.moments import Combination, Recursion, recursion_of
 from fedsa_jax.theory import markov
 from fedsa_jax.theory._agents import Unfactored, factored_mse, factored_pays
@@ -22,6 +22,7 @@ from fedsa_jax.theory._rounds import (
     _etas,
     _phases,
     _recursion,
+    changing_round,
     round_map,
     second_moment_round,
 )
@@ -161,7 +162,7 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
     y = rec.state
     iid = not markov.is_markov(problem)  # the shortcuts are for i.i.d. observations
     factored = iid and factored_pays(rec)  # many agents: blocks factored (independent given the server)
-    if iid and optim.is_constant(rec.step_size):  # a long horizon: the assembled operator, if cheaper
+    if iid and not changing_round(rec):  # a long horizon: the assembled operator, if cheaper
         fast = constant_round_mse(rec, _etas(rec, num_rounds), num_rounds, y.initial(theta0), factored)
         if fast is not None:
             return fast
@@ -294,11 +295,12 @@ def stable_step_size(
     description = recursion_of(algorithm, problem)
     if isinstance(description, Combination):
         _validate.fail("algorithm", algorithm.name, description.hint)
-    if not optim.is_constant(description.step_size):
+    if changing_round(description):
         _validate.fail(
             "algorithm",
             algorithm.name,
-            "max_stable_step_size varies a constant step size; this algorithm has a schedule",
+            "max_stable_step_size varies a constant step size over identical rounds; this algorithm has "
+            "a schedule or local steps that change with the round",
         )
 
     radius_of = mean_spectral_radius if radius_of is None else radius_of

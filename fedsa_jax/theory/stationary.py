@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from fedsa_jax import _validate, optim
+from fedsa_jax import _validate
 from fedsa_jax.moments import Combination, Recursion, recursion_of
 from fedsa_jax.theory import markov
 from fedsa_jax.theory._agents import Unfactored, factored_pays
 from fedsa_jax.theory._operator import Operator, gmres, persistent_basis
-from fedsa_jax.theory._rounds import _cached_conjugate, _phases, _recursion, round_map
+from fedsa_jax.theory._rounds import _cached_conjugate, _phases, _recursion, changing_round, round_map
 
 __all__ = ["MAX_STATIONARY_UNKNOWNS", "mean_square_spectral_radius", "stationary_mean", "stationary_mse"]
 
@@ -76,8 +76,13 @@ def _setup(problem, algorithm, what: str) -> _Stationary:
     name = getattr(algorithm, "name", algorithm)
     if isinstance(description, Combination):
         _validate.fail("algorithm", name, f"{what} does not cover {description.what}; {description.hint}")
-    if not optim.is_constant(description.step_size):
-        _validate.fail("algorithm", name, f"{what} needs a constant step size; this algorithm has a schedule")
+    if changing_round(description):
+        _validate.fail(
+            "algorithm",
+            name,
+            f"{what} needs a constant step size and H (identical rounds); this algorithm has a schedule "
+            "or local steps that change with the round",
+        )
     second = what != "stationary_mean"
     rec, etas = _recursion(description, algorithm, 1)
     law = markov.markov_law(problem, getattr(algorithm, "skip", 1), rec.state, second)
