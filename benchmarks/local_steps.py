@@ -19,7 +19,7 @@ numpy's time over the kernel's, and the kernel's time over the draws'. Generativ
 under ``--markov`` Markov sampling (a chain moves only on the H_t steps: one block per step).
 Every timing is the best of ``--repeats`` warm calls.
 
-    python benchmarks/local_steps.py [--seeds 1000] [--rounds 300] [--markov] [--powers 0 0.2] [--json out.json]
+    python benchmarks/local_steps.py [--seeds 1000] [--rounds 300] [--markov] [--powers 0 0.2]
 """
 
 from __future__ import annotations
@@ -100,8 +100,9 @@ def main(argv=None):
         H = max(1, round(K / T))
         T_const = K // H
         work = n * N * K  # useful agent-local steps
-        run_growing = lambda alg=fj.fedlsa(eta, table): fj.simulate(2, problem, alg, T, n)  # noqa: E731
-        run_const = lambda alg=fj.fedlsa(eta, H): fj.simulate(2, problem, alg, T_const, n)  # noqa: E731
+        growing, constant = fj.fedlsa(eta, table), fj.fedlsa(eta, H)
+        run_growing = lambda: fj.simulate(2, problem, growing, T, n)  # noqa: E731
+        run_const = lambda: fj.simulate(2, problem, constant, T_const, n)  # noqa: E731
         run_growing(), run_const()  # compile
         t_grow = best_of(run_growing, args.repeats)
         t_const = best_of(run_const, args.repeats) * K / (T_const * H)  # per the same work
@@ -128,8 +129,9 @@ def main(argv=None):
         rows.append(row)
         print(
             f"  gamma_H={power:<4g} K={K:6d} H_max={H_max:3d} useful {row['useful_fraction']:.2f}  "
-            f"growing {t_grow:.3f} s ({row['agent_steps_per_s']:.3g} steps/s)  constant H={H} {t_const:.3f} s  "
-            f"speed vs constant {row['speed_vs_constant']:.2f}x  numpy/kernel {row['numpy_over_kernel']:.1f}x  "
+            f"growing {t_grow:.3f} s ({row['agent_steps_per_s']:.3g} steps/s)  "
+            f"constant H={H} {t_const:.3f} s  speed vs constant {row['speed_vs_constant']:.2f}x  "
+            f"numpy/kernel {row['numpy_over_kernel']:.1f}x  "
             f"kernel/draws {row['kernel_over_draws']:.2f}x",
             flush=True,
         )
