@@ -30,11 +30,13 @@ _PUBLIC = {
     "Until": "fedsa_jax._options",
     "algorithms": None,
     "averaged": "fedsa_jax.algorithms",
+    "bootstrap": "fedsa_jax.algorithms",
     "channel": None,
     "compare": "fedsa_jax._compare",
     "fedlsa": "fedsa_jax.algorithms",
     "grid": "fedsa_jax._sweep",
     "growing_local_steps": "fedsa_jax.optim",
+    "inference": None,
     "load": "fedsa_jax.result",
     "local_steps": "fedsa_jax.optim",
     "metrics": None,
@@ -68,11 +70,13 @@ __all__ = [
     "Until",
     "algorithms",
     "averaged",
+    "bootstrap",
     "channel",
     "compare",
     "fedlsa",
     "grid",
     "growing_local_steps",
+    "inference",
     "load",
     "local_steps",
     "metrics",
@@ -94,7 +98,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see: the same names, imported
-    from fedsa_jax import algorithms, channel, metrics, optim, plotting, problems, stats, theory
+    from fedsa_jax import algorithms, channel, inference, metrics, optim, plotting, problems, stats, theory
     from fedsa_jax._compare import Comparison, Difference, compare
     from fedsa_jax._driver import simulate
     from fedsa_jax._options import Execution, Record, Recording, Until, until
@@ -103,6 +107,7 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
         Algorithm,
         RoundInfo,
         averaged,
+        bootstrap,
         fedlsa,
         qfedtd,
         richardson,

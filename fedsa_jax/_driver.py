@@ -159,6 +159,24 @@ class _Plan(NamedTuple):
         return min(num_seeds, (batch + 1) * self.batch_size)
 
 
+def _check_one_seed_fits(algorithms, carry_bytes, budget: float) -> None:
+    """Refuse, before compiling, bootstrap replicates (``trajectories > 1``) one seed of which needs
+    more than the memory budget (about 4 copies of its state): named as their number. (A plain
+    algorithm runs one seed per batch instead.)"""
+    for a in algorithms:
+        if a.trajectories == 1:
+            continue
+        need = 4 * carry_bytes(a)
+        if need > budget:
+            _validate.fail(
+                "num_replicates",
+                a.trajectories - 1,
+                f"one seed of {a.name} needs about {need / 2**30:.3g} GiB ({a.trajectories} trajectories, "
+                f"4 copies of its state), more than memory_budget = {budget / 2**30:.3g} GiB; fewer "
+                "replicates or a larger fj.Execution(memory_budget=...)",
+            )
+
+
 def _plan(problem, algorithms: list[Algorithm], run: Run, *, num_configs: int, num_devices: int) -> _Plan:
     """Seed batches and chunks for ``num_configs`` algorithms run side by side, each costing at most
     what the costliest of ``algorithms`` costs."""
@@ -179,6 +197,7 @@ def _plan(problem, algorithms: list[Algorithm], run: Run, *, num_configs: int, n
             return sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
 
         per_seed = max(carry_bytes(a) for a in algorithms)
+        _check_one_seed_fits(algorithms, carry_bytes, execution.memory_budget * num_devices)
         # carry in, carry out and the round's temporaries: about 4 copies
         batch_size = max(1, int(execution.memory_budget * num_devices // (4 * per_seed * num_configs)))
         if run.until is not None:  # a precision target checks after each batch: 64 batches at most
@@ -191,7 +210,7 @@ def _plan(problem, algorithms: list[Algorithm], run: Run, *, num_configs: int, n
     every = run.record_every
     if execution.chunk_rounds is None:
         # Not capped by num_rounds, so that the number of rounds never changes the compiled program.
-        steps = max(a.num_local_steps * a.skip for a in algorithms)
+        steps = max(a.num_local_steps * a.skip * a.trajectories for a in algorithms)
         per_round = padded_batch * problem.num_agents * steps
         per_round *= num_configs
         blocks = min(MAX_BLOCKS_PER_CHUNK, max(1, int(STEPS_PER_CHUNK // max(per_round * every, 1))))

@@ -144,6 +144,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
+@pytest.mark.slow  # a memory claim (two 2000-seed runs in subprocesses): run with -m slow
 def test_peak_host_memory_flat_in_rounds():
     import subprocess
     import sys

@@ -24,6 +24,7 @@ from fedsa_jax.algorithms.averaged import (
     scale_step_size,
     with_step_size,
 )
+from fedsa_jax.algorithms.bootstrap import WEIGHT_LAWS, BootstrapState, bootstrap, replicate_weights
 from fedsa_jax.algorithms.fedlsa import FedLSAState, fedlsa
 from fedsa_jax.algorithms.qfedtd import QFedTDState, qfedtd
 from fedsa_jax.algorithms.scafflsa import SCAFFLSAState, scafflsa
@@ -32,8 +33,11 @@ from fedsa_jax.algorithms.scaffnew import ScaffnewConfig, ScaffnewState, scaffne
 __all__ = [
     "Algorithm",
     "AveragedState",
+    "BootstrapState",
     "RichardsonState",
+    "WEIGHT_LAWS",
     "averaged",
+    "bootstrap",
     "richardson",
     "scale_step_size",
     "FedLSAState",
@@ -52,6 +56,7 @@ __all__ = [
     "local_updates",
     "observations_per_step",
     "qfedtd",
+    "replicate_weights",
     "round_info",
     "run_agents",
     "scafflsa",

@@ -74,6 +74,9 @@ class Algorithm:
         (``fj.theory.broadcast``, ``local_step``, ``aggregate``, ...): with it
         :func:`fedsa_jax.theory.exact_mean` and :func:`~fedsa_jax.theory.exact_mse` cover
         the algorithm. Without it they raise a ``ValueError`` saying how to add one.
+      weighted: whether ``step_fn`` multiplies each agent's local updates by
+        ``rand.weights`` when it is given (an ``(N, H_max)`` array of multipliers, None otherwise):
+        what :func:`fedsa_jax.bootstrap` needs of an algorithm (the built-in ones are).
 
     Both functions are written for one seed (agents are vmapped inside, see
     :func:`run_agents`); make them module-level functions so that two equal
@@ -85,12 +88,19 @@ class Algorithm:
     init_fn: Callable = dataclasses.field(metadata=dict(static=True))
     step_fn: Callable = dataclasses.field(metadata=dict(static=True))
     theory: Callable | None = dataclasses.field(default=None, metadata=dict(static=True))
+    weighted: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
     def num_local_steps(self) -> int:
         """``config.num_local_steps`` (default 1); ``H_max`` for local steps that change with the
         round (:class:`fedsa_jax.optim.LocalSteps`): the steps every round of the kernel has."""
         return optim.max_local_steps(getattr(self.config, "num_local_steps", 1))
+
+    @property
+    def trajectories(self) -> int:
+        """Trajectories a seed runs (``config.trajectories``, default 1; :func:`fedsa_jax.bootstrap`:
+        the main one and its replicates): the driver sizes chunks by them."""
+        return int(getattr(self.config, "trajectories", 1))
 
     @property
     def skip(self) -> int:
@@ -151,6 +161,7 @@ class RoundRandomness(NamedTuple):
     obs: Any  # the problem's block for all agents (see problem.randomness)
     channel: jax.Array  # key for quantizers and erasures
     cohort: Any = None  # key for the round's cohort (clients_per_round < N), else None
+    weights: Any = None  # (N, H_max) multipliers of each agent's local updates (fj.bootstrap), else None
 
 
 @jax.tree_util.register_dataclass
@@ -523,24 +534,35 @@ def stepwise_active(config, problem, count):
     return optim.active_steps(config.num_local_steps, count)
 
 
-def run_agents(rand, problem, samplers, theta, step_size, skip=1, controls=None, active=None):
+def agent_step_sizes(step_size, weights):
+    """Each agent's step sizes ``(N, H_max)``, ``eta_h w_{c,h}``, for a round with multipliers
+    ``weights (N, H_max)`` (:func:`fedsa_jax.bootstrap`); ``step_size`` itself without them."""
+    if weights is None:
+        return step_size
+    return jnp.asarray(step_size, weights.dtype) * weights
+
+
+def run_agents(rand, problem, samplers, theta, step_size, skip=1, controls=None, active=None, weights=None):
     """All agents' local rounds from the common ``theta`` (vmapped over agents).
 
     ``rand``: the random numbers of all agents' H observations, one block
     (:meth:`Algorithm.randomness`). Returns ``(theta^c_{t,H} (N, d), new samplers (N,))``.
     ``active`` (``(H_max,) bool``, :func:`stepwise_active`): ``rand`` holds one block per local
     step, and the steps are scanned one at a time, each agent observing (its chain moving) and
-    updating only on the active ones.
+    updating only on the active ones. ``weights`` (``(N, H_max)``, :func:`fedsa_jax.bootstrap`):
+    agent c's local update h is multiplied by ``w_{c,h}`` (its step size ``eta_h w_{c,h}``).
     """
     params = problem.agent_params()
+    etas = agent_step_sizes(step_size, weights)
     if active is not None:
-        return _run_stepwise(rand, problem, params, samplers, theta, step_size, skip, controls, active)
+        return _run_stepwise(rand, problem, params, samplers, theta, etas, skip, controls, active)
 
-    def agent(rand, params, sampler, control):
+    def agent(rand, params, sampler, control, eta):
         obs, sampler = problem.observe(params, sampler, rand, skip)
-        return local_updates(problem, params, obs, theta, step_size, control), sampler
+        return local_updates(problem, params, obs, theta, eta, control), sampler
 
-    return jax.vmap(agent)(rand, params, samplers, controls)
+    axis = None if weights is None else 0
+    return jax.vmap(agent, in_axes=(0, 0, 0, 0, axis))(rand, params, samplers, controls, etas)
 
 
 def _run_stepwise(blocks, problem, params, samplers, theta, etas, skip, controls, active):
@@ -550,16 +572,18 @@ def _run_stepwise(blocks, problem, params, samplers, theta, etas, skip, controls
         obs, moved = problem.observe(params, sampler, rand, skip)
         return local_updates(problem, params, obs, th, eta, control), moved
 
+    per_agent = jnp.ndim(etas) == 2  # (N, H_max): multiplied by the agents' weights
+
     def body(carry, xs):
         local, sampler = carry
         rand, eta, act = xs
-        new, moved = jax.vmap(agent_step, in_axes=(0, 0, 0, 0, 0, None))(
+        new, moved = jax.vmap(agent_step, in_axes=(0, 0, 0, 0, 0, 0 if per_agent else None))(
             params, sampler, rand, local, controls, eta
         )
         keep = lambda n, o: jnp.where(act, n, o)  # noqa: E731
         return (keep(new, local), jax.tree.map(keep, moved, sampler)), None
 
     local = jnp.broadcast_to(theta, (problem.num_agents, *theta.shape))
-    etas = jnp.broadcast_to(etas, active.shape)
+    etas = jnp.moveaxis(etas, 1, 0) if per_agent else jnp.broadcast_to(etas, active.shape)  # steps first
     (local, samplers), _ = jax.lax.scan(body, (local, samplers), (blocks, etas, active))
     return local, samplers

@@ -47,8 +47,9 @@ class _Wrapper:
     inner: Algorithm
 
     @property
-    def num_local_steps(self) -> int:
-        return self.inner.num_local_steps
+    def num_local_steps(self):
+        """The wrapped config's ``num_local_steps`` (an integer or a table of ``H_t``)."""
+        return getattr(self.inner.config, "num_local_steps", 1)
 
     @property
     def skip(self) -> int:
@@ -141,6 +142,7 @@ def averaged(algorithm: Algorithm, burn_in: int = 0) -> Algorithm:
         init_averaged,
         step_averaged,
         theory_averaged,
+        weighted=algorithm.weighted,
     )
 
 
@@ -224,4 +226,5 @@ def richardson(algorithm: Algorithm) -> Algorithm:
         init_richardson,
         step_richardson,
         theory_richardson,
+        weighted=algorithm.weighted,
     )

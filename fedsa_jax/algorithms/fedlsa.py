@@ -105,7 +105,9 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     cohort = round_cohort(rand, config, problem)  # None: every agent
     start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
     active = stepwise_active(config, problem, state.count)
-    local, sampler = run_agents(rand.obs, view, state.sampler, start, eta, config.skip, active=active)
+    local, sampler = run_agents(
+        rand.obs, view, state.sampler, start, eta, config.skip, active=active, weights=rand.weights
+    )
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
     aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
     aggregate = from_reference(state.error, start, aggregate, config)
@@ -202,7 +204,7 @@ def fedlsa(
         downlink,
     )
     config = with_clients_per_round(config, clients_per_round)
-    return Algorithm(config, "fedlsa", init, step, theory)
+    return Algorithm(config, "fedlsa", init, step, theory, weighted=True)
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:

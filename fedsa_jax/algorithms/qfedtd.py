@@ -93,6 +93,8 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
         return -view.direction(params, first, start), sampler  # g = b(Z) - A(Z) theta
 
     g, sampler = jax.vmap(direction)(rand.obs, problem.agent_params(), state.sampler)
+    if rand.weights is not None:  # fj.bootstrap: each agent's update g_c times its multiplier
+        g = g * rand.weights[:, :1]
     ch = config.channel
     cohort = round_cohort(rand, config, problem)  # None: every agent
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
@@ -174,7 +176,7 @@ def qfedtd(
         step_size, 1, 1, quantizer, success_prob, aggregation, server_optimizer, error_feedback, downlink
     )
     config = with_clients_per_round(config, clients_per_round)
-    return Algorithm(config, "qfedtd", init, step, theory)  # FedLSA's round with H = 1
+    return Algorithm(config, "qfedtd", init, step, theory, weighted=True)  # FedLSA's round with H = 1
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:

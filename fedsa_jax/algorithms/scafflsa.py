@@ -120,7 +120,15 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
     active = stepwise_active(config, problem, state.count)
     local, sampler = run_agents(
-        rand.obs, ErrorCoordinates(problem), state.sampler, start, eta, config.skip, state.xi, active
+        rand.obs,
+        ErrorCoordinates(problem),
+        state.sampler,
+        start,
+        eta,
+        config.skip,
+        state.xi,
+        active,
+        rand.weights,
     )
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
     aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
@@ -225,7 +233,7 @@ def scafflsa(
         downlink,
     )
     config = with_clients_per_round(config, clients_per_round)
-    return Algorithm(config, "scafflsa", init, step, theory)
+    return Algorithm(config, "scafflsa", init, step, theory, weighted=True)
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:

@@ -195,19 +195,19 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
 
     def local_step(carry, xs):
         x, sync, sampler = carry
-        o, coin, key, down_key, eta, act = xs
+        o, coin, key, down_key, eta, act, w = xs
         if act is not None:
             o, moved = observe(params, sampler, o)
             sampler = jax.tree.map(lambda n, old: jnp.where(act, n, old), moved, sampler)
             o = jax.tree.map(lambda a: a[:, 0], o)
-        xh = x - eta * (jax.vmap(view.direction)(params, o, x) - sync[0])
+        xh = x - _weighted(eta, w) * (jax.vmap(view.direction)(params, o, x) - sync[0])
         return (*_communicate(coin, key, down_key, xh, sync, eta / p, problem, config), sampler), None
 
     carry = (state.x, _sync_carry(state), sampler)
     (x, (xi, x_sync, opt_state, delivered, memory, hat), sampler), _ = jax.lax.scan(
         local_step,
         carry,
-        (obs, coins, send_keys, _down_keys(rand, config, H), etas, acts),
+        (obs, coins, send_keys, _down_keys(rand, config, H), etas, acts, _step_weights(rand)),
         unroll=min(LOCAL_UNROLL, H),
     )
     error = x.mean(axis=0)
@@ -218,6 +218,17 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
         problem.theta_star + error, error, x, xi, x_sync, sampler, state.count + 1, opt_state, memory, hat
     )
     return new, info
+
+
+def _step_weights(rand: RoundRandomness):
+    """The round's multipliers ``(H_max, N)``, steps first (scanned), or None."""
+    return None if rand.weights is None else jnp.moveaxis(rand.weights, 1, 0)
+
+
+def _weighted(eta, w):
+    """A local step's size for every agent: ``eta`` (a scalar), or ``(eta w_c)_c (N, 1)`` with the
+    step's multipliers ``w (N,)``."""
+    return eta if w is None else (eta * w)[:, None]
 
 
 def _sync_carry(state: ScaffnewState):
@@ -313,11 +324,13 @@ def _cohort_step(rand: RoundRandomness, state: ScaffnewState, problem, config: S
 
     def local_step(carry, xs):
         x, sync, sampler, cohort = carry
-        coin, key, down_key, block, next_cohort, eta, act = xs
+        coin, key, down_key, block, next_cohort, eta, act, w = xs
         obs, moved = jax.vmap(lambda *a: problem.observe(*a, config.skip))(params, sampler, block)
         sampler = keep_outside(cohort & act, moved, sampler)  # idle agents (and steps past H_t) draw nothing
         o = jax.tree.map(lambda a: a[:, 0], obs)
-        xh = keep_outside(cohort, x - eta * (jax.vmap(view.direction)(params, o, x) - sync[0]), x)
+        xh = keep_outside(
+            cohort, x - _weighted(eta, w) * (jax.vmap(view.direction)(params, o, x) - sync[0]), x
+        )
         x, sync = _communicate(coin, key, down_key, xh, sync, eta / p, problem, config, cohort)
         cohort = jnp.where(coin, next_cohort, cohort)
         return (x, sync, sampler, cohort), None
@@ -326,7 +339,16 @@ def _cohort_step(rand: RoundRandomness, state: ScaffnewState, problem, config: S
     (x, (xi, x_sync, opt_state, delivered, memory, hat), sampler, cohort), _ = jax.lax.scan(
         local_step,
         carry,
-        (coins, jax.random.split(k_send, H), _down_keys(rand, config, H), blocks, next_cohorts, etas, acts),
+        (
+            coins,
+            jax.random.split(k_send, H),
+            _down_keys(rand, config, H),
+            blocks,
+            next_cohorts,
+            etas,
+            acts,
+            _step_weights(rand),
+        ),
         unroll=min(LOCAL_UNROLL, H),
     )
     inside = cohort[:, None]
@@ -451,7 +473,7 @@ def scaffnew(
         base.step_size, p, base.channel, base.num_local_steps, base.skip, base.server_optimizer, base.downlink
     )
     config = with_clients_per_round(config, clients_per_round)
-    return Algorithm(config, "scaffnew", init, step, theory)
+    return Algorithm(config, "scaffnew", init, step, theory, weighted=True)
 
 
 COMM_PROB = registry.Option(

@@ -64,7 +64,11 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
         )
     if args.average is not None:
         alg = fj.averaged(alg, burn_in=args.average)  # pyright: ignore[reportArgumentType]
-    return fj.richardson(alg) if args.richardson else alg  # pyright: ignore[reportArgumentType]
+    alg = fj.richardson(alg) if args.richardson else alg  # pyright: ignore[reportArgumentType]
+    if getattr(args, "bootstrap", None) is not None:
+        weights = getattr(args, "bootstrap_weights", "beta")
+        alg = fj.bootstrap(alg, args.bootstrap, weights=weights)  # pyright: ignore[reportArgumentType]
+    return alg
 
 
 def local_steps(args):

@@ -115,6 +115,11 @@ def _check_applicable(args) -> None:
         args.schedule == "inverse-time",
         f"--schedule {args.schedule}",
     )
+    table["bootstrap_weights"] = (
+        "--bootstrap",
+        getattr(args, "bootstrap", None) is not None,
+        "no --bootstrap",
+    )
     table.update(_readers(args, "problem"))
     table.update(_readers(args, "algorithm"))
     for dest in (

@@ -283,6 +283,26 @@ def _schedule() -> list[Option]:
             group="schedule",
             grid=False,
         ),
+        Option(
+            ("--bootstrap",),
+            "bootstrap",
+            "multiplier bootstrap (fj.bootstrap): B weighted replicate trajectories per seed on the "
+            "main one's observations, for confidence sets from one run",
+            positive_int,
+            metavar="B",
+            group="schedule",
+            params=("num_replicates",),
+        ),
+        Option(
+            ("--bootstrap-weights",),
+            "bootstrap_weights",
+            "the bootstrap's weight law (mean 1, variance 1)",
+            default="beta",
+            choices=("beta", "rademacher", "exponential", "gaussian", "ones"),
+            group="schedule",
+            params=("weights",),
+            read_by="--bootstrap",
+        ),
     ]
 
 

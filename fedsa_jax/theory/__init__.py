@@ -127,6 +127,7 @@ from fedsa_jax.moments import (
 )
 from fedsa_jax.theory.engine import (
     _second_moments,
+    exact_covariance,
     exact_mean,
     exact_mse,
     lsa_step_size_bound,
@@ -148,6 +149,7 @@ from fedsa_jax.theory.stationary import (
 )
 
 __all__ = [
+    "exact_covariance",
     "exact_mean",
     "exact_mse",
     "fedlsa_bias",

@@ -27,7 +27,14 @@ from fedsa_jax.theory._rounds import (
     second_moment_round,
 )
 
-__all__ = ["exact_mean", "exact_mse", "lsa_step_size_bound", "mean_spectral_radius", "stable_step_size"]
+__all__ = [
+    "exact_covariance",
+    "exact_mean",
+    "exact_mse",
+    "lsa_step_size_bound",
+    "mean_spectral_radius",
+    "stable_step_size",
+]
 
 
 def exact_mean(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
@@ -173,6 +180,23 @@ def exact_mse(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
             y.require_dense(f"and the recursion on the agents' factored blocks does not apply: {why}")
     # error coordinates: no cancellation
     return np.asarray([np.trace(S[y[rec.scored(t)], y[rec.scored(t)]]) for t, S in enumerate(moments)])
+
+
+def exact_covariance(problem, algorithm, num_rounds: int, theta0=None) -> np.ndarray:
+    """``Cov(theta_t)`` for ``t = 0..num_rounds`` (shape ``(T+1, d, d)``): the covariance of the
+    reported iterate, from the same second moments as :func:`exact_mse` (whose trace plus the
+    squared bias ``|E[theta_t] - theta_star|^2`` it is), round by round on the full moment (none of
+    exact_mse's shortcuts; Markov sampling included). ``u^T Cov(theta_T) u`` is the exact variance
+    of ``u^T theta_T``, the reference of the confidence intervals of :mod:`fedsa_jax.inference`."""
+    rec, moments = _second_moments(problem, algorithm, num_rounds, theta0)
+    y = rec.state
+    out = []
+    for t, S in enumerate(moments):
+        block = np.arange(y.D)[y[rec.scored(t)]]
+        second, mean = S[np.ix_(block, block)], S[0, block]  # Y_0 = 1: E[e] is its first row
+        cov = second - np.outer(mean, mean)
+        out.append(0.5 * (cov + cov.T))
+    return np.asarray(out)
 
 
 def _second_moments(problem, algorithm, num_rounds: int, theta0=None):

@@ -1,0 +1,176 @@
+"""Inference for ``theta*`` from one run: what the multiplier bootstrap's replicates say.
+
+A run of ``fj.bootstrap(algorithm, B)`` carries, for every seed, the main iterate ``theta_t`` and B
+replicates ``theta^b_t`` (:mod:`fedsa_jax.algorithms.bootstrap`). Given the data, the spread of
+``u^T (theta^b_t - theta_t)`` over the replicates approximates the law of ``u^T (theta_t -
+theta*)`` (Levin, Shuklin, Moulines, Mangold, Samsonov, arXiv:2605.19629, 2026). The metrics here
+are functions of one seed's state (``fj.simulate(..., metrics={...})``): recorded at every recorded
+round, their mean and standard error over seeds, and per seed with ``keep_seeds``.
+
+**Confidence intervals for** ``u^T theta*`` at level ``1 - alpha``, for every seed and recorded
+round t, with ``v = u^T theta_t`` and ``v_b = u^T theta^b_t``:
+
+* ``"quantile"``: the bootstrap's quantiles ``[q_{alpha/2}(v_b), q_{1-alpha/2}(v_b)]`` (the paper's
+  percentile interval; ``jnp.quantile``'s linear interpolation);
+* ``"normal"``: ``v -+ z_{1-alpha/2} sd_b(v_b)`` with the bootstrap's standard deviation;
+* ``"exact"``: ``v -+ z_{1-alpha/2} sqrt(u^T Cov(theta_t) u)`` with the exact covariance of
+  ``theta_t`` (:func:`fedsa_jax.theory.exact_covariance`): the interval a user who knew the true
+  variance would build, the reference for the bootstrap's. It covers ``u^T theta*`` with
+  probability ``1 - alpha`` exactly when ``u^T theta_t`` is Gaussian and unbiased: an algorithm with
+  a bias (FedLSA under heterogeneity, :func:`fedsa_jax.theory.fedlsa_bias`) makes every interval
+  centred at ``theta_t`` miss more often.
+
+:func:`intervals` returns the metrics of one or more methods and levels: ``covers_<method>_<level>``
+(1 when the interval covers ``u^T theta*``, 0 when not: its mean over seeds is the coverage, its
+standard error the binomial one), and ``lower_...``, ``upper_...``, the interval itself (per seed
+with ``keep_seeds``, in result files and tables like any metric).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import reprlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedsa_jax import _validate, theory
+
+__all__ = ["METHODS", "BootstrapVariance", "Interval", "bootstrap_variance", "exact_sd", "intervals"]
+
+METHODS = ("quantile", "normal", "exact")
+
+
+def _replicates(state):
+    replicates = getattr(state, "replicates", None)
+    if replicates is None:
+        raise ValueError("the state has no bootstrap replicates: run fj.bootstrap(algorithm, B)")
+    return replicates
+
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapVariance:
+    """The metric ``(1/B) sum_b (u^T (theta^b_t - theta_t))^2``: the bootstrap's variance of
+    ``u^T theta_t`` around the main iterate (compared by value: equal directions share a kernel)."""
+
+    direction: tuple[float, ...]
+
+    def __call__(self, state, problem) -> jax.Array:
+        del problem
+        u = jnp.asarray(self.direction, state.theta.dtype)
+        spread = (_replicates(state).theta - state.theta) @ u
+        return jnp.mean(spread**2)
+
+
+def _direction(direction, name: str = "direction") -> tuple[float, ...]:
+    u = np.asarray(direction, np.float64)
+    if u.ndim != 1 or u.size == 0 or not np.all(np.isfinite(u)) or not np.any(u != 0):
+        _validate.fail(name, direction, "expected a nonzero finite vector u of the iterate's dimension")
+    return tuple(float(x) for x in u)
+
+
+def bootstrap_variance(direction) -> BootstrapVariance:
+    """The bootstrap's variance of ``u^T theta_t`` (``direction`` u), as a metric:
+    ``fj.simulate(..., metrics={"boot_var": fj.inference.bootstrap_variance(u)})``."""
+    return BootstrapVariance(_direction(direction))
+
+
+def exact_sd(problem, algorithm, num_rounds: int, direction, theta0=None) -> np.ndarray:
+    """``sqrt(u^T Cov(theta_t) u)`` for ``t = 0..num_rounds`` (:func:`fedsa_jax.theory.exact_covariance`
+    of ``algorithm``, the main trajectory of a bootstrap): what the ``"exact"`` interval uses."""
+    u = np.asarray(_direction(direction))
+    cov = theory.exact_covariance(problem, algorithm, num_rounds, theta0)
+    if cov.shape[-1] != u.size:
+        _validate.fail("direction", list(u), f"expected {cov.shape[-1]} entries (the iterate's dimension)")
+    return np.sqrt(np.maximum(np.einsum("i,tij,j->t", u, cov, u), 0.0))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Interval:
+    """One interval's metric (:func:`intervals`): ``part`` is ``"covers"``, ``"lower"`` or
+    ``"upper"``."""
+
+    direction: tuple[float, ...]
+    method: str
+    level: float
+    part: str
+    sd: Any = None  # (T+1,) exact standard deviations of u^T theta_t ("exact")
+
+    def bounds(self, state):
+        u = jnp.asarray(self.direction, state.theta.dtype)
+        v = state.theta @ u
+        alpha = 1.0 - self.level
+        z = jax.scipy.special.ndtri(jnp.asarray(1.0 - alpha / 2, state.theta.dtype))
+        if self.method == "exact":
+            sd = jnp.asarray(self.sd, state.theta.dtype)[jnp.minimum(state.count, len(self.sd) - 1)]
+            return v - z * sd, v + z * sd
+        vb = _replicates(state).theta @ u
+        if self.method == "normal":
+            sd = jnp.std(vb)
+            return v - z * sd, v + z * sd
+        return jnp.quantile(vb, alpha / 2), jnp.quantile(vb, 1 - alpha / 2)
+
+    def __call__(self, state, problem) -> jax.Array:
+        lo, hi = self.bounds(state)
+        if self.part == "lower":
+            return lo
+        if self.part == "upper":
+            return hi
+        target = jnp.asarray(problem.theta_star, state.theta.dtype) @ jnp.asarray(
+            self.direction, state.theta.dtype
+        )
+        return ((lo <= target) & (target <= hi)).astype(state.theta.dtype)
+
+
+def _level_name(level: float) -> str:
+    return f"{level:.6g}".replace("0.", "", 1).replace(".", "_")
+
+
+def intervals(
+    direction, levels=(0.8, 0.9, 0.95), methods=("quantile", "normal"), exact_sd=None, bounds: bool = True
+) -> dict[str, Interval]:
+    """The metrics of confidence intervals for ``u^T theta*`` (module docstring), for
+    ``fj.simulate(..., metrics=...)`` with a :func:`fedsa_jax.bootstrap` algorithm (the
+    ``"exact"`` method alone needs no replicates).
+
+    Args:
+      direction: u, a nonzero vector of the iterate's dimension (``e_i`` for coordinate i).
+      levels: confidence levels in ``(0, 1)``.
+      methods: from :data:`METHODS`.
+      exact_sd: ``(T+1,)`` the exact ``sqrt(u^T Cov(theta_t) u)`` of every round
+        (:func:`exact_sd`), needed by ``"exact"``.
+      bounds: also record each interval's ``lower_`` and ``upper_`` bound (else only ``covers_``).
+
+    Returns ``{"covers_<method>_<level>": metric, ...}`` (level 0.9 is named ``9``, 0.95 ``95``).
+    """
+    u = _direction(direction)
+    levels = tuple(levels) if isinstance(levels, (list, tuple)) else (levels,)
+    methods = (methods,) if isinstance(methods, str) else tuple(methods)
+    if not methods:
+        _validate.fail("methods", methods, f"expected one or more of {', '.join(METHODS)}")
+    for m in methods:
+        _validate.choice("methods", m, METHODS)
+    if not levels:
+        _validate.fail("levels", levels, "expected one or more levels in (0, 1)")
+    levels = tuple(
+        _validate.real("level", level, 0.0, 1.0, low_open=True, high_open=True) for level in levels
+    )
+    sd = None
+    if "exact" in methods:
+        if exact_sd is None:
+            _validate.fail(
+                "exact_sd", None, "the exact interval needs fj.inference.exact_sd(problem, algorithm, T, u)"
+            )
+        sd = np.asarray(exact_sd, np.float64)
+        if sd.ndim != 1 or not np.all(np.isfinite(sd) & (sd >= 0)):
+            _validate.fail("exact_sd", reprlib.repr(sd), "expected (T+1,) finite standard deviations >= 0")
+    out = {}
+    for m in methods:
+        for level in levels:
+            tag = f"{m}_{_level_name(level)}"
+            parts = ("covers", "lower", "upper") if bounds else ("covers",)
+            for part in parts:
+                out[f"{part}_{tag}"] = Interval(u, m, level, part, sd if m == "exact" else None)
+    return out

@@ -1,0 +1,113 @@
+"""Confidence intervals for ``u^T theta*`` from one run (``fj.inference.intervals``) against exact
+references:
+
+* the ``"exact"`` interval (the exact ``Cov(theta_t)`` of ``fj.theory.exact_covariance``) covers
+  ``u^T theta*`` within 3 binomial standard errors of its level once the mean has converged, on a
+  homogeneous problem; under heterogeneity FedLSA's bias makes it miss far more often (the
+  collapse that ``fj.theory.fedlsa_bias`` predicts: coverage of ``N(bias, sd^2)`` by ``0 -+ z sd``),
+  and SCAFFLSA, unbiased, is back at its level;
+* the bootstrap's quantile and normal intervals cover within Z_TOL binomial standard errors of
+  their level at a horizon where the bootstrap variance matches the exact one;
+* the recorded bounds are the formulas (by hand from the final iterates and the exact sd);
+* bad input is a one-line error.
+"""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+from conftest import Z_TOL
+
+import fedsa_jax as fj
+
+U = np.array([1.0, 0.0, 0.0])
+
+
+def gaussian(heterogeneity, noise_A=0.2, noise_b=0.5):
+    return fj.problems.random_gaussian_lsa(
+        jax.random.key(3), num_agents=3, dim=3, heterogeneity=heterogeneity, noise_A=noise_A, noise_b=noise_b
+    )
+
+
+def binomial_se(p, n):
+    return math.sqrt(p * (1 - p) / n)
+
+
+def test_the_exact_interval_covers_at_its_level_and_its_bounds_are_the_formula():
+    problem, alg, T, n = gaussian(0.0), fj.fedlsa(0.05, 2), 80, 4000
+    sd = fj.inference.exact_sd(problem, alg, T, U)
+    metrics = fj.inference.intervals(U, levels=(0.8, 0.95), methods="exact", exact_sd=sd)
+    res = fj.simulate(jax.random.key(2), problem, alg, T, n, metrics=metrics, keep_seeds=5, record_every=T)
+    for level in (0.8, 0.95):
+        name = f"covers_exact_{'8' if level == 0.8 else '95'}"
+        covered = res.metrics[name].mean[-1]
+        assert abs(covered - level) <= 3 * binomial_se(level, n), (level, covered)
+    v = res.final_theta[:5] @ U  # the first 5 seeds' u^T theta_T; z_0.9 and z_0.975 of the normal
+    np.testing.assert_allclose(
+        res.metrics["lower_exact_8"].seeds[-1], v - 1.2815515655446004 * sd[-1], rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        res.metrics["upper_exact_95"].seeds[-1], v + 1.959963984540054 * sd[-1], rtol=1e-12
+    )
+
+
+def test_fedlsa_bias_breaks_the_intervals_and_scafflsa_recovers():
+    """Heterogeneous agents with little noise, eta = 0.1, H = 10, u along FedLSA's bias: its limit
+    is theta* + bias with u^T bias = 2.6 sd, so the 0.9 interval's coverage is the probability that
+    N(u^T bias, sd^2) falls in ``-+ 1.645 sd`` (0.16), computed here; SCAFFLSA's is 0.9."""
+    problem, T, n = gaussian(1.0, noise_A=0.05, noise_b=0.1), 100, 2000
+    fed, scaff = fj.fedlsa(0.1, 10), fj.scafflsa(0.1, 10)
+    bias = fj.theory.exact_mean(problem, fed, T)[-1] - np.asarray(problem.theta_star)
+    u = bias / np.linalg.norm(bias)
+    for alg in (fed, scaff):
+        sd = fj.inference.exact_sd(problem, alg, T, u)
+        metrics = fj.inference.intervals(u, levels=0.9, methods="exact", exact_sd=sd, bounds=False)
+        res = fj.simulate(jax.random.key(4), problem, alg, T, n, metrics=metrics, record_every=T)
+        covered = res.metrics["covers_exact_9"].mean[-1]
+        r = (fj.theory.exact_mean(problem, alg, T)[-1] - np.asarray(problem.theta_star)) @ u / sd[-1]
+        z = 1.6448536269514722  # the normal's 0.95 quantile
+        predicted = 0.5 * (math.erf((z - r) / math.sqrt(2)) + math.erf((z + r) / math.sqrt(2)))
+        assert abs(covered - predicted) <= Z_TOL * binomial_se(predicted, n), (alg.name, covered, predicted)
+        if alg is fed:
+            assert abs(r) > 2 and predicted < 0.9 - 10 * binomial_se(0.9, n)  # the collapse
+        else:
+            assert abs(covered - 0.9) <= 3 * binomial_se(0.9, n)  # no bias: at its level
+
+
+def test_bootstrap_intervals_cover_at_their_level():
+    problem, alg, T, n = gaussian(0.0), fj.fedlsa(0.05, 2), 60, 1000
+    metrics = fj.inference.intervals(U, levels=(0.8, 0.95), methods=("quantile", "normal"))
+    res = fj.simulate(
+        jax.random.key(1), problem, fj.bootstrap(alg, 100), T, n, metrics=metrics, record_every=T
+    )
+    for method in ("quantile", "normal"):
+        for level, tag in ((0.8, "8"), (0.95, "95")):
+            covered = res.metrics[f"covers_{method}_{tag}"].mean[-1]
+            assert abs(covered - level) <= Z_TOL * binomial_se(level, n), (method, level, covered)
+            lower, upper = (res.metrics[f"{p}_{method}_{tag}"].mean[-1] for p in ("lower", "upper"))
+            assert lower < upper
+    # the normal interval is centred at the main iterate: its bounds' mean is the iterate's mean
+    centre = 0.5 * (res.metrics["lower_normal_8"].mean[-1] + res.metrics["upper_normal_8"].mean[-1])
+    assert centre == pytest.approx(res.theta_mean[-1] @ U, rel=1e-10)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: fj.inference.intervals(U, levels=1.5), r"level=1.5 is invalid"),
+        (lambda: fj.inference.intervals(U, levels=0.0), r"level=0.0 is invalid"),
+        (lambda: fj.inference.intervals(U, levels=()), r"levels=.* is invalid: expected one or more levels"),
+        (lambda: fj.inference.intervals(U, methods="median"), r"methods='median' is invalid"),
+        (lambda: fj.inference.intervals(U, methods="exact"), r"exact_sd=None is invalid"),
+        (lambda: fj.inference.intervals([0.0, 0.0, 0.0]), r"direction=.* is invalid"),
+        (
+            lambda: fj.inference.exact_sd(gaussian(0.0), fj.fedlsa(0.1, 2), 3, [1.0, 0.0]),
+            r"direction=.* 3 entries",
+        ),
+    ],
+)
+def test_bad_input_is_a_one_line_error(build, match):
+    with pytest.raises(ValueError, match=match) as err:
+        build()
+    assert "\n" not in str(err.value)
