@@ -13,6 +13,9 @@ round t, with ``v = u^T theta_t`` and ``v_b = u^T theta^b_t``:
 * ``"quantile"``: the bootstrap's quantiles ``[q_{alpha/2}(v_b), q_{1-alpha/2}(v_b)]`` (the paper's
   percentile interval; ``jnp.quantile``'s linear interpolation);
 * ``"normal"``: ``v -+ z_{1-alpha/2} sd_b(v_b)`` with the bootstrap's standard deviation;
+* ``"plug_in"``: ``v -+ z_{1-alpha/2} sqrt(eta_t u^T Sigma_hat u)``, ``Sigma_hat`` solving the
+  Lyapunov equation ``A_hat Sigma + Sigma A_hat^T = Sigma_eps_hat`` from the run's running estimates
+  of ``A_bar`` and of the noise covariance (the paper's baseline; :func:`fedsa_jax.plug_in`);
 * ``"exact"``: ``v -+ z_{1-alpha/2} sqrt(u^T Cov(theta_t) u)`` with the exact covariance of
   ``theta_t`` (:func:`fedsa_jax.theory.exact_covariance`): the interval a user who knew the true
   variance would build, the reference for the bootstrap's. It covers ``u^T theta*`` with
@@ -37,17 +40,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax import _validate, theory
+from fedsa_jax.algorithms.plug_in import plug_in_covariance
 
 __all__ = ["METHODS", "BootstrapVariance", "Interval", "bootstrap_variance", "exact_sd", "intervals"]
 
-METHODS = ("quantile", "normal", "exact")
+METHODS = ("quantile", "normal", "plug_in", "exact")
+
+
+def _find(state, field: str, how: str):
+    """``state.<field>``, looked up through wrappers' ``inner`` states."""
+    while getattr(state, field, None) is None:
+        if not hasattr(state, "inner"):
+            raise ValueError(f"the state has no {field}: run {how}")
+        state = state.inner
+    return getattr(state, field)
 
 
 def _replicates(state):
-    replicates = getattr(state, "replicates", None)
-    if replicates is None:
-        raise ValueError("the state has no bootstrap replicates: run fj.bootstrap(algorithm, B)")
-    return replicates
+    return _find(state, "replicates", "fj.bootstrap(algorithm, B)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +108,17 @@ class Interval:
     part: str
     sd: Any = None  # (T+1,) exact standard deviations of u^T theta_t ("exact")
 
-    def bounds(self, state):
+    def bounds(self, state, problem):
         u = jnp.asarray(self.direction, state.theta.dtype)
         v = state.theta @ u
         alpha = 1.0 - self.level
         z = jax.scipy.special.ndtri(jnp.asarray(1.0 - alpha / 2, state.theta.dtype))
         if self.method == "exact":
             sd = jnp.asarray(self.sd, state.theta.dtype)[jnp.minimum(state.count, len(self.sd) - 1)]
+            return v - z * sd, v + z * sd
+        if self.method == "plug_in":
+            cov = plug_in_covariance(_find(state, "plug_in", "fj.plug_in(algorithm)"), problem.num_agents)
+            sd = jnp.sqrt(jnp.maximum(u @ cov @ u, 0.0))
             return v - z * sd, v + z * sd
         vb = _replicates(state).theta @ u
         if self.method == "normal":
@@ -113,7 +127,7 @@ class Interval:
         return jnp.quantile(vb, alpha / 2), jnp.quantile(vb, 1 - alpha / 2)
 
     def __call__(self, state, problem) -> jax.Array:
-        lo, hi = self.bounds(state)
+        lo, hi = self.bounds(state, problem)
         if self.part == "lower":
             return lo
         if self.part == "upper":

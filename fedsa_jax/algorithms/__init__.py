@@ -26,6 +26,7 @@ from fedsa_jax.algorithms.averaged import (
 )
 from fedsa_jax.algorithms.bootstrap import WEIGHT_LAWS, BootstrapState, bootstrap, replicate_weights
 from fedsa_jax.algorithms.fedlsa import FedLSAState, fedlsa
+from fedsa_jax.algorithms.plug_in import PlugInMoments, PlugInState, lyapunov, plug_in
 from fedsa_jax.algorithms.qfedtd import QFedTDState, qfedtd
 from fedsa_jax.algorithms.scafflsa import SCAFFLSAState, scafflsa
 from fedsa_jax.algorithms.scaffnew import ScaffnewConfig, ScaffnewState, scaffnew
@@ -55,6 +56,10 @@ __all__ = [
     "initial_theta",
     "local_updates",
     "observations_per_step",
+    "PlugInMoments",
+    "PlugInState",
+    "lyapunov",
+    "plug_in",
     "qfedtd",
     "replicate_weights",
     "round_info",

@@ -130,6 +130,12 @@ class ScaffnewConfig:
     downlink: Any = dataclasses.field(default=None, metadata=dict(omit_none=True))  # None or a Channel
     clients_per_round: int | None = dataclasses.field(default=None, metadata=dict(static=True))  # m
 
+    @property
+    def cohort_per_step(self) -> bool:
+        """Whether each local step draws its observations as its own cohort's (``m < N``, the
+        module's "Partial participation"), not from the round's one block."""
+        return self.clients_per_round is not None
+
 
 class ScaffnewState(NamedTuple):
     """Iterates are held as errors from ``theta_star`` (:class:`~fedsa_jax.algorithms.ErrorCoordinates`)."""
