@@ -42,7 +42,15 @@ import numpy as np
 from fedsa_jax import _validate, theory
 from fedsa_jax.algorithms.plug_in import plug_in_covariance
 
-__all__ = ["METHODS", "BootstrapVariance", "Interval", "bootstrap_variance", "exact_sd", "intervals"]
+__all__ = [
+    "METHODS",
+    "BootstrapVariance",
+    "Interval",
+    "bootstrap_variance",
+    "exact_sd",
+    "intervals",
+    "level_name",
+]
 
 METHODS = ("quantile", "normal", "plug_in", "exact")
 
@@ -138,7 +146,8 @@ class Interval:
         return ((lo <= target) & (target <= hi)).astype(state.theta.dtype)
 
 
-def _level_name(level: float) -> str:
+def level_name(level: float) -> str:
+    """A level's tag in metric names: ``0.9`` is ``9``, ``0.95`` is ``95``."""
     return f"{level:.6g}".replace("0.", "", 1).replace(".", "_")
 
 
@@ -183,7 +192,7 @@ def intervals(
     out = {}
     for m in methods:
         for level in levels:
-            tag = f"{m}_{_level_name(level)}"
+            tag = f"{m}_{level_name(level)}"
             parts = ("covers", "lower", "upper") if bounds else ("covers",)
             for part in parts:
                 out[f"{part}_{tag}"] = Interval(u, m, level, part, sd if m == "exact" else None)

@@ -106,6 +106,7 @@ GROUPS = {
     "algorithms": "algorithms",
     "schedule": "step sizes, server optimizer, averaging (every built-in algorithm)",
     "channel": "uplink channel (every built-in algorithm)",
+    "inference": "confidence sets for theta* from one run (multiplier bootstrap, plug-in)",
     "simulation": "simulation",
 }
 

@@ -233,3 +233,55 @@ def test_command_line(tmp_path, capsys):
     assert main([*args, "--bootstrap-weights", "gaussian", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "--bootstrap-weights='gaussian' is invalid: it is read only with --bootstrap" in err
+
+
+def test_command_line_prints_the_coverage(tmp_path, capsys):
+    """``--bootstrap B --plug-in --level L --direction U``: one line per algorithm with each
+    interval's coverage of ``u^T theta*``, equal to the result's ``covers_*`` metric at the last round
+    (and in summary.json); ``--level`` outside (0, 1), a ``--direction`` of the wrong length or
+    index, and ``--level`` without an interval are one-line errors that run nothing."""
+    import json
+
+    from fedsa_jax.cli import main
+
+    args = ["run", "--problem", "garnet", "--states", "5", "--agents", "3", "--dim", "2", "--seeds", "16"]
+    args += ["--rounds", "6", "--local-steps", "2", "--algorithms", "fedlsa", "--no-plot"]
+    out = tmp_path / "b"
+    run = [
+        *args,
+        "--bootstrap",
+        "20",
+        "--plug-in",
+        "--level",
+        "0.8",
+        "--direction",
+        "1,-1",
+        "--out",
+        str(out),
+    ]
+    assert main(run) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "coverage" in line]
+    assert len(lines) == 1 and "at level 0.8 (u: --direction 1,-1)" in lines[0], lines
+    res = fj.load(out / "result_plug_in_bootstrap_fedlsa.npz")
+    summary = json.loads((out / "summary.json").read_text())["runs"]["plug_in_bootstrap_fedlsa"]["coverage"]
+    for method in ("quantile", "normal", "plug_in"):
+        stats = res.metrics[f"covers_{method}_8"]
+        assert f"{method} {stats.mean[-1]:.3f} +- {stats.sem[-1]:.3f}" in lines[0]
+        assert summary[method] == {"coverage": stats.mean[-1], "sem": stats.sem[-1]}
+    u = np.array([1.0, -1.0])
+    lower, upper = res.metrics["lower_normal_8"].mean[-1], res.metrics["upper_normal_8"].mean[-1]
+    assert lower < res.theta_mean[-1] @ u < upper  # the interval along the direction given
+    for bad, match in (
+        (["--bootstrap", "5", "--level", "1"], "argument --level: expected a number in (0, 1), got '1'"),
+        (["--bootstrap", "5", "--direction", "1,2,3"], "--direction='1,2,3' is invalid: expected 2"),
+        (["--bootstrap", "5", "--direction", "2"], "--direction='2' is invalid: expected a coordinate index"),
+        (["--level", "0.9"], "--level=0.9 is invalid: it is read only with --bootstrap or --plug-in"),
+    ):
+        try:
+            code = main([*args, *bad, "--out", str(tmp_path / "x")])
+        except SystemExit as exit:  # the parser's own errors
+            code = exit.code
+        assert code == 2
+        captured = capsys.readouterr()
+        assert match in captured.err and captured.out == "", (bad, captured.err)
+        assert len(captured.err.strip().splitlines()) == 1

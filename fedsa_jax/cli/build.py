@@ -68,6 +68,8 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
     if getattr(args, "bootstrap", None) is not None:
         weights = getattr(args, "bootstrap_weights", "beta")
         alg = fj.bootstrap(alg, args.bootstrap, weights=weights)  # pyright: ignore[reportArgumentType]
+    if getattr(args, "plug_in", False):
+        alg = fj.plug_in(alg)  # pyright: ignore[reportArgumentType]
     return alg
 
 

@@ -120,6 +120,9 @@ def _check_applicable(args) -> None:
         getattr(args, "bootstrap", None) is not None,
         "no --bootstrap",
     )
+    inference = getattr(args, "bootstrap", None) is not None or getattr(args, "plug_in", False)
+    for dest in ("level", "direction"):
+        table[dest] = ("--bootstrap or --plug-in", inference, "neither")
     table.update(_readers(args, "problem"))
     table.update(_readers(args, "algorithm"))
     for dest in (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 
@@ -13,7 +14,16 @@ import fedsa_jax.algorithms  # noqa: F401  (these register the built-in algorith
 import fedsa_jax.channel  # noqa: F401
 import fedsa_jax.problems  # noqa: F401
 from fedsa_jax import registry
-from fedsa_jax.registry import GROUPS, Option, nonnegative_int, positive_int, positive_real, real, seed
+from fedsa_jax.registry import (
+    GROUPS,
+    Option,
+    name_or_number,
+    nonnegative_int,
+    positive_int,
+    positive_real,
+    real,
+    seed,
+)
 from fedsa_jax.result import X_AXES
 
 SCHEDULES = ("constant", "inverse-time")
@@ -64,6 +74,29 @@ def param(text: str) -> tuple[str, object]:
     if not sep or not PARAM_RE.match(key.strip()):
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE (NAME a Python identifier), got {text!r}")
     return key.strip(), _param_value(value.strip())
+
+
+def unit_interval(text: str) -> float:
+    return name_or_number(text, (), lambda v: 0.0 < v < 1.0, "a number in (0, 1)")  # pyright: ignore[reportReturnType]
+
+
+def direction(text: str) -> str:
+    """A coordinate's index or comma-separated finite numbers (their count is checked against the
+    problem's dimension when it is built)."""
+    parts = [t.strip() for t in text.split(",")]
+    try:
+        values = [float(t) for t in parts]
+    except ValueError:
+        values = None
+    if (
+        not values
+        or not all(math.isfinite(v) for v in values)
+        or (len(values) == 1 and not parts[0].isdigit())
+    ):
+        raise argparse.ArgumentTypeError(
+            f"expected a coordinate's index (0, 1, ...) or comma-separated numbers, got {text!r}"
+        )
+    return text.strip()
 
 
 def x_axis(text: str) -> str:
@@ -147,6 +180,7 @@ def _common() -> list[Option]:
             params=("step_size", "eta0"),
         ),
         *_schedule(),
+        *_inference(),
         *_channel(),
         *_simulation(),
     ]
@@ -283,6 +317,11 @@ def _schedule() -> list[Option]:
             group="schedule",
             grid=False,
         ),
+    ]
+
+
+def _inference() -> list[Option]:
+    return [
         Option(
             ("--bootstrap",),
             "bootstrap",
@@ -290,7 +329,7 @@ def _schedule() -> list[Option]:
             "main one's observations, for confidence sets from one run",
             positive_int,
             metavar="B",
-            group="schedule",
+            group="inference",
             params=("num_replicates",),
         ),
         Option(
@@ -299,9 +338,41 @@ def _schedule() -> list[Option]:
             "the bootstrap's weight law (mean 1, variance 1)",
             default="beta",
             choices=("beta", "rademacher", "exponential", "gaussian", "ones"),
-            group="schedule",
+            group="inference",
             params=("weights",),
             read_by="--bootstrap",
+        ),
+        Option(
+            ("--plug-in",),
+            "plug_in",
+            "plug-in moments (fj.plug_in): running estimates of A_bar and the noise covariance, for the "
+            "plug-in confidence interval (the Lyapunov equation's solution times eta_T)",
+            default=False,
+            action="store_true",
+            group="inference",
+            grid=False,
+        ),
+        Option(
+            ("--level",),
+            "level",
+            "confidence level of the intervals for u^T theta* whose coverage over seeds is printed",
+            unit_interval,
+            0.95,
+            group="inference",
+            grid=False,
+            read_by="--bootstrap or --plug-in",
+        ),
+        Option(
+            ("--direction",),
+            "direction",
+            "u of the intervals for u^T theta*: a coordinate's index I (u = e_I) or d comma-separated "
+            "numbers",
+            direction,
+            "0",
+            metavar="U",
+            group="inference",
+            grid=False,
+            read_by="--bootstrap or --plug-in",
         ),
     ]
 

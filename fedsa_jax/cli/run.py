@@ -163,7 +163,68 @@ def _run_options(args, checkpoint_name: str) -> dict:
         checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / checkpoint_name,
         progress=args.progress,
         quantiles=True if args.band == "quantiles" else None,
-        metrics=["last_iterate_mse"] if args.average is not None else None,
+        metrics={
+            **({"last_iterate_mse": "last_iterate_mse"} if args.average is not None else {}),
+            **getattr(args, "intervals", {}),
+        }
+        or None,
+    )
+
+
+def _interval_methods(args) -> list[str]:
+    """The intervals for ``u^T theta*`` the run's wrappers give: the bootstrap's, the plug-in's."""
+    return (["quantile", "normal"] if getattr(args, "bootstrap", None) is not None else []) + (
+        ["plug_in"] if getattr(args, "plug_in", False) else []
+    )
+
+
+def _direction(args, dim: int):
+    """``--direction``: ``e_I`` for an index, else the d numbers given."""
+    import numpy as np
+
+    values = [float(t) for t in args.direction.split(",")]
+    if len(values) == 1 and args.direction.strip().isdigit():
+        index = int(args.direction)
+        if index >= dim:
+            raise ValueError(
+                f"--direction={args.direction!r} is invalid: expected a coordinate index in [0, {dim - 1}]"
+            )
+        return np.eye(dim)[index]
+    if len(values) != dim or not any(values):
+        raise ValueError(
+            f"--direction={args.direction!r} is invalid: expected {dim} comma-separated numbers, not all 0 "
+            "(the problem's dimension), or a coordinate's index"
+        )
+    return np.asarray(values)
+
+
+def _interval_metrics(args, problem) -> dict:
+    """The metrics of the intervals at ``--level`` along ``--direction`` (their coverage of ``theta*``
+    is what ``covers_*`` averages to), for ``--bootstrap`` and ``--plug-in`` runs."""
+    import fedsa_jax as fj
+
+    methods = _interval_methods(args)
+    if not methods:
+        return {}
+    u = _direction(args, problem.dim)
+    return fj.inference.intervals(u, levels=args.level, methods=methods)
+
+
+def _coverage_line(args, res, name: str, summary: dict) -> None:
+    """Each interval's coverage of ``u^T theta*`` at the last round, with its binomial s.e."""
+    methods = _interval_methods(args)
+    if not methods:
+        return
+    from fedsa_jax.inference import level_name
+
+    coverage = {}
+    for m in methods:
+        stats = res.metrics[f"covers_{m}_{level_name(args.level)}"]
+        coverage[m] = {"coverage": float(stats.mean[-1]), "sem": float(stats.sem[-1])}
+    summary["runs"][name]["coverage"] = {"level": args.level, "direction": args.direction, **coverage}
+    cells = ", ".join(f"{m} {c['coverage']:.3f} +- {c['sem']:.3f}" for m, c in coverage.items())
+    print(
+        f"{name:9s} coverage of u^T theta* at level {args.level:g} (u: --direction {args.direction}): {cells}"
     )
 
 
@@ -286,6 +347,7 @@ def _write_one(args, res, problem, alg, file_name: str, summary: dict, timing: d
         f"{cohort}{int(res.num_diverged[-1])} diverged{_growth_note(res)}{_seeds_note(res)}, "
         f"{_describe_timing(timing, args.rounds)} -> {path}"
     )
+    _coverage_line(args, res, alg.name, summary)
 
 
 def _growth_note(res) -> str:
@@ -382,6 +444,7 @@ def cmd_run(args) -> int:
 
     problem = _make_problem(args, jax.random.key(args.problem_seed))
     algs, names = _algorithms(args, problem)
+    args.intervals = _interval_metrics(args, problem)
     _check_compare(args, algs)
     _check_runs(args, problem, algs, names)  # every error before the first line printed
     builtin = [alg for spec, alg in zip(args.algorithms, algs, strict=True) if spec in registry.algorithms()]
