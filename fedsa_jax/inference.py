@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax import _validate, theory
-from fedsa_jax.algorithms.plug_in import plug_in_covariance
+from fedsa_jax.algorithms.plug_in import gauss_jordan, plug_in_covariance
 
 __all__ = [
     "METHODS",
@@ -49,6 +49,8 @@ __all__ = [
     "bootstrap_variance",
     "exact_sd",
     "intervals",
+    "joint",
+    "JointSet",
     "level_name",
 ]
 
@@ -146,6 +148,22 @@ class Interval:
         return ((lo <= target) & (target <= hi)).astype(state.theta.dtype)
 
 
+def _levels_methods(levels, methods, allowed: tuple[str, ...]) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """Validated ``levels`` (one or a sequence, each in ``(0, 1)``) and ``methods`` (from ``allowed``)."""
+    levels = tuple(levels) if isinstance(levels, (list, tuple)) else (levels,)
+    methods = (methods,) if isinstance(methods, str) else tuple(methods)
+    if not methods:
+        _validate.fail("methods", methods, f"expected one or more of {', '.join(allowed)}")
+    for m in methods:
+        _validate.choice("methods", m, allowed)
+    if not levels:
+        _validate.fail("levels", levels, "expected one or more levels in (0, 1)")
+    levels = tuple(
+        _validate.real("level", level, 0.0, 1.0, low_open=True, high_open=True) for level in levels
+    )
+    return levels, methods
+
+
 def level_name(level: float) -> str:
     """A level's tag in metric names: ``0.9`` is ``9``, ``0.95`` is ``95``."""
     return f"{level:.6g}".replace("0.", "", 1).replace(".", "_")
@@ -169,17 +187,7 @@ def intervals(
     Returns ``{"covers_<method>_<level>": metric, ...}`` (level 0.9 is named ``9``, 0.95 ``95``).
     """
     u = _direction(direction)
-    levels = tuple(levels) if isinstance(levels, (list, tuple)) else (levels,)
-    methods = (methods,) if isinstance(methods, str) else tuple(methods)
-    if not methods:
-        _validate.fail("methods", methods, f"expected one or more of {', '.join(METHODS)}")
-    for m in methods:
-        _validate.choice("methods", m, METHODS)
-    if not levels:
-        _validate.fail("levels", levels, "expected one or more levels in (0, 1)")
-    levels = tuple(
-        _validate.real("level", level, 0.0, 1.0, low_open=True, high_open=True) for level in levels
-    )
+    levels, methods = _levels_methods(levels, methods, METHODS)
     sd = None
     if "exact" in methods:
         if exact_sd is None:
@@ -196,4 +204,83 @@ def intervals(
             parts = ("covers", "lower", "upper") if bounds else ("covers",)
             for part in parts:
                 out[f"{part}_{tag}"] = Interval(u, m, level, part, sd if m == "exact" else None)
+    return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class JointSet:
+    """One joint confidence set's metric (:func:`joint`): ``part`` is ``"covers"`` or ``"distance"``
+    (the statistic ``D(theta*)``, to compare with ``threshold`` or the bootstrap's quantile)."""
+
+    method: str
+    level: float
+    part: str
+    chi2: float  # the chi-square quantile with d degrees of freedom at the level
+    cov: Any = None  # (T+1, d, d) the exact covariances ("exact")
+
+    def _covariance(self, state, problem):
+        dtype = state.theta.dtype
+        if self.method == "exact":
+            return jnp.asarray(self.cov, dtype)[jnp.minimum(state.count, len(self.cov) - 1)]
+        if self.method == "plug_in":
+            return plug_in_covariance(_find(state, "plug_in", "fj.plug_in(algorithm)"), problem.num_agents)
+        spread = _replicates(state).theta - state.theta  # (B, d)
+        return spread.T @ spread / spread.shape[0]
+
+    def __call__(self, state, problem) -> jax.Array:
+        cov = self._covariance(state, problem)
+        mahalanobis = lambda e: e @ gauss_jordan(cov, e)  # noqa: E731
+        distance = mahalanobis(state.theta - jnp.asarray(problem.theta_star, state.theta.dtype))
+        if self.part == "distance":
+            return distance
+        threshold = jnp.asarray(self.chi2, state.theta.dtype)
+        if self.method == "quantile":
+            spread = _replicates(state).theta - state.theta
+            threshold = jnp.quantile(jax.vmap(mahalanobis)(spread), self.level)
+        return (distance <= threshold).astype(state.theta.dtype)
+
+
+def joint(
+    dim: int, levels=(0.8, 0.9, 0.95), methods=("quantile", "normal"), exact_cov=None
+) -> dict[str, JointSet]:
+    """The metrics of joint confidence sets for ``theta*`` (every coordinate at once), ellipsoids
+    around the seed's ``theta_t``: ``{theta : D(theta) <= threshold}`` with
+    ``D(theta) = (theta_t - theta)^T S^{-1} (theta_t - theta)``,
+
+    * ``"quantile"``: ``S`` the bootstrap's covariance ``(1/B) sum_b (theta^b_t - theta_t)(...)^T``
+      and the threshold the level's quantile of ``D`` over the replicates ``theta^b_t`` (needs
+      ``B > d``);
+    * ``"normal"``: the same ``S`` and the chi-square quantile ``chi2_d(level)``;
+    * ``"plug_in"``: ``S = eta_t Sigma`` of the plug-in (:func:`fedsa_jax.plug_in`), ``chi2_d(level)``;
+    * ``"exact"``: ``S = Cov(theta_t)`` exactly (``exact_cov``, :func:`fedsa_jax.theory.exact_covariance`),
+      ``chi2_d(level)``: it covers at its level exactly when ``theta_t`` is Gaussian and unbiased.
+
+    Args:
+      dim: d, the iterate's dimension.
+      levels: confidence levels in ``(0, 1)``.
+      methods: from :data:`METHODS`.
+      exact_cov: ``(T+1, d, d)`` covariances, needed by ``"exact"``.
+
+    Returns ``{"covers_joint_<method>_<level>": metric, "distance_joint_<method>": metric, ...}``:
+    the mean over seeds of ``covers_`` is the coverage of ``theta*``.
+    """
+    d = _validate.integer("dim", dim)
+    levels, methods = _levels_methods(levels, methods, METHODS)
+    cov = None
+    if "exact" in methods:
+        if exact_cov is None:
+            _validate.fail(
+                "exact_cov", None, "the exact set needs fj.theory.exact_covariance(problem, algorithm, T)"
+            )
+        cov = np.asarray(exact_cov, np.float64)
+        if cov.ndim != 3 or cov.shape[1:] != (d, d) or not np.all(np.isfinite(cov)):
+            _validate.fail("exact_cov", reprlib.repr(cov), f"expected (T+1, {d}, {d}) finite covariances")
+    from scipy.stats import chi2  # JAX's own dependency
+
+    out: dict[str, JointSet] = {}
+    for m in methods:
+        for level in levels:
+            q = float(chi2.ppf(level, d))
+            out[f"covers_joint_{m}_{level_name(level)}"] = JointSet(m, level, "covers", q, cov)
+        out[f"distance_joint_{m}"] = JointSet(m, levels[0], "distance", 0.0, cov)
     return out

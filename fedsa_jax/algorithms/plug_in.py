@@ -190,7 +190,7 @@ def theory_plug_in(config: PlugInConfig, problem) -> moments.Recursion | moments
     return moments.recursion_of(config.inner, problem)
 
 
-def _solve(K: jax.Array, q: jax.Array) -> jax.Array:
+def gauss_jordan(K: jax.Array, q: jax.Array) -> jax.Array:
     """``K^{-1} q`` by Gauss-Jordan elimination with partial pivoting, in plain XLA operations: a
     LAPACK call batched over thousands of seeds inside the kernel's loop stalled XLA's CPU runtime."""
     n = K.shape[0]
@@ -214,7 +214,7 @@ def lyapunov(A: jax.Array, Q: jax.Array) -> jax.Array:
     d = A.shape[-1]
     eye = jnp.eye(d, dtype=A.dtype)
     K = jnp.kron(A, eye) + jnp.kron(eye, A)
-    return _solve(K, Q.reshape(d * d)).reshape(d, d)
+    return gauss_jordan(K, Q.reshape(d * d)).reshape(d, d)
 
 
 def plug_in_covariance(m: PlugInMoments, num_agents: int) -> jax.Array:
