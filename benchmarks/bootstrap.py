@@ -9,6 +9,8 @@ T = ``--rounds``:
   bootstrap       ``--seeds`` seeds of fj.bootstrap(alg, B): (1 + B) trajectories each
   plain           (1 + B) x ``--seeds`` seeds of alg: the same number of trajectories
   draws only      drawing the random numbers of the plain run (its observations)
+  plug-in         fj.plug_in(alg) against alg on (1 + max B) x ``--seeds`` seeds: the cost of the plug-in's
+                  running moments (A_c(Z) read as the direction's Jacobian at every observation)
 
 Reported: the cost per replicate-agent-step of the bootstrap against the plain kernel's per
 agent-step (the goal: at most 1.2x), and both against the draws. The replicates share the main
@@ -75,7 +77,22 @@ def main(argv=None):
             f"bootstrap/plain {row['bootstrap_over_plain']:.2f}x  plain/draws {row['plain_over_draws']:.2f}x",
             flush=True,
         )
-    write_json(args.json, dict(sampling=sampling, seeds=n, rounds=T, devices=devices, rows=rows))
+    # the plug-in's moments (fj.plug_in): per observation, A_c(Z) as the direction's Jacobian (d
+    # forward products) and the running sums, against the plain run on the same seeds
+    seeds = n * (1 + max(args.replicates))
+    run_plug = lambda: fj.simulate(1, problem, fj.plug_in(alg), T, seeds, record_every=T)  # noqa: E731
+    run_plain = lambda: fj.simulate(1, problem, alg, T, seeds, record_every=T)  # noqa: E731
+    for f in (run_plug, run_plain):
+        f()  # compile
+    t_plug, t_plain = (best_of(f, args.repeats) for f in (run_plug, run_plain))
+    plug = dict(seeds=seeds, plug_in_s=t_plug, plain_s=t_plain, plug_in_over_plain=t_plug / t_plain)
+    print(
+        f"  plug-in, {seeds} seeds: {t_plug:.3f} s against plain {t_plain:.3f} s: {t_plug / t_plain:.2f}x",
+        flush=True,
+    )
+    write_json(
+        args.json, dict(sampling=sampling, seeds=n, rounds=T, devices=devices, rows=rows, plug_in=plug)
+    )
 
 
 if __name__ == "__main__":

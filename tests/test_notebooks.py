@@ -18,6 +18,7 @@ SMALL = {
     "01_heterogeneity_fedlsa_vs_scafflsa.ipynb": "SEEDS = 32\nROUNDS = 10\nAGENTS = 4\nH = 5\nETA = 0.1",
     "02_quantization_and_erasures.ipynb": "SEEDS = 32\nROUNDS = 12\nAGENTS = 4",
     "03_your_own_algorithm.ipynb": "SEEDS = 64\nROUNDS = 12\nH = 4",
+    "04_confidence_sets.ipynb": "SEEDS = 200\nROUNDS = 20\nB = 20",
 }
 
 # (marker, source): the source runs in a cell inserted after the first code cell containing marker.
@@ -117,6 +118,28 @@ assert abs(_s.communications[-1] - problem.num_agents * ROUNDS) < """
             f"""
 res = {{k: results[k] for k in exact}}
 {_MC_VS_EXACT}
+""",
+        ),
+    ],
+    "04_confidence_sets.ipynb": [
+        (
+            "predicted = norm.cdf(z - beta / sd)",
+            f"""
+# noise on b only: u^T theta_t is Gaussian; the exact interval covers as its exact mean predicts
+_c = res.metrics["covers_exact_9"].mean[1:]
+_p = predicted[res.rounds[1:]]
+assert np.all(np.abs(_c - _p) <= {Z_TOL} * np.sqrt(_p * (1 - _p) / SEEDS) + 1e-12), (_c, _p)
+_e = res.final_theta - np.asarray(problem.theta_star)
+_d = np.einsum("si,ij,sj->s", _e, np.linalg.inv(cov[-1]), _e)
+from scipy.stats import chi2 as _chi2
+assert res.metrics["covers_joint_exact_9"].mean[-1] == np.mean(_d <= _chi2.ppf(LEVEL, 3))
+""",
+        ),
+        (
+            "rows.append(",
+            f"""
+for _name, _covered, _sem, _predicted in rows:  # the exact interval where the exact mean says
+    assert abs(_covered - _predicted) <= {Z_TOL} * np.sqrt(_predicted * (1 - _predicted) / SEEDS) + 1e-12
 """,
         ),
     ],
