@@ -16,7 +16,8 @@ and normal intervals (B replicates, standardized Beta(1/2, 2) weights), the plug
 baseline) and the exact interval (the exact ``Cov(theta_t)`` of ``fj.theory.exact_covariance``);
 their coverage of ``u^T theta*`` over ``--seeds`` seeds, with binomial standard errors. Figure
 ``confidence_sets.png``: coverage against T, one row per gamma_H, one panel per level, bands of
-+-2 s.e.
++-2 s.e.; ``confidence_sets_variance.png``: the seeds' mean bootstrap variance of ``u^T theta_t``
+over its exact variance, against T (the approach to 1).
 
 **Beyond it** (``--part beyond``), level 0.90, figure ``confidence_sets_beyond.png``:
 
@@ -104,6 +105,7 @@ def coverage(problem, alg, T, n, B, every, levels, theta0, u):
     bias = (fj.theory.exact_mean(problem, alg, T, theta0) - np.asarray(problem.theta_star)) @ u
     theory_s = time.perf_counter() - start
     metrics = fj.inference.intervals(u, levels=levels, methods=METHODS, exact_sd=sd, bounds=False)
+    metrics["bootstrap_variance"] = fj.inference.bootstrap_variance(u)
     start = time.perf_counter()
     res = fj.simulate(
         1, problem, fj.plug_in(fj.bootstrap(alg, B)), T, n, theta0=theta0, metrics=metrics, record_every=every
@@ -115,6 +117,16 @@ def report_run(label, res, sd, bias, run_s, theory_s, levels, n):
     """Print the coverage at the last round; return the run's numbers for the JSON report."""
     out = dict(label=label, seconds=run_s, theory_seconds=theory_s, rounds=res.rounds.tolist(), coverage={})
     T = int(res.rounds[-1])
+    # the seeds' mean bootstrap variance of u^T theta_t over the exact Var(u^T theta_t)
+    bv, exact = res.metrics["bootstrap_variance"], sd[res.rounds] ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):  # round 0: both 0
+        out["variance_ratio"] = dict(mean=(bv.mean / exact).tolist(), sem=(bv.sem / exact).tolist())
+    ratio = ", ".join(
+        f"T={t}: {m:.3f} +- {e:.3f}"
+        for t, m, e in zip(res.rounds, out["variance_ratio"]["mean"], out["variance_ratio"]["sem"])
+        if t in (res.rounds[1], res.rounds[len(res.rounds) // 4], res.rounds[len(res.rounds) // 2], T)
+    )
+    print(f"{label}: bootstrap variance / exact variance of u^T theta_t: {ratio}")
     print(
         f"{label}: {run_s:.0f} s ({theory_s:.1f} s exact theory); exact bias of u^T theta_T {bias[-1]:.3g} = "
         f"{bias[-1] / sd[-1]:.2g} sd; coverage at T={T}:",
@@ -180,6 +192,24 @@ def paper_figure(report, figures):
     )
     fig.tight_layout()
     save(fig, figures, "confidence_sets.png")
+
+
+def variance_figure(report, figures):
+    """The seeds' mean bootstrap variance of u^T theta_t over the exact one, against t."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for run, color in zip(report["runs"], ("C0", "C1", "C2")):
+        r = np.asarray(run["rounds"][1:])
+        mean, sem = (np.asarray(run["variance_ratio"][k][1:]) for k in ("mean", "sem"))
+        ax.plot(r, mean, color=color, label=f"$\\gamma_H$={run['gamma_H']:g}")
+        ax.fill_between(r, mean - 2 * sem, mean + 2 * sem, color=color, alpha=0.15)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set(xlabel="round T", ylabel="bootstrap variance / exact variance ($\\pm$2 s.e.)")
+    ax.set_title(
+        f"FedLSA, the paper's Garnet: B={report['replicates']}, {report['seeds']} seeds", fontsize=10
+    )
+    ax.legend()
+    fig.tight_layout()
+    save(fig, figures, "confidence_sets_variance.png")
 
 
 def beyond(args, report):
@@ -272,8 +302,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.plot:
         saved = json.loads(Path(args.plot).read_text())
-        for part, figure in (("paper", paper_figure), ("beyond", beyond_figure)):
-            if part in saved:
+        for part, figure in (("paper", paper_figure), ("paper", variance_figure), ("beyond", beyond_figure)):
+            if part in saved and (
+                figure is not variance_figure or "variance_ratio" in saved[part]["runs"][0]
+            ):
                 figure(saved[part], args.figures)
         return
     fj.use_cpu_cores()
@@ -283,6 +315,7 @@ def main(argv=None):
     if args.part in ("paper", "all"):
         paper(args, report)
         paper_figure(report["paper"], args.figures)
+        variance_figure(report["paper"], args.figures)
     if args.part in ("beyond", "all"):
         beyond(args, report)
         beyond_figure(report["beyond"], args.figures)

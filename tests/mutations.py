@@ -908,6 +908,46 @@ MUTATIONS = [
         ("tests/test_statistics.py::test_rate_refuses_a_diverged_curve_and_warns_at_the_rounding_floor",),
         "a slope fitted through float64 rounding noise is returned without a word",
     ),
+    Mutation(
+        "plug-in-centred-by-old-means",
+        "fedsa_jax/algorithms/plug_in.py",
+        "        n = jnp.maximum(count, 1).astype(theta.dtype)\n        eps = g - (sum_A / n @ theta - sum_b / n)",
+        "        n = jnp.maximum(count, 1).astype(theta.dtype)\n        eps = g - (sum_A / n @ theta - (sum_b - w @ b) / n)",
+        ("tests/test_plug_in.py::test_the_sums_equal_a_numpy_loop",),
+        "the noise centred by a mean that leaves out the round's own observations",
+    ),
+    Mutation(
+        "plug-in-counts-inactive-steps",
+        "fedsa_jax/algorithms/plug_in.py",
+        "    used = jnp.broadcast_to(active, (problem.num_agents, H))",
+        "    used = jnp.ones((problem.num_agents, H), bool)",
+        ("tests/test_plug_in.py::test_the_plug_in_observes_what_the_algorithm_observes",),
+        "observations of steps past H_t (step size 0) counted in the means",
+    ),
+    Mutation(
+        "plug-in-noise-not-over-n",
+        "fedsa_jax/algorithms/plug_in.py",
+        "    noise = jnp.mean(m.sum_noise / n, axis=0) / num_agents",
+        "    noise = jnp.mean(m.sum_noise / n, axis=0)",
+        ("tests/test_plug_in.py::test_the_interval_is_the_exact_one_to_first_order_and_covers",),
+        "the noise not averaged over the N agents: the interval sqrt(N) times too wide",
+    ),
+    Mutation(
+        "gauss-jordan-no-pivoting",
+        "fedsa_jax/algorithms/plug_in.py",
+        "        row = jnp.argmax(jnp.where(jnp.arange(n) >= k, jnp.abs(M[:, k]), -1.0))",
+        "        row = k",
+        ("tests/test_plug_in.py::test_lyapunov_equals_scipy",),
+        "elimination without row exchanges: wrong or NaN where a pivot is small",
+    ),
+    Mutation(
+        "joint-quantile-at-tail",
+        "fedsa_jax/inference.py",
+        "            threshold = jnp.quantile(jax.vmap(mahalanobis)(spread), self.level)",
+        "            threshold = jnp.quantile(jax.vmap(mahalanobis)(spread), 1 - self.level)",
+        ("tests/test_inference.py::test_joint_sets_cover_at_their_level_and_equal_the_formula",),
+        "the bootstrap's joint threshold at the wrong tail",
+    ),
 ]
 
 

@@ -119,8 +119,8 @@ def test_joint_sets_cover_at_their_level_and_equal_the_formula():
     distance equal numpy's from its final iterate. The bootstrap's normal set, whose covariance is
     estimated from B = 100 replicates, covers within Z_TOL binomial s.e. of Hotelling's prediction
     for B Gaussian draws of the true covariance, ``P(F(d, B - d + 1) <= chi2_d(level) (B - d + 1) /
-    (B d))`` (0.94 at 0.95, 0.78 at 0.8); the quantile and plug-in sets are measured by
-    benchmarks/confidence_sets.py."""
+    (B d))`` (0.94 at 0.95, 0.78 at 0.8), and the quantile set, the same ellipsoid with the
+    replicates' own threshold, within Z_TOL s.e. of an unpaired difference of it."""
     from scipy.stats import chi2, f
 
     problem, alg, T, n = gaussian(0.0), fj.fedlsa(0.05, 2), 60, 1000
@@ -147,6 +147,9 @@ def test_joint_sets_cover_at_their_level_and_equal_the_formula():
         hotelling = f.cdf(chi2.ppf(level, d) * (B - d + 1) / (B * d), d, B - d + 1)
         covered = res.metrics[f"covers_joint_normal_{tag}"].mean[-1]
         assert abs(covered - hotelling) <= Z_TOL * binomial_se(hotelling, n), (level, covered, hotelling)
+        # the quantile set estimates the same ellipsoid: within Z_TOL s.e. of an unpaired difference
+        quantile = res.metrics[f"covers_joint_quantile_{tag}"].mean[-1]
+        assert abs(quantile - covered) <= Z_TOL * np.sqrt(2) * binomial_se(hotelling, n), (level, quantile)
 
 
 def test_joint_bad_input_is_a_one_line_error():

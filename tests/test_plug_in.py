@@ -99,9 +99,14 @@ def test_the_sums_equal_a_numpy_loop(het_gaussian):
 
 
 def test_lyapunov_equals_scipy():
+    """Random stable matrices, and one whose first pivot is 0 (``A[0, 0] = 0``: elimination must
+    exchange rows)."""
     rng = np.random.default_rng(0)
-    for d in (1, 3, 6):
-        A = rng.normal(size=(d, d)) + d * np.eye(d)
+    cases = [rng.normal(size=(d, d)) + d * np.eye(d) for d in (1, 3, 6)] + [
+        np.array([[0.0, 1.0], [-2.0, 1.0]])
+    ]
+    for A in cases:
+        d = A.shape[0]
         Q = rng.normal(size=(d, d))
         Q = Q @ Q.T
         np.testing.assert_allclose(
