@@ -1,4 +1,4 @@
-"""Inference for ``theta*`` from one run: what the multiplier bootstrap's replicates say.
+"""Confidence sets for ``theta*`` from one run: the multiplier bootstrap, the plug-in, the exact one.
 
 A run of ``fj.bootstrap(algorithm, B)`` carries, for every seed, the main iterate ``theta_t`` and B
 replicates ``theta^b_t`` (:mod:`fedsa_jax.algorithms.bootstrap`). Given the data, the spread of
@@ -26,7 +26,9 @@ round t, with ``v = u^T theta_t`` and ``v_b = u^T theta^b_t``:
 :func:`intervals` returns the metrics of one or more methods and levels: ``covers_<method>_<level>``
 (1 when the interval covers ``u^T theta*``, 0 when not: its mean over seeds is the coverage, its
 standard error the binomial one), and ``lower_...``, ``upper_...``, the interval itself (per seed
-with ``keep_seeds``, in result files and tables like any metric).
+with ``keep_seeds``, in result files and tables like any metric). :func:`joint` returns the same for
+joint sets of every coordinate at once: ellipsoids around ``theta_t`` with the bootstrap's, the
+plug-in's or the exact covariance.
 """
 
 from __future__ import annotations
