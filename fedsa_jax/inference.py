@@ -129,7 +129,7 @@ class Interval:
             sd = jnp.asarray(self.sd, state.theta.dtype)[jnp.minimum(state.count, len(self.sd) - 1)]
             return v - z * sd, v + z * sd
         if self.method == "plug_in":
-            cov = plug_in_covariance(_find(state, "plug_in", "fj.plug_in(algorithm)"), problem.num_agents)
+            cov = plug_in_covariance(_find(state, "plug_in", "fj.plug_in(algorithm)"))
             sd = jnp.sqrt(jnp.maximum(u @ cov @ u, 0.0))
             return v - z * sd, v + z * sd
         vb = _replicates(state).theta @ u
@@ -218,6 +218,7 @@ class JointSet:
     level: float
     part: str
     chi2: float  # the chi-square quantile with d degrees of freedom at the level
+    dim: int  # d
     cov: Any = None  # (T+1, d, d) the exact covariances ("exact")
 
     def _covariance(self, state, problem):
@@ -225,13 +226,27 @@ class JointSet:
         if self.method == "exact":
             return jnp.asarray(self.cov, dtype)[jnp.minimum(state.count, len(self.cov) - 1)]
         if self.method == "plug_in":
-            return plug_in_covariance(_find(state, "plug_in", "fj.plug_in(algorithm)"), problem.num_agents)
+            return plug_in_covariance(_find(state, "plug_in", "fj.plug_in(algorithm)"))
         spread = _replicates(state).theta - state.theta  # (B, d)
-        return spread.T @ spread / spread.shape[0]
+        B, d = spread.shape
+        if B <= d:  # shapes are static: refused when the metric is checked, before compiling
+            raise ValueError(
+                f"the joint {self.method!r} set needs more replicates than coordinates (B > d): "
+                f"B = {B}, d = {d}"
+            )
+        return spread.T @ spread / B
 
     def __call__(self, state, problem) -> jax.Array:
+        if state.theta.shape[-1] != self.dim:  # static: refused when the metric is checked
+            raise ValueError(
+                f"the joint set was built for dim = {self.dim}; the iterate has {state.theta.shape[-1]}"
+            )
         cov = self._covariance(state, problem)
-        mahalanobis = lambda e: e @ gauss_jordan(cov, e)  # noqa: E731
+
+        def mahalanobis(e):  # a singular covariance (round 0: nothing observed) puts theta* at infinity
+            distance = e @ gauss_jordan(cov, e)
+            return jnp.where(jnp.isfinite(distance), distance, jnp.inf)
+
         distance = mahalanobis(state.theta - jnp.asarray(problem.theta_star, state.theta.dtype))
         if self.part == "distance":
             return distance
@@ -264,7 +279,10 @@ def joint(
       exact_cov: ``(T+1, d, d)`` covariances, needed by ``"exact"``.
 
     Returns ``{"covers_joint_<method>_<level>": metric, "distance_joint_<method>": metric, ...}``:
-    the mean over seeds of ``covers_`` is the coverage of ``theta*``.
+    the mean over seeds of ``covers_`` is the coverage of ``theta*``. Where the covariance is
+    singular (round 0, nothing observed yet) the distance is infinite (the set is the point
+    ``theta_t``; the distance's mean over seeds is then undefined, NaN). A ``dim`` other than the
+    iterate's, and a bootstrap set with ``B <= d`` replicates, are refused before compiling.
     """
     d = _validate.integer("dim", dim)
     levels, methods = _levels_methods(levels, methods, METHODS)
@@ -283,6 +301,6 @@ def joint(
     for m in methods:
         for level in levels:
             q = float(chi2.ppf(level, d))
-            out[f"covers_joint_{m}_{level_name(level)}"] = JointSet(m, level, "covers", q, cov)
-        out[f"distance_joint_{m}"] = JointSet(m, levels[0], "distance", 0.0, cov)
+            out[f"covers_joint_{m}_{level_name(level)}"] = JointSet(m, level, "covers", q, d, cov)
+        out[f"distance_joint_{m}"] = JointSet(m, levels[0], "distance", 0.0, d, cov)
     return out

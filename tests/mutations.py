@@ -927,7 +927,7 @@ MUTATIONS = [
     Mutation(
         "plug-in-noise-not-over-n",
         "fedsa_jax/algorithms/plug_in.py",
-        "    noise = jnp.mean(m.sum_noise / n, axis=0) / num_agents",
+        "    noise = jnp.mean(m.sum_noise / n, axis=0) / m.agents",
         "    noise = jnp.mean(m.sum_noise / n, axis=0)",
         ("tests/test_plug_in.py::test_the_interval_is_the_exact_one_to_first_order_and_covers",),
         "the noise not averaged over the N agents: the interval sqrt(N) times too wide",

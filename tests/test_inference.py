@@ -152,6 +152,22 @@ def test_joint_sets_cover_at_their_level_and_equal_the_formula():
         assert abs(quantile - covered) <= Z_TOL * np.sqrt(2) * binomial_se(hotelling, n), (level, quantile)
 
 
+def test_a_joint_bootstrap_set_with_too_few_replicates_is_refused_before_compiling():
+    metrics = fj.inference.joint(3, levels=0.9, methods="normal")
+    with pytest.raises(
+        ValueError, match=r"needs more replicates than coordinates \(B > d\): B = 3, d = 3"
+    ) as err:
+        fj.simulate(0, gaussian(0.0), fj.bootstrap(fj.fedlsa(0.1, 2), 3), 3, 4, metrics=metrics)
+    assert "\n" not in str(err.value)
+
+
+def test_a_joint_set_of_the_wrong_dimension_is_refused_before_compiling():
+    metrics = fj.inference.joint(1, levels=0.9, methods="plug_in")
+    with pytest.raises(ValueError, match=r"built for dim = 1; the iterate has 3") as err:
+        fj.simulate(0, gaussian(0.0), fj.plug_in(fj.fedlsa(0.1, 2)), 3, 4, metrics=metrics)
+    assert "\n" not in str(err.value)
+
+
 def test_joint_bad_input_is_a_one_line_error():
     for build, match in (
         (lambda: fj.inference.joint(0), r"dim=0 is invalid"),

@@ -146,19 +146,21 @@ def test_the_estimates_are_unbiased():
         assert abs(stats.mean[-1] - exact) <= Z_TOL * stats.sem[-1], (k, stats.mean[-1], stats.sem[-1])
 
 
-def test_the_interval_is_the_exact_one_to_first_order_and_covers():
+@pytest.mark.parametrize("cohort", [None, 2])
+def test_the_interval_is_the_exact_one_to_first_order_and_covers(cohort):
     """Homogeneous Gaussian LSA from theta*, FedLSA with a small step: the plug-in's
     ``sqrt(eta u^T Sigma_hat u)`` is within 5 % of the exact stationary standard deviation, and the
     0.9 interval covers ``u^T theta*`` within 3 binomial standard errors of 0.9 over 800 seeds;
-    at round 0 (nothing observed) it is the point ``u^T theta_0``."""
+    at round 0 (nothing observed) it is the point ``u^T theta_0``. With a cohort of 2 of 3 agents a
+    step averages 2 agents' noise, not 3."""
     problem = fj.problems.random_gaussian_lsa(
         jax.random.key(3), num_agents=3, dim=3, heterogeneity=0.0, noise_A=0.2, noise_b=0.5
     )
     u, T, n = np.array([1.0, 0.0, 0.0]), 300, 800
-    alg = fj.fedlsa(0.02, 2)
+    alg = fj.fedlsa(0.02, 2, clients_per_round=cohort)
     exact = np.sqrt(u @ fj.theory.exact_covariance(problem, alg, T, problem.theta_star)[-1] @ u)
     metrics = fj.inference.intervals(u, levels=0.9, methods="plug_in")
-    metrics["sd"] = lambda s, p: jax.numpy.sqrt(u @ plug_in_covariance(s.plug_in, 3) @ u)
+    metrics["sd"] = lambda s, p: jax.numpy.sqrt(u @ plug_in_covariance(s.plug_in) @ u)
     res = fj.simulate(
         1, problem, fj.plug_in(alg), T, n, metrics=metrics, record_every=T, theta0=problem.theta_star
     )
@@ -181,6 +183,18 @@ def test_the_interval_is_the_exact_one_to_first_order_and_covers():
             r"algorithm='scaffnew' is invalid: its cohort changes within a round",
         ),
         (lambda: fj.bootstrap(fj.plug_in(fj.fedlsa(0.1, 2)), 4), r"algorithm='plug_in_fedlsa' is invalid"),
+        (
+            lambda: fj.plug_in(fj.averaged(fj.fedlsa(0.1, 2))),
+            r"algorithm='averaged_fedlsa' is invalid: it reports another iterate",
+        ),
+        (
+            lambda: fj.plug_in(fj.bootstrap(fj.richardson(fj.fedlsa(0.1, 2)), 4)),
+            r"algorithm='bootstrap_richardson_fedlsa' is invalid: it reports another iterate",
+        ),
+        (
+            lambda: fj.plug_in(fj.fedlsa(0.1, 2, server_optimizer=__import__("optax").sgd(0.5))),
+            r"algorithm='fedlsa' is invalid: its server optimizer",
+        ),
     ],
 )
 def test_bad_input_is_a_one_line_error(build, match):

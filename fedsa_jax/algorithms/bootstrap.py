@@ -156,6 +156,8 @@ class BootstrapConfig(_Wrapper):
     num_replicates: int = dataclasses.field(default=1, metadata=dict(static=True))  # B
     weights: Any = dataclasses.field(default="beta", metadata=dict(static=True))  # a law's name or function
 
+    reports_inner_iterate = True  # state.theta is the wrapped algorithm's own iterate (fj.plug_in reads it)
+
     @property
     def trajectories(self) -> int:
         """Trajectories per seed: the main one and B replicates."""

@@ -29,7 +29,12 @@ and ``eps_k = g(theta_t) - (A_hat_c theta_t - b_hat_c)``. (A problem that draws 
 rather than ``A_c(Z)`` itself, as Gaussian LSA does, ``A_bar theta - b_bar + sqrt(sigma_A^2
 |theta|^2 + sigma_b^2) z``, has the noise of that law at ``theta_t``, the one that drives its
 iterates.) Memory: ``2 N d^2 + N d``
-numbers per seed beside the algorithm's state.
+numbers and a copy of the agents' samplers per seed beside the algorithm's state.
+
+Covered: the last iterate of FedLSA, SCAFFLSA, Scaffnew or QFedTD at its own step size (through
+:func:`fedsa_jax.bootstrap`), the noise averaged over the agents of a step (N, or a cohort's m).
+Refused: an averaged or extrapolated iterate (:func:`fedsa_jax.averaged`, :func:`fedsa_jax.richardson`)
+and a server optimizer, whose covariances ``eta_T Sigma`` does not describe.
 
 Wrap a bootstrap to have both sets from one run: ``fj.plug_in(fj.bootstrap(alg, B))``.
 """
@@ -46,6 +51,7 @@ from fedsa_jax import _validate, moments, optim
 from fedsa_jax.algorithms._base import (
     Algorithm,
     RoundRandomness,
+    cohort_active,
     init_samplers,
     keep_outside,
     round_cohort,
@@ -79,6 +85,7 @@ class PlugInMoments(NamedTuple):
     sum_noise: jax.Array  # (N, d, d) sum of eps_k eps_k^T
     sampler: Any  # (N,) the agents' observation streams, in step with the algorithm's
     step_size: jax.Array  # () the step size of the last round's last local step (eta_T)
+    agents: jax.Array  # () the agents whose updates each step averages: m with a cohort, else N
 
 
 class PlugInState(NamedTuple):
@@ -101,6 +108,28 @@ def _step_size_config(config):
     return config
 
 
+def _last_iterate_only(algorithm: Algorithm) -> None:
+    """Refuse what the plug-in's ``eta_T Sigma`` does not describe: a wrapper whose ``theta`` is not
+    the wrapped algorithm's iterate (an average, an extrapolation), a server optimizer."""
+    config, name = algorithm.config, algorithm.name
+    while not hasattr(config, "step_size") and hasattr(config, "inner"):
+        if not getattr(config, "reports_inner_iterate", False):
+            _validate.fail(
+                "algorithm",
+                name,
+                "it reports another iterate than its local steps' last one (an average or an "
+                "extrapolation), whose covariance the plug-in's eta_T Sigma does not describe",
+            )
+        config = config.inner.config
+    if getattr(config, "server_optimizer", None) is not None:
+        _validate.fail(
+            "algorithm",
+            name,
+            "its server optimizer changes the step of the iterate, which the plug-in's eta_T Sigma "
+            "does not describe; the bootstrap's intervals cover it",
+        )
+
+
 def init_plug_in(key, problem, theta0, config: PlugInConfig) -> PlugInState:
     inner = config.inner.init(key, problem, theta0)
     N, d, dtype = problem.num_agents, problem.dim, problem.dtype
@@ -111,6 +140,7 @@ def init_plug_in(key, problem, theta0, config: PlugInConfig) -> PlugInState:
         jnp.zeros((N, d, d), dtype),
         init_samplers(key, problem),  # the key every built-in algorithm draws its samplers from
         jnp.zeros((), dtype),
+        jnp.asarray(config.clients_per_round if cohort_active(config, N) else N, dtype),
     )
     error = _error(inner, problem)
     return PlugInState(problem.theta_star + error, error, inner, moments_, jnp.int32(0))
@@ -181,7 +211,7 @@ def step_plug_in(rand: RoundRandomness, state: PlugInState, problem, config: Plu
     eta = _last_step_size(config, state.count, problem.dtype)
     inner, info = config.inner.step_from(rand, state.inner, problem)
     error = _error(inner, problem)
-    moments_ = PlugInMoments(*sums, sampler, jnp.asarray(eta, problem.dtype))
+    moments_ = PlugInMoments(*sums, sampler, jnp.asarray(eta, problem.dtype), m.agents)
     return PlugInState(problem.theta_star + error, error, inner, moments_, state.count + 1), info
 
 
@@ -217,13 +247,13 @@ def lyapunov(A: jax.Array, Q: jax.Array) -> jax.Array:
     return gauss_jordan(K, Q.reshape(d * d)).reshape(d, d)
 
 
-def plug_in_covariance(m: PlugInMoments, num_agents: int) -> jax.Array:
+def plug_in_covariance(m: PlugInMoments) -> jax.Array:
     """``eta_T Sigma``: the plug-in covariance of ``theta_T`` from one seed's moments ``m`` (module
-    docstring)."""
+    docstring; the noise averaged over the ``m.agents`` agents of a step: N, or a cohort's m)."""
     n = jnp.maximum(m.count, 1).astype(m.sum_A.dtype)[:, None, None]
     seen = jnp.sum(m.count) > 0  # before the first observation: no estimate, a zero covariance
     A = jnp.where(seen, jnp.mean(m.sum_A / n, axis=0), jnp.eye(m.sum_A.shape[-1], dtype=m.sum_A.dtype))
-    noise = jnp.mean(m.sum_noise / n, axis=0) / num_agents
+    noise = jnp.mean(m.sum_noise / n, axis=0) / m.agents
     sigma = lyapunov(A, noise)
     return jnp.where(seen, m.step_size * 0.5 * (sigma + sigma.T), 0.0)
 
@@ -245,6 +275,7 @@ def plug_in(algorithm: Algorithm) -> Algorithm:
     """
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm")
+    _last_iterate_only(algorithm)
     if getattr(_step_size_config(algorithm.config), "cohort_per_step", False):
         _validate.fail(
             "algorithm",
