@@ -40,6 +40,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy.stats import chi2  # a dependency of JAX itself
 
 from fedsa_jax import _validate, theory
 from fedsa_jax.algorithms.plug_in import gauss_jordan, plug_in_covariance
@@ -295,8 +296,6 @@ def joint(
         cov = np.asarray(exact_cov, np.float64)
         if cov.ndim != 3 or cov.shape[1:] != (d, d) or not np.all(np.isfinite(cov)):
             _validate.fail("exact_cov", reprlib.repr(cov), f"expected (T+1, {d}, {d}) finite covariances")
-    from scipy.stats import chi2  # JAX's own dependency
-
     out: dict[str, JointSet] = {}
     for m in methods:
         for level in levels:

@@ -14,6 +14,7 @@
 
 import jax
 import numpy as np
+import optax
 import pytest
 import scipy.linalg
 from conftest import Z_TOL
@@ -192,7 +193,7 @@ def test_the_interval_is_the_exact_one_to_first_order_and_covers(cohort):
             r"algorithm='bootstrap_richardson_fedlsa' is invalid: it reports another iterate",
         ),
         (
-            lambda: fj.plug_in(fj.fedlsa(0.1, 2, server_optimizer=__import__("optax").sgd(0.5))),
+            lambda: fj.plug_in(fj.fedlsa(0.1, 2, server_optimizer=optax.sgd(0.5))),
             r"algorithm='fedlsa' is invalid: its server optimizer",
         ),
     ],

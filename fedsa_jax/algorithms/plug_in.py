@@ -57,7 +57,7 @@ from fedsa_jax.algorithms._base import (
     round_cohort,
     stepwise_observations,
 )
-from fedsa_jax.algorithms.averaged import _Wrapper
+from fedsa_jax.algorithms.averaged import _error, _Wrapper
 
 __all__ = ["PlugInMoments", "PlugInState", "lyapunov", "plug_in"]
 
@@ -96,24 +96,13 @@ class PlugInState(NamedTuple):
     count: jax.Array  # () int32, rounds done
 
 
-def _error(state, problem):
-    error = getattr(state, "error", None)
-    return state.theta - problem.theta_star if error is None else error
-
-
-def _step_size_config(config):
-    """The config whose ``step_size`` the algorithm's local steps use (through wrappers)."""
+def _step_size_config(config, name: str | None = None):
+    """The config whose ``step_size`` the algorithm's local steps use, through wrappers; with the
+    algorithm's ``name``, refusing what the plug-in's ``eta_T Sigma`` does not describe: a wrapper
+    whose ``theta`` is not the wrapped algorithm's iterate (an average, an extrapolation), a server
+    optimizer."""
     while not hasattr(config, "step_size") and hasattr(config, "inner"):
-        config = config.inner.config
-    return config
-
-
-def _last_iterate_only(algorithm: Algorithm) -> None:
-    """Refuse what the plug-in's ``eta_T Sigma`` does not describe: a wrapper whose ``theta`` is not
-    the wrapped algorithm's iterate (an average, an extrapolation), a server optimizer."""
-    config, name = algorithm.config, algorithm.name
-    while not hasattr(config, "step_size") and hasattr(config, "inner"):
-        if not getattr(config, "reports_inner_iterate", False):
+        if name is not None and not getattr(config, "reports_inner_iterate", False):
             _validate.fail(
                 "algorithm",
                 name,
@@ -121,13 +110,14 @@ def _last_iterate_only(algorithm: Algorithm) -> None:
                 "extrapolation), whose covariance the plug-in's eta_T Sigma does not describe",
             )
         config = config.inner.config
-    if getattr(config, "server_optimizer", None) is not None:
+    if name is not None and getattr(config, "server_optimizer", None) is not None:
         _validate.fail(
             "algorithm",
             name,
             "its server optimizer changes the step of the iterate, which the plug-in's eta_T Sigma "
             "does not describe; the bootstrap's intervals cover it",
         )
+    return config
 
 
 def init_plug_in(key, problem, theta0, config: PlugInConfig) -> PlugInState:
@@ -193,8 +183,11 @@ def step_plug_in(rand: RoundRandomness, state: PlugInState, problem, config: Plu
 
     def agent(params, obs, used, count, sum_A, sum_b, sum_noise):
         def one(o):
-            direction = lambda th: problem.direction(params, o, th)  # noqa: E731
-            g, A = direction(theta), jax.jacfwd(direction)(theta)  # A_c(Z) theta_t - b_c(Z), A_c(Z)
+            def direction(th):  # A_c(Z) th - b_c(Z), and the same as the Jacobian's auxiliary value
+                g = problem.direction(params, o, th)
+                return g, g
+
+            A, g = jax.jacfwd(direction, has_aux=True)(theta)  # A_c(Z) and g at theta_t, one pass
             return g, A, A @ theta - g
 
         g, A, b = jax.vmap(one)(obs)  # (H, d), (H, d, d), (H, d)
@@ -275,15 +268,15 @@ def plug_in(algorithm: Algorithm) -> Algorithm:
     """
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm")
-    _last_iterate_only(algorithm)
-    if getattr(_step_size_config(algorithm.config), "cohort_per_step", False):
+    inner = _step_size_config(algorithm.config, algorithm.name)
+    if getattr(inner, "cohort_per_step", False):
         _validate.fail(
             "algorithm",
             algorithm.name,
             "its cohort changes within a round (each local step observes as its own cohort), which the "
             "plug-in does not replay; run it with every agent (clients_per_round=None)",
         )
-    if not hasattr(_step_size_config(algorithm.config), "step_size"):
+    if not hasattr(inner, "step_size"):
         _validate.fail(
             "algorithm",
             algorithm.name,
