@@ -275,7 +275,7 @@ def _setup(run: Run, problem, algorithms: list[Algorithm], pairs: tuple | None =
             run.keep_seeds,
             f"expected at most the seed batch size ({plan.batch_size}); pass a larger seed_batch_size",
         )
-    reduction = Reduction(run.metrics, run.quantiles, run.keep_seeds)
+    reduction = Reduction(run.metrics, run.quantiles, run.keep_seeds, run.execution.local_unroll)
     codes = [run_code(problem, a, run.metrics) for a in algorithms]
     return _Setup(
         run=run,
@@ -609,6 +609,8 @@ def _configuration_fingerprint(setup: _Setup) -> str:
         metrics=[name for name, _ in run.metrics],
         keep_seeds=run.keep_seeds,
         **({"pairs": [list(p) for p in setup.pairs]} if setup.joint else {}),  # joint runs only
+        # unrolling can change a step's rounding (Scaffnew): a resume keeps the program it started with
+        **({"local_unroll": setup.reduction.unroll} if setup.reduction.unroll is not None else {}),
     )
 
 

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsa_jax.algorithms._base import COUNT_FIELDS
+from fedsa_jax.problems.protocol import unrolled
 from fedsa_jax.stats import Moments, add_counts, seed_moments
 
 __all__ = ["Carry", "KernelInputs", "Reduction", "SeedBatch", "per_seed_keys", "seed_keys"]
@@ -64,11 +65,13 @@ class SeedBatch(NamedTuple):
 
 
 class Reduction(NamedTuple):
-    """How the kernel reduces the seeds at each recorded round (static: part of the compiled program)."""
+    """How the kernel reduces the seeds at each recorded round, and how far it unrolls the local-step
+    scans (static: part of the compiled program)."""
 
     metrics: tuple = ()  # ((name, fn(state, problem, info) -> scalar), ...) for one seed
     quantiles: bool = True
     keep: int = 0  # per-seed values of the first `keep` seeds
+    unroll: int | None = None  # local steps per scan iteration (None: the backend's LOCAL_UNROLL)
 
 
 def per_seed_keys(key: jax.Array, seed_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -189,16 +192,28 @@ def _advance_one(
     )
 
 
+def _traced(kernel):
+    """A kernel's tracing: counted (``_num_traces``) and with its ``rec.unroll`` in force."""
+
+    @functools.wraps(kernel)
+    def trace(*args, rec: Reduction, **kwargs):
+        global _num_traces
+        _num_traces += 1
+        with unrolled(rec.unroll):
+            return kernel(*args, rec=rec, **kwargs)
+
+    return trace
+
+
 # Both kernels take algorithms stacked along a leading "config" axis (size 1 for
 # simulate; the continuous hyperparameters of a sweep group otherwise) and vmap
 # over it: a sweep over step sizes or success probabilities is one compile.
 
 
 @functools.partial(jax.jit, static_argnames=("rec", "num_configs"))
+@_traced
 def _start(inputs: KernelInputs, seeds: SeedBatch, *, rec: Reduction, num_configs: int):
     """Every config's initial carry and round-0 moments."""
-    global _num_traces
-    _num_traces += 1
     one = functools.partial(_start_one, inputs=inputs, seeds=seeds, rec=rec)
     # axis_size: a config without array leaves (all fields static) has nothing to map over
     return jax.vmap(one, in_axes=(0, None, None), axis_size=num_configs)(
@@ -207,6 +222,7 @@ def _start(inputs: KernelInputs, seeds: SeedBatch, *, rec: Reduction, num_config
 
 
 @functools.partial(jax.jit, static_argnames=("record_every", "max_blocks", "rec"))
+@_traced
 def _advance(
     inputs: KernelInputs,
     seeds: SeedBatch,
@@ -218,8 +234,6 @@ def _advance(
     rec: Reduction,
 ):
     """Every config's rounds ``carry.t .. end_round``: ``(carry, moments buffer, filled)``."""
-    global _num_traces
-    _num_traces += 1
     one = functools.partial(
         _advance_one,
         inputs=inputs,
@@ -277,10 +291,9 @@ def _joint_moments(carries, pairs, *, problem, threshold, valid, rec: Reduction)
 
 
 @functools.partial(jax.jit, static_argnames=("rec", "pairs"))
+@_traced
 def _start_joint(inputs: KernelInputs, seeds: SeedBatch, *, rec: Reduction, pairs: tuple):
     """Every algorithm's initial carry (a tuple) and the round-0 moments of the algorithms and pairs."""
-    global _num_traces
-    _num_traces += 1
     carries = tuple(
         _initial_carry(inputs.key_data, seeds.seed_ids, inputs.problem, a, inputs.theta0)
         for a in inputs.algorithms
@@ -297,6 +310,7 @@ def _start_joint(inputs: KernelInputs, seeds: SeedBatch, *, rec: Reduction, pair
 
 
 @functools.partial(jax.jit, static_argnames=("record_every", "max_blocks", "rec", "pairs"))
+@_traced
 def _advance_joint(
     inputs: KernelInputs,
     seeds: SeedBatch,
@@ -310,8 +324,6 @@ def _advance_joint(
 ):
     """Every algorithm's rounds ``t .. end_round`` together: ``(carries, moments buffer, filled)`` with
     the buffer's config axis first and ``filled`` of shape ``(1,)``, as :func:`_advance` returns them."""
-    global _num_traces
-    _num_traces += 1
     problem = inputs.problem
     key = jax.random.wrap_key_data(inputs.key_data, impl="threefry2x32")
     _, round_keys = per_seed_keys(key, seeds.seed_ids)

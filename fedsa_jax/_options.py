@@ -78,6 +78,11 @@ class Execution:
       progress: show a progress bar (default: only on a terminal).
       memory_budget: bytes of per-seed states (about 4 copies of the kernel's carry) that the
         default seed batch fills on each device (default 2 GiB); raise it on a large accelerator.
+      local_unroll: local steps per iteration of the compiled local-step scans (default: the
+        backend's, ``fedsa_jax.problems.protocol.LOCAL_UNROLL``: 8 on CPU and GPU, the fastest
+        measured). A speed setting: FedLSA's and SCAFFLSA's results do not change (bitwise),
+        Scaffnew's only at rounding (XLA fuses its unrolled body differently); a checkpoint records
+        a value given here, so a resume runs the same program.
     """
 
     seed_batch_size: int | None = None
@@ -85,6 +90,7 @@ class Execution:
     checkpoint_dir: str | os.PathLike | None = None
     progress: bool | None = None
     memory_budget: int = MEMORY_BUDGET
+    local_unroll: int | None = None
 
 
 class Record(NamedTuple):

@@ -173,6 +173,8 @@ def _check_execution(execution: Execution) -> None:
     if execution.progress not in (None, True, False):
         _validate.fail("progress", execution.progress, "expected True, False or None (on a terminal only)")
     _validate.integer("memory_budget", execution.memory_budget, maximum=2**63 - 1)  # bytes
+    if execution.local_unroll is not None:
+        _validate.integer("local_unroll", execution.local_unroll)
 
 
 def _check_quantiles(quantiles, records: int) -> bool:

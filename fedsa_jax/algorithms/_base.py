@@ -37,7 +37,7 @@ from fedsa_jax.channel import (
     downlink_key,
     transmit,
 )
-from fedsa_jax.problems.protocol import LOCAL_UNROLL
+from fedsa_jax.problems.protocol import local_unroll
 
 
 @jax.tree_util.register_dataclass
@@ -511,7 +511,7 @@ def local_updates(problem, params, obs, theta, step_size, control=None):
         return th - (step_size if eta is None else eta) * g, None
 
     etas = step_size if jnp.ndim(step_size) == 1 else None
-    unroll = min(LOCAL_UNROLL, jax.tree.leaves(obs)[0].shape[0])
+    unroll = local_unroll(jax.tree.leaves(obs)[0].shape[0])
     theta, _ = jax.lax.scan(body, theta, (obs, etas), unroll=unroll)
     return theta
 

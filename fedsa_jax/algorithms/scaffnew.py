@@ -89,7 +89,6 @@ import jax.numpy as jnp
 from fedsa_jax import _validate, moments, optim, registry
 from fedsa_jax.algorithms._base import (
     COHORT_STREAM,
-    LOCAL_UNROLL,
     Algorithm,
     ErrorCoordinates,
     RoundInfo,
@@ -111,6 +110,7 @@ from fedsa_jax.algorithms._base import (
     with_clients_per_round,
 )
 from fedsa_jax.channel import Channel, broadcast, channel, downlink_key
+from fedsa_jax.problems.protocol import local_unroll
 
 __all__ = ["ScaffnewConfig", "ScaffnewState", "scaffnew"]
 
@@ -214,7 +214,7 @@ def step(rand: RoundRandomness, state: ScaffnewState, problem, config: ScaffnewC
         local_step,
         carry,
         (obs, coins, send_keys, _down_keys(rand, config, H), etas, acts, _step_weights(rand)),
-        unroll=min(LOCAL_UNROLL, H),
+        unroll=local_unroll(H),
     )
     error = x.mean(axis=0)
     N, d = x.shape
@@ -355,7 +355,7 @@ def _cohort_step(rand: RoundRandomness, state: ScaffnewState, problem, config: S
             acts,
             _step_weights(rand),
         ),
-        unroll=min(LOCAL_UNROLL, H),
+        unroll=local_unroll(H),
     )
     inside = cohort[:, None]
     error = jnp.sum(jnp.where(inside, x, 0.0), axis=0) / m  # the cohort's mean (idle agents hold x_sync)

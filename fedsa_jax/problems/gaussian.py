@@ -43,7 +43,7 @@ import numpy as np
 
 from fedsa_jax import _prng, _validate, registry
 from fedsa_jax.problems._base import fixed_points
-from fedsa_jax.problems.protocol import LOCAL_UNROLL
+from fedsa_jax.problems.protocol import local_unroll
 
 __all__ = ["GaussianLSA", "gaussian_lsa", "random_gaussian_lsa"]
 
@@ -223,7 +223,7 @@ def _steps_laid_out(front: int, back: int, args):
         g = jnp.einsum("fij,fjb->fib", A, x) + res + jnp.sqrt(var) * z_h
         return x - eta_h * (g - ctrl), None
 
-    unroll = min(LOCAL_UNROLL, z.shape[0])
+    unroll = local_unroll(z.shape[0])
     out, _ = jax.lax.scan(step, jnp.broadcast_to(e, (F,) + e.shape[1:-1] + (B,)), (z, eta), unroll=unroll)
     return out.reshape(fshape + out.shape[1:2] + bshape)
 

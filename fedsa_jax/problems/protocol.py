@@ -51,6 +51,8 @@ normal)::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
@@ -182,9 +184,35 @@ class Problem(Protocol):
 
 
 # Local steps unrolled per scan iteration, in the algorithms' local-step scan and in a problem's fused
-# ``error_local_steps``. With the fused PRNG, unroll 2..10 measured the same on a 2-core CPU; unroll 1
-# ran on one core only (see benchmarks/README.md).
-LOCAL_UNROLL = 8
+# ``error_local_steps``, per backend. CPU: with the fused PRNG, unroll 2..10 measured the same on a
+# 2-core CPU; unroll 1 ran on one core only. GPU: chosen from the unroll sweep of benchmarks/gpu.py
+# (benchmarks/README.md, GPU section). Any other backend takes the CPU's.
+LOCAL_UNROLL = {"cpu": 8, "gpu": 8}
+_unroll: contextvars.ContextVar[int | None] = contextvars.ContextVar("local_unroll", default=None)
+
+
+def local_unroll(num_steps: int) -> int:
+    """Local steps unrolled per iteration of a scan over ``num_steps`` local steps: the run's
+    ``Execution(local_unroll=...)`` (set while its kernels trace, :func:`unrolled`), else the
+    backend's default ``LOCAL_UNROLL``; at most ``num_steps``. Use it in a problem's
+    ``error_local_steps`` or an algorithm's own local-step scan, as the built-in ones do. Unrolling
+    changes the compiled program, not the operations it runs (XLA may fuse them differently, which
+    can change the last bits)."""
+    chosen = _unroll.get()
+    if chosen is None:
+        chosen = LOCAL_UNROLL.get(jax.default_backend(), LOCAL_UNROLL["cpu"])
+    return max(1, min(chosen, num_steps))
+
+
+@contextlib.contextmanager
+def unrolled(unroll: int | None):
+    """Within the block, :func:`local_unroll` returns ``unroll`` (``None``: the backend's default)."""
+    token = _unroll.set(unroll)
+    try:
+        yield
+    finally:
+        _unroll.reset(token)
+
 
 _ABSENT = object()
 REQUIRED_MEMBERS = (
