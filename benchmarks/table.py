@@ -10,7 +10,10 @@ extra groups on TD Garnet (generative): ``downlink``, FedLSA with a compressed d
 broadcast; exact or lossy uplink); ``error-feedback``, the biased compressors with error feedback
 (FedLSA and QFedTD with top-2 and EF14, FedLSA with scaled sign and EF21 and with unscaled rand-2
 and EF14); ``cohort``, partial participation (``clients_per_round = 5`` of the 10 agents, exact
-channel), FedLSA and Scaffnew, whose rate counts the cohort's local steps only (the steps done).
+channel), FedLSA and Scaffnew, whose rate counts the cohort's local steps only (the steps done);
+``local-work``, heterogeneous and random local work (``fj.local_work``: uniform counts, fixed
+counts spread over 1..H with FedNova, stragglers, and through the lossy channel), whose rate counts
+the steps done, ``sum_c E[H_c]`` a round, while the kernel runs H steps for every agent.
 
 Columns: warm agent-local steps per second (best of ``--repeats`` calls after the first),
 its ratio to TD FedLSA (generative, exact; the first row), and the first call's wall time,
@@ -68,6 +71,10 @@ def extra_rows(H: int, N: int) -> dict:
     down = fj.channel.channel(top)
     lossy = dict(quantizer=fj.channel.stochastic_uniform(4), success_prob=0.6)
     m = N // 2  # partial participation: the cohort's steps are the work done
+    uniform = fj.local_work.uniform(1, H)
+    counts = [1 + c * (H - 1) // max(1, N - 1) for c in range(N)]  # 1..H over the agents
+    spread = fj.local_work.fixed(counts, normalization="fednova")
+    slow = fj.local_work.straggler(H, 0.3, 0.5)
     return {
         "downlink": {
             "FedLSA": (fj.fedlsa(0.05, H, downlink=down), N * H, "top-2 down"),
@@ -82,6 +89,12 @@ def extra_rows(H: int, N: int) -> dict:
         "cohort": {
             "FedLSA": (fj.fedlsa(0.05, H, clients_per_round=m), m * H, f"exact, m={m}/{N}"),
             "Scaffnew": (fj.scaffnew(0.05, 0.2, H, clients_per_round=m), m * H, f"exact, m={m}/{N}"),
+        },
+        "local-work": {  # the rate counts the steps done, sum_c E[H_c] a round (the kernel runs H_max)
+            "FedLSA uniform": (fj.fedlsa(0.05, uniform), N * (1 + H) / 2, f"H_c ~ U{{1..{H}}}"),
+            "FedLSA fixed": (fj.fedlsa(0.05, spread), sum(spread.mean_steps(N)), "H_c fixed, FedNova"),
+            "SCAFFLSA straggler": (fj.scafflsa(0.05, slow), N * slow.tau(N), "straggler 0.3, 1/2"),
+            "SCAFFLSA lossy": (fj.scafflsa(0.05, uniform, **lossy), N * (1 + H) / 2, "U, 4-bit, p=0.6"),
         },
     }
 
@@ -112,7 +125,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument(
         "--only",
-        choices=("downlink", "error-feedback", "cohort"),
+        choices=("downlink", "error-feedback", "cohort", "local-work"),
         default=None,
         help="the first row and this extra group only",
     )

@@ -39,6 +39,7 @@ _PUBLIC = {
     "inference": None,
     "load": "fedsa_jax.result",
     "local_steps": "fedsa_jax.optim",
+    "local_work": None,
     "metrics": None,
     "optim": None,
     "optimizer": "fedsa_jax.optim",
@@ -80,6 +81,7 @@ __all__ = [
     "inference",
     "load",
     "local_steps",
+    "local_work",
     "metrics",
     "optim",
     "optimizer",
@@ -100,7 +102,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see: the same names, imported
-    from fedsa_jax import algorithms, channel, inference, metrics, optim, plotting, problems, stats, theory
+    from fedsa_jax import (
+        algorithms,
+        channel,
+        inference,
+        local_work,
+        metrics,
+        optim,
+        plotting,
+        problems,
+        stats,
+        theory,
+    )
     from fedsa_jax._compare import Comparison, Difference, compare
     from fedsa_jax._driver import simulate
     from fedsa_jax._options import Execution, Record, Recording, Until, until

@@ -87,7 +87,9 @@ __all__ = [
     "downlink",
     "downlink_blocks",
     "local_step",
+    "random_stop",
     "recursion_of",
+    "scale_updates",
     "server_step",
     "shift",
 ]
@@ -366,7 +368,7 @@ class Aggregation(Affine):
         into: str,
         iterates: str,
         control_variates: str | None,
-        denominator: float | None,
+        denominator: float | tuple[float, ...] | None,
         clients_per_round: int | None = None,
     ):
         self.channel, self.reference, self.into, self.iterates = channel, reference, into, iterates
@@ -389,7 +391,8 @@ class Aggregation(Affine):
         y, m = self.y, self.m
         _, w_same, w_other = self.weights
         p = float(self.channel.success_prob) if m is None else _inclusion(self.channel, y.N, m, 1, 0)
-        denominator = float(self.denominator)  # pyright: ignore[reportArgumentType]
+        one = isinstance(self.denominator, tuple)  # per agent: divided in _build
+        denominator = 1.0 if one else float(self.denominator)  # pyright: ignore[reportArgumentType]
         return self.w_server, (w_same - p) / denominator, w_other / denominator
 
     def _build(self) -> np.ndarray:
@@ -407,8 +410,12 @@ class Aggregation(Affine):
         if self.control_variates:
             xi = y.indices(self.control_variates)
             coef = np.full((N, N), other) + (own - other) * np.eye(N)
+            row = np.full(N, own + (N - 1) * other)
+            if isinstance(self.denominator, tuple):  # one per agent: agent c's row over D_c
+                inv = 1.0 / np.asarray(self.denominator, float)
+                coef, row = coef * inv[:, None], row * inv
             L[np.ix_(xi, loc)] += np.kron(coef, np.eye(d))
-            L[xi, ref] -= np.tile((own + (N - 1) * other) * np.eye(d), (N, 1))
+            L[xi, ref] -= np.kron(row[:, None], np.eye(d))
         return L
 
     def _channel_moments(self):
@@ -428,6 +435,13 @@ class Aggregation(Affine):
         return not (c_same or c_other or self.channel.quantizer.kind != "identity")
 
     def prepare(self) -> None:
+        if isinstance(self.denominator, tuple) and (not self.channel.trivial or self.m is not None):
+            _validate.fail(
+                "algorithm",
+                self.channel.describe(),
+                "control variates with one denominator per agent (local work) are exact with an exact "
+                "channel and every agent only",
+            )
         if self.control_variates and not self.channel.trivial:
             _validate.fail(
                 "algorithm",
@@ -692,6 +706,98 @@ class Chain:
         return S
 
 
+class RandomStop:
+    """Each agent's per-agent blocks after a random number of ``stages`` (:func:`random_stop`)."""
+
+    noiseless = False
+
+    def __init__(self, y: Augmented, stages, pmf: np.ndarray, shared: bool, finish, blocks, key):
+        self.y, self.stages, self.pmf, self.shared = y, list(stages), pmf, shared
+        self.finish, self.blocks, self.key = finish, tuple(blocks), key
+
+    def _rows(self) -> np.ndarray:
+        """``(N, r)``: agent c's rows of the blocks the stages write."""
+        y = self.y
+        return np.concatenate([y.indices(b).reshape(y.N, -1) for b in self.blocks], axis=1)
+
+    def _ended(self, k: int, X: np.ndarray, mean: bool, conjugate=None) -> np.ndarray:
+        """Outcome k (the stages up to k, then ``finish(k)``): its mean map, or its second moment."""
+        f = None if self.finish is None else self.finish(k)
+        if f is None:
+            return X
+        return f.mean() @ X if mean else f.second(X, conjugate)
+
+    def mean(self) -> np.ndarray:
+        """Agent c's rows ``sum_k P(K_c = k) (F_k L_k ... L_0)[rows_c]``; the other rows unchanged."""
+        y = self.y
+        y.require_dense()
+
+        def build():
+            rows = self._rows()
+            M, acc = np.eye(y.D), np.zeros(rows.shape + (y.D,))
+            for k, stage in enumerate(self.stages):
+                M = stage.mean() @ M
+                acc += self.pmf[:, k, None, None] * self._ended(k, M, True)[rows]
+            out = np.eye(y.D)
+            out[rows.reshape(-1)] = acc.reshape(-1, y.D)
+            return out
+
+        return build() if self.key is None else y.cached(("random stop", self.key), build)
+
+    def prepare(self) -> None:
+        for stage in self.stages:
+            stage.prepare()
+
+    def second(self, S: np.ndarray, conjugate) -> np.ndarray:
+        """Shared count: ``sum_k P(K = k) G_k(S)`` with ``G_k`` outcome k's second-moment map.
+        Independent counts: agent c's diagonal block ``sum_k P(K_c = k) G_k(S)[c, c]``; every other
+        entry from the mean map (the agents' counts and noises are independent of each other)."""
+        rows = self._rows()
+        diag = (rows[:, :, None], rows[:, None, :])
+        X = S
+        acc = np.zeros_like(S) if self.shared else np.zeros(rows.shape + rows.shape[1:])
+        for k, stage in enumerate(self.stages):
+            X = stage.second(X, conjugate)
+            Z = self._ended(k, X, False, conjugate)
+            acc += self.pmf[0, k] * Z if self.shared else self.pmf[:, k, None, None] * Z[diag]
+        if self.shared:
+            return acc
+        out = conjugate(self.mean(), S)
+        out[diag] = acc
+        return out
+
+
+def random_stop(
+    y: Augmented,
+    stages,
+    pmf,
+    shared: bool = False,
+    finish=None,
+    blocks=("loc",),
+    key=None,
+) -> RandomStop:
+    """Agent c runs the phases ``stages[0..K_c]`` and then ``finish(K_c)`` (a phase or None), with
+    ``K_c`` drawn from ``pmf[c] (K,)`` (``P(K_c = k)``, ``k = 0..K-1``) independently of the state:
+    independently across agents (``shared=False``) or one ``K`` for every agent (``shared=True``,
+    one row). Heterogeneous and random local work (:mod:`fedsa_jax.local_work`): the stages are the
+    local steps, ``K_c = H_c - 1``; a random lag is the same block with stages that overwrite.
+
+    The stages and ``finish`` must write only the per-agent ``blocks`` of agent c from agent c's
+    own rows and the global ones (a local step, a broadcast, a per-agent affine map), and any noise
+    they add must be independent across agents. Then the mean map mixes each agent's rows over its
+    own law, and the second moment is exact: with a shared count a mixture of whole outcomes, with
+    independent counts each agent's own block a mixture and the cross terms products of the mean
+    maps. ``key``: a hashable name of the block's content, to cache its mean map."""
+    p = np.atleast_2d(np.asarray(pmf, np.float64))
+    if p.shape[1] != len(stages) or p.shape[0] not in (1, y.N) or (shared and p.shape[0] != 1):
+        _validate.fail(
+            "pmf",
+            f"shape {p.shape}",
+            f"expected (1, {len(stages)}) or ({y.N}, {len(stages)}) (one per agent; shared: one row)",
+        )
+    return RandomStop(y, stages, np.broadcast_to(p, (y.N, p.shape[1])), shared, finish, blocks, key)
+
+
 # -- the blocks --------------------------------------------------------------------------------
 
 
@@ -731,7 +837,7 @@ def aggregate(
     reference: str = "theta",
     iterates: str = "loc",
     control_variates: str | None = None,
-    denominator: float | None = None,
+    denominator: float | tuple[float, ...] | None = None,
     clients_per_round: int | None = None,
     memory: str = "mem",
 ) -> Affine:
@@ -822,6 +928,31 @@ def shift(y: Augmented, into: str, sent: str, reference: str = "hat", base: str 
     """``into <- base + sent - reference``: an aggregate ``sent`` of the messages taken against the
     agents' copy ``reference`` moves the server's own model ``base`` (a compressed downlink)."""
     return assign(y, **{into: {base: 1.0, sent: 1.0, reference: -1.0}})
+
+
+class ScaleUpdates(Affine):
+    """Each agent's update scaled (:func:`scale_updates`)."""
+
+    def __init__(self, y: Augmented, scale, reference: str, iterates: str):
+        self.scale = np.broadcast_to(np.asarray(scale, np.float64), (y.N,))
+        self.reference, self.iterates = reference, iterates
+        super().__init__(y, self._build)
+
+    def _build(self) -> np.ndarray:
+        y = self.y
+        y.require_dense()
+        L, ref = np.eye(y.D), y.indices(self.reference)
+        for c, rows in enumerate(y.indices(self.iterates).reshape(y.N, -1)):
+            L[rows, rows] = self.scale[c]
+            L[rows, ref] += 1.0 - self.scale[c]
+        return L
+
+
+def scale_updates(y: Augmented, scale, reference: str = "theta", iterates: str = "loc") -> Affine:
+    """``iterates_c <- reference + s_c (iterates_c - reference)``: agent c's update since the
+    broadcast of ``reference`` scaled by ``s_c`` (a number or one per agent), as FedNova's normalised
+    averaging sends ``tau / H_c`` times it (:mod:`fedsa_jax.local_work`)."""
+    return ScaleUpdates(y, scale, reference, iterates)
 
 
 def coin(p: float, phase) -> Coin:

@@ -90,6 +90,26 @@ def name_or_number(text: str, names: tuple[str, ...], accept, expected: str):
     return value
 
 
+LOCAL_WORK_LAWS = {"fixed": None, "uniform": 2, "geometric": 2, "straggler": 2}  # law -> its numbers
+
+
+def local_work_spec(text: str) -> str:
+    """``--local-work``: ``none`` or ``LAW:NUMBERS`` (:data:`LOCAL_WORK_LAWS`), checked for its form
+    (the values are checked by :mod:`fedsa_jax.local_work` when the law is built)."""
+    expected = "none, fixed:H1,...,HN, uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:PROB,FRACTION"
+    if text == "none":
+        return text
+    law, sep, rest = text.partition(":")
+    try:
+        values = [float(v) for v in rest.split(",")] if sep else []
+    except ValueError:
+        values = []
+    count = LOCAL_WORK_LAWS.get(law, -1)
+    if not values or count == -1 or (count is not None and len(values) != count):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return text
+
+
 def real(text: str) -> float:
     return name_or_number(text, (), lambda v: True, "a finite real number")  # pyright: ignore[reportReturnType]
 
@@ -232,6 +252,44 @@ LOCAL_STEPS_GROWTH = Option(
     plugins=True,
     read_by="algorithms with local steps (qfedtd takes one step per round)",
 )
+LOCAL_WORK = Option(
+    ("--local-work",),
+    "local_work",
+    "heterogeneous or random local work: agent c runs H_c steps a round, fixed:H1,...,HN (one per "
+    "agent), uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:PROB,FRACTION (of --local-steps; "
+    "default none: H for every agent)",
+    local_work_spec,
+    "none",
+    metavar="LAW",
+    group="algorithms",
+    params=("num_local_steps",),
+    read_by="fedlsa and scafflsa",
+)
+LOCAL_WORK_SHARED = Option(
+    ("--local-work-shared",),
+    "local_work_shared",
+    "one random H drawn each round for every agent (default: one per agent)",
+    action="store_true",
+    default=False,
+    group="algorithms",
+    params=("shared",),
+    grid=False,
+    read_by="fedlsa and scafflsa",
+)
+WORK_NORMALIZATION = Option(
+    ("--work-normalization",),
+    "work_normalization",
+    "how the server weighs unequal local work: none (plain averaging) or fednova (each update "
+    "divided by its H_c, the mean times the mean E[H_c])",
+    None,
+    "none",
+    choices=("none", "fednova"),
+    group="algorithms",
+    params=("normalization",),
+    read_by="fedlsa and scafflsa",
+)
+LOCAL_WORK_OPTIONS = (LOCAL_WORK, LOCAL_WORK_SHARED, WORK_NORMALIZATION)  # what fj.local_work's laws read
+
 SKIP = Option(
     ("--skip",),
     "skip",

@@ -948,6 +948,46 @@ MUTATIONS = [
         ("tests/test_inference.py::test_joint_sets_cover_at_their_level_and_equal_the_formula",),
         "the bootstrap's joint threshold at the wrong tail",
     ),
+    Mutation(
+        "local-work-one-step-more",
+        "fedsa_jax/algorithms/_base.py",
+        "    mask = (jnp.arange(num_steps, dtype=jnp.int32)[None, :] < counts[:, None]).astype(dtype)",
+        "    mask = (jnp.arange(num_steps, dtype=jnp.int32)[None, :] <= counts[:, None]).astype(dtype)",
+        ("tests/test_local_work.py::test_gaussian_round_by_round_against_numpy",),
+        "every agent runs one local step past its count",
+    ),
+    Mutation(
+        "fednova-scale-inverted",
+        "fedsa_jax/algorithms/_base.py",
+        "    scale = work.tau(local.shape[0]) / counts.astype(local.dtype)",
+        "    scale = counts.astype(local.dtype) / work.tau(local.shape[0])",
+        ("tests/test_local_work.py::test_gaussian_round_by_round_against_numpy",),
+        "FedNova's normalisation multiplies by H_c / tau instead of tau / H_c",
+    ),
+    Mutation(
+        "scafflsa-common-denominator",
+        "fedsa_jax/algorithms/_base.py",
+        "    return jnp.sum(jnp.where(mask, steps, 0.0), axis=1, keepdims=True)",
+        "    return jnp.sum(steps)",
+        ("tests/test_local_work.py::test_scafflsa_round_by_round_against_numpy",),
+        "SCAFFLSA's control variates divide by the round's H_max steps, not the agent's own",
+    ),
+    Mutation(
+        "random-stop-cross-terms-from-diagonal",
+        "fedsa_jax/moments.py",
+        "        out = conjugate(self.mean(), S)\n        out[diag] = acc",
+        "        out = conjugate(self.mean(), S)",
+        ("tests/test_local_work.py::test_monte_carlo_matches_exact_mse_gaussian",),
+        "independent counts: each agent's own block from the mean map (its spread over counts lost)",
+    ),
+    Mutation(
+        "local-work-counts-lockstep",
+        "fedsa_jax/algorithms/_base.py",
+        "        * (jnp.int32(N) * H if counts is None else jnp.sum(counts)),",
+        "        * (jnp.int32(N) * H),",
+        ("tests/test_local_work.py::test_through_the_driver_and_the_counts",),
+        "the observation count ignores the agents' counts",
+    ),
 ]
 
 

@@ -119,6 +119,18 @@ def step_sizes_at(config, t):
     return [float(eta(start + h)) for h in range(H)]
 
 
+def work_counts(problem, config, key, seed, t):
+    """Round t's local step counts ``H_{c,t}`` ``(N,)`` under ``config.local_work`` (the kernel's key:
+    ``fold_in(round key, WORK_STREAM)``), or None in lockstep."""
+    from fedsa_jax.local_work import WORK_STREAM
+
+    law = getattr(config, "local_work", None)
+    if law is None:
+        return None
+    round_key = jax.random.fold_in(_seed_keys(key, seed)[1], jnp.asarray(t, jnp.uint32))
+    return np.asarray(law.draw(jax.random.fold_in(round_key, WORK_STREAM), problem.num_agents))
+
+
 def max_local_steps(config):
     """The steps every round draws for: H, or the table's largest ``H_t``."""
     H = config.num_local_steps
@@ -263,7 +275,9 @@ def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
     under ``key`` unless the channel is exact: FedLSA and SCAFFLSA send ``m_c = theta^c - theta``,
     QFedTD sends ``g_c = b_c(Z) - A_c(Z) theta``, and the server adds ``sum_c w_c q(m_c)`` (times
     the step size for QFedTD). SCAFFLSA moves the control variates of delivered agents only, by
-    ``(mean_{j in R} q(m_j) - q(m_c)) / (eta H)``.
+    ``(mean_{j in R} q(m_j) - q(m_c)) / (eta H)``. Local work (``config.local_work``): agent c runs
+    its round's ``H_c`` steps (:func:`work_counts`); FedNova's normalisation sends ``tau / H_c`` times
+    its update.
     """
     if algorithm.name == "scaffnew":
         return scaffnew_loop(problem, algorithm, T, theta0, agent_round, key, seed)
@@ -276,25 +290,34 @@ def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
     for t in range(T):
         g, H, etas = agent_round(t), local_steps_at(cfg, t), step_sizes_at(cfg, t)
         eta = etas[0]
+        counts = work_counts(problem, cfg, key, seed, t)
+        runs = [H] * N if counts is None else list(counts)
         if algorithm.name == "qfedtd":
             msg = np.stack([-g(c, 0, theta) for c in range(N)])  # the TD direction
         else:
             local = np.zeros((N, d))
             for c in range(N):
                 th = theta.copy()
-                for h in range(H):
+                for h in range(runs[c]):
                     step = g(c, h, th)
                     if algorithm.name == "scafflsa":
                         step = step - xi[c]
                     th = th - etas[h] * step
                 local[c] = th
             msg = local - theta
+            if counts is not None and cfg.local_work.normalization == "fednova":
+                msg = msg * (cfg.local_work.tau(N) / counts)[:, None]
         q, delivered, w = uplink(ch, msg, *(() if ch.trivial else channel_uniforms(key, seed, t, N, d)))
         update = w @ q
         theta = theta + (eta * update if algorithm.name == "qfedtd" else update)
         if algorithm.name == "scafflsa":
             mean_received = q[delivered].sum(0) / max(delivered.sum(), 1)
-            xi[delivered] += (mean_received - q[delivered]) / sum(etas)
+            D = np.full(N, sum(etas))  # local work: each agent's own step sum, or FedNova's tau mean
+            if counts is not None:
+                D = np.full(N, cfg.local_work.tau(N) * np.mean(etas))
+                if cfg.local_work.normalization == "none":
+                    D = np.array([sum(etas[:h]) for h in counts])
+            xi[delivered] += (mean_received - q[delivered]) / D[delivered, None]
         out.append(theta.copy())
     return np.array(out)
 
@@ -331,7 +354,9 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
     out of every ``skip``); the direction is ``-(r_c(s) + gamma phi(s')^T theta - phi(s)^T theta) phi(s)``."""
     N, S = problem.num_agents, problem.num_states
     H, skip = max_local_steps(algorithm.config), algorithm.config.skip
-    stepwise = hasattr(algorithm.config.num_local_steps, "table") and problem.sampling == "markov"
+    cfg = algorithm.config
+    varies = hasattr(cfg.num_local_steps, "table") or getattr(cfg, "local_work", None) is not None
+    stepwise = varies and problem.sampling == "markov"
     Phi = np.asarray(problem.features)
     gamma = float(problem.gamma)
     R = np.asarray(problem.rewards)

@@ -37,6 +37,7 @@ from fedsa_jax.channel import (
     downlink_key,
     transmit,
 )
+from fedsa_jax.local_work import WORK_STREAM, LocalWork
 from fedsa_jax.problems.protocol import local_unroll
 
 
@@ -126,16 +127,20 @@ class Algorithm:
         key for the channel (two independent streams split from ``key``); with a cohort of
         ``m < N`` agents (``clients_per_round``) also a key for drawing it, a third stream
         (``fold_in(key, COHORT_STREAM)``, ``COHORT_STREAM = 0x636F68``), so that ``m = N`` keeps the
-        numbers of every agent."""
+        numbers of every agent; with random local work (:mod:`fedsa_jax.local_work`) a key for the
+        agents' step counts, a fourth (``fold_in(key, WORK_STREAM)``)."""
         k_obs, k_channel = jax.random.split(key)
         if stepwise_observations(self.config, problem):  # (H_max, N, ...): one block per local step
             keys = jax.random.split(k_obs, self.num_local_steps)
             obs = jax.vmap(lambda k: problem.randomness(k, problem.num_agents, 1, self.skip))(keys)
         else:
             obs = problem.randomness(k_obs, problem.num_agents, self.num_local_steps, self.skip)
-        if not cohort_active(self.config, problem.num_agents):
-            return RoundRandomness(obs, k_channel)
-        return RoundRandomness(obs, k_channel, jax.random.fold_in(key, COHORT_STREAM))
+        rand = RoundRandomness(obs, k_channel)
+        if cohort_active(self.config, problem.num_agents):
+            rand = rand._replace(cohort=jax.random.fold_in(key, COHORT_STREAM))
+        if getattr(self.config, "local_work", None) is not None:
+            rand = rand._replace(work=jax.random.fold_in(key, WORK_STREAM))
+        return rand
 
     def step_from(self, rand, state, problem):
         return self.step_fn(rand, state, problem, self.config)
@@ -162,6 +167,7 @@ class RoundRandomness(NamedTuple):
     channel: jax.Array  # key for quantizers and erasures
     cohort: Any = None  # key for the round's cohort (clients_per_round < N), else None
     weights: Any = None  # (N, H_max) multipliers of each agent's local updates (fj.bootstrap), else None
+    work: Any = None  # key for the round's local step counts (fj.local_work), else None
 
 
 @jax.tree_util.register_dataclass
@@ -177,6 +183,8 @@ class LocalStepsConfig:
     server_optimizer: Any = None  # None or fj.optim.ServerOptimizer (optax), see fedsa_jax.optim
     downlink: Any = dataclasses.field(default=None, metadata=dict(omit_none=True))  # None or a Channel
     clients_per_round: int | None = dataclasses.field(default=None, metadata=dict(static=True))  # m
+    # None (lockstep: every agent runs num_local_steps) or fj.local_work's law of the agents' H_c
+    local_work: Any = dataclasses.field(default=None, metadata=dict(static=True, omit_none=True))
 
 
 class RoundInfo(NamedTuple):
@@ -219,11 +227,12 @@ def local_steps_config(
     None or optax, see :mod:`fedsa_jax.optim`; ``error_feedback``: see :mod:`fedsa_jax.channel`;
     ``downlink``: None or a channel, see :mod:`fedsa_jax.channel.downlink`)."""
     eta = optim.step_size_arg(step_size)
-    H = optim.local_steps_arg(num_local_steps)
+    work = num_local_steps if isinstance(num_local_steps, LocalWork) else None
+    H = optim.local_steps_arg(num_local_steps if work is None else work.max)
     k = _validate.integer("skip", skip)
     opt = optim.server_optimizer_arg(server_optimizer)
     up = channel(quantizer, success_prob, aggregation, error_feedback)
-    return LocalStepsConfig(eta, up, H, k, opt, downlink_arg(downlink))
+    return LocalStepsConfig(eta, up, H, k, opt, downlink_arg(downlink), local_work=work)
 
 
 def downlink_init(config, error: jax.Array) -> Any:
@@ -285,10 +294,55 @@ def with_clients_per_round(config, clients_per_round):
 
 
 def check_clients_per_round(config, num_agents: int) -> None:
-    """Refuses ``clients_per_round = m > N`` (needs the problem's N; called before compiling)."""
+    """Refuses ``clients_per_round = m > N``, and local work with one law per agent for another N
+    (needs the problem's N; called before compiling)."""
     m = getattr(config, "clients_per_round", None)
     if m is not None and m > num_agents:
         _validate.fail("clients_per_round", m, f"expected at most N = {num_agents} (the problem's agents)")
+    work = getattr(config, "local_work", None)
+    if work is not None:
+        work.check(num_agents)
+
+
+def round_work(rand: RoundRandomness, config, problem) -> jax.Array | None:
+    """This round's local step counts ``H_{c,t}`` ``(N,) int32`` (:mod:`fedsa_jax.local_work`), or
+    None in lockstep."""
+    work = getattr(config, "local_work", None)
+    return None if work is None else work.draw(rand.work, problem.num_agents)
+
+
+def work_weights(counts: jax.Array | None, weights, num_steps: int, dtype):
+    """The multipliers of the agents' local updates ``(N, H_max)``: 1 on agent c's first ``H_c``
+    steps, 0 past them, times the bootstrap's ``weights`` where given; ``weights`` in lockstep."""
+    if counts is None:
+        return weights
+    mask = (jnp.arange(num_steps, dtype=jnp.int32)[None, :] < counts[:, None]).astype(dtype)
+    return mask if weights is None else weights * mask
+
+
+def control_denominator(config, etas, counts: jax.Array | None):
+    """SCAFFLSA's control-variate denominator: ``sum_h eta_h`` over the round's steps in lockstep;
+    under local work each agent's own ``D_c = sum_{h < H_c} eta_h`` ``(N, 1)`` (plain averaging),
+    or ``tau mean_h eta_h`` (FedNova: the messages are normalised to ``tau / H_c`` times the update,
+    :mod:`fedsa_jax.local_work`)."""
+    H = config.num_local_steps
+    if counts is None:
+        return optim.round_step_sum(etas, H)
+    steps = jnp.broadcast_to(etas, (optim.max_local_steps(H),))
+    if config.local_work.normalization == "fednova":
+        return config.local_work.tau(counts.shape[0]) * jnp.mean(steps)
+    mask = jnp.arange(steps.shape[0], dtype=jnp.int32)[None, :] < counts[:, None]
+    return jnp.sum(jnp.where(mask, steps, 0.0), axis=1, keepdims=True)
+
+
+def normalize_work(config, counts: jax.Array | None, start: jax.Array, local: jax.Array) -> jax.Array:
+    """FedNova's normalised updates (``normalization="fednova"``): agent c's update since ``start``
+    times ``tau / H_c``, ``tau = mean_c E[H_c]``; ``local`` otherwise."""
+    work = getattr(config, "local_work", None)
+    if counts is None or work is None or work.normalization == "none":
+        return local
+    scale = work.tau(local.shape[0]) / counts.astype(local.dtype)
+    return start + scale[:, None] * (local - start)
 
 
 def cohort_active(config, num_agents: int) -> bool:
@@ -367,7 +421,9 @@ def control_variate_update(
     against the mean of the delivered messages ``mbar_R = (1/|R|) sum_{j in R} q(m_j)``:
     ``xi_c <- xi_c + (mbar_R - q(m_c)) / denominator`` for c in R, unchanged otherwise. The
     increments sum to 0 over R, so ``sum_c xi_c`` stays 0 (SCAFFLSA: ``denominator = eta H``;
-    Scaffnew: ``eta / p``). With EF21 ``q(m_c)`` is the server's ``g_c``, the same rule. With a
+    Scaffnew: ``eta / p``). A denominator per agent ``(N, 1)`` (SCAFFLSA under local work,
+    :func:`control_denominator`) keeps ``sum_c D_c xi_c`` instead, as exact arithmetic does. With
+    EF21 ``q(m_c)`` is the server's ``g_c``, the same rule. With a
     cohort S (``delivery`` from :func:`server_update` with it) the delivered agents are ``R ∩ S``:
     the others keep their control variate.
     """
@@ -387,6 +443,11 @@ def control_variate_update(
     # float32 their sum drifts, sum_c xi_c leaves 0 and the iterate runs away (seen with SCAFFLSA,
     # H = 1, eta = 0.01). Removing their mean over the delivered agents keeps sum_c xi_c = 0 to
     # rounding at every server step.
+    if jnp.ndim(denominator) == 2:  # one per agent (local work): sum_R D_c increment_c = 0 is kept
+        share = jnp.where(delivered, jnp.broadcast_to(denominator, delivered.shape), 0.0)
+        total = jnp.maximum(jnp.sum(share), jnp.finfo(local.dtype).tiny)  # 0 delivered: 0 / tiny
+        increment = increment - jnp.where(delivered, jnp.sum(share * increment, axis=0) / total, 0.0)
+        return xi + increment
     n_delivered = jnp.maximum(jnp.sum(delivered), 1).astype(local.dtype)
     increment = increment - jnp.where(delivered, jnp.sum(increment, axis=0) / n_delivered, 0.0)
     return xi + increment
@@ -407,13 +468,14 @@ def round_info(
     problem,
     cohort: jax.Array | None = None,
     count: Any = None,
+    counts: jax.Array | None = None,
 ) -> RoundInfo:
     """:class:`RoundInfo` of the usual round: every agent ran ``num_local_steps`` local steps
     (``local (N, d)``, its last iterate) and sent one message of
     ``channel.quantizer.bits(d)`` bits; ``delivery`` says which arrived. With a cohort S (mask)
     only its m agents observed and sent, and ``client_drift`` is their mean. Local steps that
     change with the round count the ``H_t`` of the round whose count (rounds done before it) is
-    ``count``.
+    ``count``; heterogeneous or random local work the agents' ``counts`` ``H_{c,t}`` (the cohort's).
 
     ``config``'s optional fields ``num_local_steps``, ``skip`` and ``channel`` take their
     defaults (1, 1, exact) when absent.
@@ -422,6 +484,9 @@ def round_info(
         m = int(config.clients_per_round)
         drift = jnp.sum(jnp.where(cohort, jnp.sum((local - theta) ** 2, axis=-1), 0.0)) / m
         full = round_info(local[:m], theta, delivery, config, problem, count=count)  # m agents' counts
+        if counts is not None:
+            per_step = observations_per_step(problem, int(getattr(config, "skip", 1)))
+            full = full._replace(observations=jnp.int32(per_step) * jnp.sum(jnp.where(cohort, counts, 0)))
         return full._replace(client_drift=drift)
     N, d = local.shape
     H = optim.round_local_steps(getattr(config, "num_local_steps", 1), count)
@@ -437,7 +502,8 @@ def round_info(
         messages_delivered=delivered,
         bits_sent=jnp.int32(N * bits),
         bits_delivered=delivered * jnp.int32(bits),
-        observations=jnp.int32(N * observations_per_step(problem, skip)) * H,
+        observations=jnp.int32(observations_per_step(problem, skip))
+        * (jnp.int32(N) * H if counts is None else jnp.sum(counts)),
         downlink_bits_sent=down,
         downlink_bits_delivered=down,
     )
@@ -516,21 +582,43 @@ def local_updates(problem, params, obs, theta, step_size, control=None):
     return theta
 
 
+def local_work_theory(y, config, steps: list, reference: str = "theta") -> list:
+    """A round's local ``steps`` (phases, one per step) under the config's local work: the steps
+    themselves in lockstep, else :func:`fedsa_jax.moments.random_stop` over them with the law of
+    ``H_c`` (and FedNova's scaling of each outcome, :func:`fedsa_jax.moments.scale_updates`, from
+    ``reference``, the agents' start)."""
+    work = getattr(config, "local_work", None)
+    if work is None:
+        return steps
+    work.check(y.N)
+    finish = None
+    if work.normalization == "fednova":
+        tau = work.tau(y.N)
+        finish = lambda k: moments.scale_updates(y, tau / (k + 1), reference)  # noqa: E731
+    key = (work, tuple(getattr(s, "eta", None) for s in steps), reference)
+    pmf = work.pmf if work.shared else work.table(y.N)  # a shared count: the one law's row
+    return [moments.random_stop(y, steps, pmf, work.shared, finish, key=key)]
+
+
 def stepwise_observations(config, problem) -> bool:
     """Whether a round's observations are drawn one local step at a time (blocks ``(H_max, N,
     ...)``, :meth:`Algorithm.randomness`): local steps that change with the round
-    (:class:`fedsa_jax.optim.LocalSteps`) under Markov sampling, so that a chain moves only on the
-    ``H_t`` steps its round runs."""
-    return isinstance(getattr(config, "num_local_steps", 1), optim.LocalSteps) and (
-        getattr(problem, "sampling", None) == "markov"
+    (:class:`fedsa_jax.optim.LocalSteps`) or between agents (:mod:`fedsa_jax.local_work`) under
+    Markov sampling, so that a chain moves only on the steps its agent runs."""
+    varies = isinstance(getattr(config, "num_local_steps", 1), optim.LocalSteps) or (
+        getattr(config, "local_work", None) is not None
     )
+    return varies and getattr(problem, "sampling", None) == "markov"
 
 
-def stepwise_active(config, problem, count):
-    """The round's ``(H_max,) bool`` active steps where its observations are drawn step by step
-    (:func:`stepwise_observations`), else None (one block, every step drawn)."""
+def stepwise_active(config, problem, count, counts=None):
+    """The round's active steps where its observations are drawn step by step
+    (:func:`stepwise_observations`): ``(H_max,) bool`` (``h < H_t``), or ``(H_max, N)`` with the
+    agents' ``counts`` (``h < H_{c,t}``); else None (one block, every step drawn)."""
     if not stepwise_observations(config, problem):
         return None
+    if counts is not None:
+        return jnp.arange(config.num_local_steps, dtype=jnp.int32)[:, None] < counts[None, :]
     return optim.active_steps(config.num_local_steps, count)
 
 
@@ -580,10 +668,10 @@ def _run_stepwise(blocks, problem, params, samplers, theta, etas, skip, controls
         new, moved = jax.vmap(agent_step, in_axes=(0, 0, 0, 0, 0, 0 if per_agent else None))(
             params, sampler, rand, local, controls, eta
         )
-        keep = lambda n, o: jnp.where(act, n, o)  # noqa: E731
+        keep = lambda n, o: jnp.where(jnp.reshape(act, act.shape + (1,) * (n.ndim - act.ndim)), n, o)  # noqa: E731
         return (keep(new, local), jax.tree.map(keep, moved, sampler)), None
 
     local = jnp.broadcast_to(theta, (problem.num_agents, *theta.shape))
-    etas = jnp.moveaxis(etas, 1, 0) if per_agent else jnp.broadcast_to(etas, active.shape)  # steps first
+    etas = jnp.moveaxis(etas, 1, 0) if per_agent else jnp.broadcast_to(etas, active.shape[:1])  # steps first
     (local, samplers), _ = jax.lax.scan(body, (local, samplers), (blocks, etas, active))
     return local, samplers

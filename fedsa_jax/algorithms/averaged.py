@@ -63,6 +63,11 @@ class _Wrapper:
     def clients_per_round(self):
         return self.inner.clients_per_round
 
+    @property
+    def local_work(self):
+        """The wrapped config's law of the agents' local work (:mod:`fedsa_jax.local_work`), or None."""
+        return getattr(self.inner.config, "local_work", None)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

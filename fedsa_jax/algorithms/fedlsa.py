@@ -63,12 +63,16 @@ from fedsa_jax.algorithms._base import (
     initial_error,
     keep_outside,
     local_steps_config,
+    local_work_theory,
+    normalize_work,
     round_cohort,
     round_info,
+    round_work,
     run_agents,
     server_update,
     stepwise_active,
     with_clients_per_round,
+    work_weights,
 )
 
 __all__ = ["FedLSAState", "fedlsa"]
@@ -104,10 +108,13 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     view = ErrorCoordinates(problem)
     cohort = round_cohort(rand, config, problem)  # None: every agent
     start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
-    active = stepwise_active(config, problem, state.count)
+    counts = round_work(rand, config, problem)  # None: every agent runs H (lockstep)
+    active = stepwise_active(config, problem, state.count, counts)
+    weights = work_weights(counts, rand.weights, config.num_local_steps, problem.dtype)
     local, sampler = run_agents(
-        rand.obs, view, state.sampler, start, eta, config.skip, active=active, weights=rand.weights
+        rand.obs, view, state.sampler, start, eta, config.skip, active=active, weights=weights
     )
+    local = normalize_work(config, counts, start, local)
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
     aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
     aggregate = from_reference(state.error, start, aggregate, config)
@@ -116,7 +123,7 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     state = FedLSAState(
         problem.theta_star + error, error, sampler, state.count + 1, opt_state, delivery.memory, hat
     )
-    return state, round_info(local, error, delivery, config, problem, cohort, state.count - 1)
+    return state, round_info(local, error, delivery, config, problem, cohort, state.count - 1, counts)
 
 
 def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
@@ -136,7 +143,7 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
     def round(t, etas):
         return [
             send,
-            *(moments.local_step(y, float(eta)) for eta in etas),
+            *local_work_theory(y, config, [moments.local_step(y, float(eta)) for eta in etas], reference),
             moments.aggregate(
                 y, config.channel, into=sent, reference=reference, clients_per_round=config.clients_per_round
             ),
@@ -216,7 +223,13 @@ def _from_options(step_size, args, **channel) -> Algorithm:
 registry.register_algorithm(
     "fedlsa",
     _from_options,
-    options=(registry.LOCAL_STEPS, registry.LOCAL_STEPS_GROWTH, registry.SKIP, registry.CLIENTS_PER_ROUND),
+    options=(
+        registry.LOCAL_STEPS,
+        registry.LOCAL_STEPS_GROWTH,
+        *registry.LOCAL_WORK_OPTIONS,
+        registry.SKIP,
+        registry.CLIENTS_PER_ROUND,
+    ),
     title="FedLSA",
     bias="fedlsa_bias",
     order=0,

@@ -59,12 +59,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import moments, optim, registry
+from fedsa_jax import _validate, moments, optim, registry
 from fedsa_jax.algorithms._base import (
     Algorithm,
     ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
+    control_denominator,
     control_variate_update,
     downlink_init,
     downlink_step,
@@ -74,12 +75,16 @@ from fedsa_jax.algorithms._base import (
     initial_error,
     keep_outside,
     local_steps_config,
+    local_work_theory,
+    normalize_work,
     round_cohort,
     round_info,
+    round_work,
     run_agents,
     server_update,
     stepwise_active,
     with_clients_per_round,
+    work_weights,
 )
 
 __all__ = ["SCAFFLSAState", "scafflsa"]
@@ -118,7 +123,8 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     eta = optim.step_sizes(config.step_size, state.count, H, problem.dtype)
     cohort = round_cohort(rand, config, problem)  # None: every agent
     start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
-    active = stepwise_active(config, problem, state.count)
+    counts = round_work(rand, config, problem)  # None: every agent runs H (lockstep)
+    active = stepwise_active(config, problem, state.count, counts)
     local, sampler = run_agents(
         rand.obs,
         ErrorCoordinates(problem),
@@ -128,20 +134,20 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
         config.skip,
         state.xi,
         active,
-        rand.weights,
+        work_weights(counts, rand.weights, H, problem.dtype),
     )
+    local = normalize_work(config, counts, start, local)
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
     aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
-    xi = control_variate_update(
-        state.xi, aggregate, local, delivery, config.channel, optim.round_step_sum(eta, H), cohort
-    )
+    denominator = control_denominator(config, eta, counts)
+    xi = control_variate_update(state.xi, aggregate, local, delivery, config.channel, denominator, cohort)
     aggregate = from_reference(state.error, start, aggregate, config)
     error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate, problem.theta_star)
     hat = downlink_step(rand.channel, config, error, state.hat)
     state = SCAFFLSAState(
         problem.theta_star + error, error, xi, sampler, state.count + 1, opt_state, delivery.memory, hat
     )
-    return state, round_info(local, error, delivery, config, problem, cohort, state.count - 1)
+    return state, round_info(local, error, delivery, config, problem, cohort, state.count - 1, counts)
 
 
 def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
@@ -164,12 +170,12 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
             into=sent,
             reference=reference,
             control_variates="xi",
-            denominator=float(np.sum(etas)),
+            denominator=_denominator(config, etas, y.N),
             clients_per_round=config.clients_per_round,
         )
         return [
             send,
-            *steps,
+            *local_work_theory(y, config, steps, reference),
             aggregate,
             *([] if shift is None else [shift]),
             server,
@@ -177,6 +183,28 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
         ]
 
     return moments.Recursion(y, round, config.step_size, config.num_local_steps)
+
+
+def _denominator(config: LocalStepsConfig, etas, num_agents: int):
+    """:func:`control_denominator` of the theory: ``sum_h eta_h``, FedNova's ``tau mean_h eta_h``, or
+    with fixed per-agent counts one per agent; random counts with plain averaging are refused (the
+    control variates divide by the agent's random count: the round is not linear in the state)."""
+    work = config.local_work
+    if work is None:
+        return float(np.sum(etas))
+    if work.normalization == "fednova":
+        return work.tau(num_agents) * float(np.mean(etas))
+    if not work.deterministic:
+        _validate.fail(
+            "algorithm",
+            f"scafflsa with {work.name} local work",
+            "no exact recursion: with plain averaging the control variates divide by each agent's "
+            "random step count, which makes the round nonlinear in the state; fixed counts "
+            "(fj.local_work.fixed) and normalization='fednova' are exact (simulate this one)",
+        )
+    work.check(num_agents)
+    counts = work.table(num_agents).argmax(axis=1) + 1
+    return tuple(float(np.sum(etas[:h])) for h in counts)
 
 
 def scafflsa(
@@ -245,7 +273,13 @@ def _from_options(step_size, args, **channel) -> Algorithm:
 registry.register_algorithm(
     "scafflsa",
     _from_options,
-    options=(registry.LOCAL_STEPS, registry.LOCAL_STEPS_GROWTH, registry.SKIP, registry.CLIENTS_PER_ROUND),
+    options=(
+        registry.LOCAL_STEPS,
+        registry.LOCAL_STEPS_GROWTH,
+        *registry.LOCAL_WORK_OPTIONS,
+        registry.SKIP,
+        registry.CLIENTS_PER_ROUND,
+    ),
     title="SCAFFLSA",
     order=1,
     default=True,

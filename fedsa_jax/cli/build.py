@@ -8,9 +8,10 @@ import inspect
 import os
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import fedsa_jax as fj
-from fedsa_jax import registry
+from fedsa_jax import _validate, registry
 
 
 def _make_problem(args, key):
@@ -78,12 +79,34 @@ def local_steps(args):
     gamma > 0 the table ``H_t = ceil(H (t + 1)^gamma)`` over the run's rounds (a sweep's
     ``total_local_steps``: the rounds that fit in it)."""
     growth = float(getattr(args, "local_steps_growth", 0.0) or 0.0)
+    work = getattr(args, "local_work", "none") or "none"
+    if work != "none":
+        if growth:
+            _validate.fail("--local-work", work, "local steps growing with the round take no local work law")
+        return local_work(args)
     if growth == 0.0:
         return args.local_steps
     total = getattr(args, "total_local_steps", None)
     if total is not None:
         return fj.optim.growing_local_steps(args.local_steps, growth, total_local_steps=total)
     return fj.optim.growing_local_steps(args.local_steps, growth, args.rounds)
+
+
+def local_work(args):
+    """The law of ``--local-work LAW:NUMBERS`` (:mod:`fedsa_jax.local_work`), one count per agent or
+    shared (``--local-work-shared``), plain or FedNova averaging (``--work-normalization``)."""
+    law, _, rest = args.local_work.partition(":")
+    values: list[Any] = [int(float(v)) if float(v).is_integer() else float(v) for v in rest.split(",")]
+    shared = bool(getattr(args, "local_work_shared", False))
+    norm = getattr(args, "work_normalization", "none") or "none"
+    if law == "fixed":
+        return fj.local_work.fixed(values, normalization=norm)
+    if law == "uniform":
+        return fj.local_work.uniform(*values, shared=shared, normalization=norm)
+    if law == "geometric":
+        return fj.local_work.geometric(float(values[0]), values[1], shared, norm)
+    prob, fraction = values
+    return fj.local_work.straggler(args.local_steps, prob, fraction, shared, norm)
 
 
 def rounds_within(alg, total: int) -> tuple[int, int]:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from fedsa_jax import registry
-from fedsa_jax.cli.build import _make_algorithm, _make_problem
+from fedsa_jax.cli.build import _make_algorithm, _make_problem, local_steps
 from fedsa_jax.cli.checks import options_checked
 from fedsa_jax.cli.titles import cohort_caption, run_title
 
@@ -376,7 +376,7 @@ def _bias_lines(args, problem, summary: dict) -> dict:
             continue
         if getattr(args, "local_steps_growth", 0.0):  # the closed form is for one H
             continue
-        bias = getattr(fj.theory, entry.bias)(problem, args.step_size, args.local_steps)
+        bias = getattr(fj.theory, entry.bias)(problem, args.step_size, local_steps(args))  # H or a law
         level = float(np.sum(bias**2))
         summary[f"{name}_predicted_squared_bias"] = level
         lines[rf"{entry.title} predicted $\|\mathrm{{bias}}\|^2$"] = level

@@ -29,6 +29,12 @@ def run_title(args, problem) -> str:
     if reads_local_steps(args):
         growth = getattr(args, "local_steps_growth", 0.0)
         title += rf", $H_t$=⌈{args.local_steps}(t+1)^{growth:g}⌉" if growth else f", H={args.local_steps}"
+        work = getattr(args, "local_work", "none") or "none"
+        if work != "none":
+            title = title.removesuffix(f", H={args.local_steps}") + rf", $H_c$ {work}"
+            title += " shared" if getattr(args, "local_work_shared", False) else ""
+            norm = getattr(args, "work_normalization", "none")
+            title += f", {norm}" if norm != "none" else ""
     if cohort_caption(args, problem):
         title += f", {cohort_caption(args, problem)}"
     if args.server_optimizer != "none":

@@ -121,7 +121,9 @@ from fedsa_jax.moments import (
     downlink_blocks,
     local_step,
     noise_model as _noise_model,
+    random_stop,
     recursion_of,
+    scale_updates,
     server_step,
     shift,
 )

@@ -8,6 +8,7 @@ import inspect
 import numpy as np
 
 from fedsa_jax import _validate, algorithms, registry
+from fedsa_jax.local_work import LocalWork
 from fedsa_jax.moments import _arrays
 from fedsa_jax.theory.engine import stable_step_size
 from fedsa_jax.theory.stationary import mean_square_spectral_radius
@@ -18,7 +19,11 @@ __all__ = ["fedlsa_bias", "fedlsa_round_bias", "max_stable_step_size", "mixing_t
 def _fedlsa_round(problem, step_size, num_local_steps):
     """``Gamma_bar = mean_c B_c^H`` and ``rho_bar = mean_c (I - B_c^H)(theta_c* - theta*)`` with
     ``B_c = I - eta A_bar[c]``; ``rho_bar`` is computed as
-    ``eta mean_c sum_{k<H} B_c^k (b_c - A_c theta*)``, which needs no local inverse."""
+    ``eta mean_c sum_{k<H} B_c^k (b_c - A_c theta*)``, which needs no local inverse.
+
+    With local work (:mod:`fedsa_jax.local_work`) agent c's terms are averaged over its law,
+    ``Gamma_c = sum_h P(H_c = h) B_c^h``, and FedNova's normalisation scales outcome h by
+    ``tau / h``: ``Gamma_c = I - sum_h P(H_c = h) (tau / h) (I - B_c^h)``, likewise ``rho``."""
     if callable(step_size):
         _validate.fail(
             "step_size",
@@ -27,21 +32,29 @@ def _fedlsa_round(problem, step_size, num_local_steps):
             "schedule the mean iterate is fj.theory.exact_mean(problem, fj.fedlsa(schedule, H), T)",
         )
     eta = _validate.real("step_size", step_size, 0.0, low_open=True)
-    H = _validate.integer("num_local_steps", num_local_steps)
     A, b, theta_star = _arrays(problem)
     N, d, _ = A.shape
-    gamma_bar = np.zeros((d, d))
+    if isinstance(num_local_steps, LocalWork):
+        num_local_steps.check(N)
+        weights = num_local_steps.table(N)  # (N, H_max): P(H_c = h)
+        if num_local_steps.normalization == "fednova":
+            weights = weights * num_local_steps.tau(N) / np.arange(1, weights.shape[1] + 1)
+    else:
+        H = _validate.integer("num_local_steps", num_local_steps)
+        weights = np.zeros((N, H))
+        weights[:, -1] = 1.0
+    gamma_bar = np.eye(d)
     rho = np.zeros(d)
     for c in range(N):
         B = np.eye(d) - eta * A[c]
         Bk = np.eye(d)
         acc = np.zeros(d)
         r = b[c] - A[c] @ theta_star
-        for _ in range(H):
+        for w in weights[c]:  # w = P(H_c = h) (times tau / h); acc, Bk after step h: sum_k<h B^k r, B^h
             acc += Bk @ r
             Bk = B @ Bk
-        gamma_bar += Bk / N
-        rho += eta * acc / N
+            gamma_bar -= w * (np.eye(d) - Bk) / N
+            rho += w * eta * acc / N
     return gamma_bar, rho
 
 
@@ -52,9 +65,12 @@ def fedlsa_round_bias(problem, step_size: float, num_local_steps: int) -> np.nda
     return _fedlsa_round(problem, step_size, num_local_steps)[1]
 
 
-def fedlsa_bias(problem, step_size: float, num_local_steps: int, num_rounds: int | None = None) -> np.ndarray:
+def fedlsa_bias(problem, step_size: float, num_local_steps, num_rounds: int | None = None) -> np.ndarray:
     """FedLSA's heterogeneity bias (SCAFFLSA paper, Sec. 4; derived step by step in the documentation,
-    ``docs/guide/theory.md``, "FedLSA's heterogeneity bias").
+    ``docs/guide/theory.md``, "FedLSA's heterogeneity bias"). ``num_local_steps``: H, or a law of
+    heterogeneous or random local work (:mod:`fedsa_jax.local_work`, plain or FedNova averaging;
+    ``docs/guide/lockstep.md``), whose limit is ``[sum_c (I - Gamma_c)]^{-1} sum_c (I - Gamma_c)
+    (theta_c* - theta*)`` with ``Gamma_c = E (I - eta A_c)^{H_c}``.
 
     The mean iterate follows ``E[theta_{t+1}] - theta* = Gamma_bar (E[theta_t] - theta*) + rho_bar``
     with ``Gamma_bar = mean_c (I - eta A_bar[c])^H`` and ``rho_bar`` from

@@ -1,0 +1,200 @@
+"""Heterogeneous and random local work: agent c runs ``H_{c,t}`` local steps in round t.
+
+In lockstep every agent runs the same H local steps every round. Here agent c's count
+``H_{c,t}`` in ``{1, ..., H_max}`` is fixed per agent, or drawn each round from a law with bounded
+support, independently of the state and of the observations (per agent, or one draw shared by every
+agent):
+
+* :func:`fixed` ``([H_1, ..., H_N])``: agent c always runs ``H_c`` steps;
+* :func:`uniform` ``(low, high)``: uniform on ``{low, ..., high}``;
+* :func:`geometric` ``(mean, max)``: geometric on ``{1, 2, ...}`` with the given mean, truncated
+  (conditioned) to ``{1, ..., max}``;
+* :func:`straggler` ``(H, prob, fraction)``: ``H`` steps, except with probability ``prob`` the agent
+  is a straggler and finishes only ``ceil(fraction H)`` of them;
+* :func:`law` ``(pmf)``: any law, a table ``P(H_c = h)`` for ``h = 1..H_max`` (one row, or one per
+  agent).
+
+Pass one as ``num_local_steps`` of :func:`~fedsa_jax.fedlsa` or :func:`~fedsa_jax.scafflsa`:
+``fj.fedlsa(0.1, fj.local_work.uniform(1, 10))``. The compiled round runs ``H_max`` steps for every
+agent, agent c's steps past ``H_{c,t}`` at step size 0 (under Markov sampling its chain moves only
+on the steps it runs); the counts report the observations actually drawn, ``sum_c H_{c,t}`` per
+round. A law whose every agent runs the same fixed H is that integer H: the same kernel and the same
+numbers as ``num_local_steps=H``.
+
+**Aggregation.** With ``normalization="none"`` the server averages the agents' updates as they are
+(plain averaging): agent c's update carries the weight of its ``H_c`` steps, and the fixed point
+moves to that of the H_c-weighted problem (objective inconsistency; Wang et al., "Tackling the
+objective inconsistency problem in heterogeneous federated optimization", NeurIPS 2020). In error
+coordinates the mean round is ``E e_{t+1} = Gamma_bar E e_t + rho_bar`` with
+``Gamma_c = E (I - eta A_c)^{H_c}``, ``Gamma_bar = mean_c Gamma_c``, and the limit
+
+    theta_inf = [sum_c (I - Gamma_c)]^{-1} sum_c (I - Gamma_c) theta_c*
+              = theta_H - eta P^{-1} sum_c E[H_c (H_c - 1) / 2] A_c (b_c - A_c theta_H) + O(eta^2),
+    theta_H   = P^{-1} sum_c E[H_c] b_c,   P = sum_c E[H_c] A_c,
+
+so ``theta_H - theta* = P^{-1} sum_c (E H_c - mean_j E H_j)(b_c - A_c theta*)`` does not vanish as
+``eta -> 0`` (:func:`fedsa_jax.theory.fedlsa_bias` with the law). With ``normalization="fednova"`` each agent
+sends its update divided by its own ``H_c`` and the server multiplies the average by
+``tau = mean_c E[H_c]`` (FedNova's normalised averaging, Wang et al. 2020, Eq. (6), with the expected
+``tau``: the realised one for fixed counts, a constant for random ones, so that agents' weights stay
+independent). The ``H_c`` weighting goes, and what is left is FedLSA's heterogeneity bias with
+``(H - 1) / 2`` moved inside the sum:
+
+    theta_inf - theta* = -eta [sum_c A_c]^{-1} sum_c (E[H_c] - 1) / 2 A_c^2 (theta_c* - theta*) + O(eta^2).
+
+The exact mean and second moments of both (and of SCAFFLSA under random work) are those of
+:func:`fedsa_jax.moments.random_stop`: a round is a mixture over each agent's count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedsa_jax import _validate
+
+__all__ = ["LocalWork", "fixed", "geometric", "law", "straggler", "uniform"]
+
+NORMALIZATIONS = ("none", "fednova")
+WORK_STREAM = 0x776B  # fold_in tag of the round's local-work key ("wk"): a stream of its own
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalWork:
+    """A law of the local step counts (a static part of a configuration: hashable, compared by
+    value). ``pmf[c][h - 1] = P(H_c = h)`` for ``h = 1..H_max``: one row (every agent's law) or one
+    per agent; ``shared``: one count drawn per round for every agent (one row only)."""
+
+    pmf: tuple[tuple[float, ...], ...]
+    shared: bool = False
+    normalization: str = "none"
+    name: str = "law"
+
+    @property
+    def max(self) -> int:
+        """``H_max``: the steps every round of the compiled kernel has."""
+        return len(self.pmf[0])
+
+    def table(self, num_agents: int) -> np.ndarray:
+        """``(N, H_max)`` float64: each agent's ``P(H_c = h)``."""
+        p = np.asarray(self.pmf, np.float64)
+        return np.broadcast_to(p, (num_agents, p.shape[1])).copy()
+
+    @property
+    def deterministic(self) -> bool:
+        return all(max(row) == 1.0 for row in self.pmf)
+
+    def mean_steps(self, num_agents: int) -> np.ndarray:
+        """``E[H_c]`` per agent, ``(N,)``."""
+        return self.table(num_agents) @ np.arange(1, self.max + 1)
+
+    def tau(self, num_agents: int) -> float:
+        """FedNova's ``tau = mean_c E[H_c]``."""
+        return float(np.mean(self.mean_steps(num_agents)))
+
+    def check(self, num_agents: int) -> None:
+        """Refuse a table with one row per agent for another number of agents."""
+        if len(self.pmf) not in (1, num_agents):
+            _validate.fail(
+                "num_local_steps",
+                f"{self.name} with {len(self.pmf)} agents' laws",
+                f"expected one law, or one per agent ({num_agents})",
+            )
+
+    def draw(self, key: jax.Array, num_agents: int) -> jax.Array:
+        """``(N,) int32``: this round's ``H_c`` (inverse CDF of one uniform per agent, or of one
+        shared by all)."""
+        cdf = jnp.asarray(np.cumsum(self.table(num_agents), axis=1)[:, :-1])  # (N, H_max - 1)
+        u = jax.random.uniform(key, (1 if self.shared else num_agents,), cdf.dtype)
+        return 1 + jnp.sum(u[:, None] >= cdf, axis=1).astype(jnp.int32)
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"law": self.name, "pmf": [list(r) for r in self.pmf]}
+        if self.shared:
+            out["shared"] = True
+        if self.normalization != "none":
+            out["normalization"] = self.normalization
+        return out
+
+
+def _make(pmf, name: str, shared: bool, normalization: str) -> LocalWork | int:
+    if normalization not in NORMALIZATIONS:
+        _validate.fail("normalization", normalization, f"expected one of {NORMALIZATIONS}")
+    if not isinstance(shared, bool):
+        _validate.fail("shared", shared, "expected True or False")
+    p = np.atleast_2d(np.asarray(pmf, np.float64))
+    p = p / p.sum(axis=1, keepdims=True)
+    p = p[:, : int(np.max(np.nonzero(p.any(axis=0))[0])) + 1]  # no trailing impossible counts
+    if shared and p.shape[0] != 1:
+        _validate.fail("shared", shared, "a shared count needs one law for every agent, not one per agent")
+    rows = tuple(tuple(float(x) for x in r) for r in p)
+    if len(set(rows)) == 1 and max(rows[0]) == 1.0:  # every agent runs the same fixed H: lockstep
+        return len(rows[0])
+    return LocalWork(rows, shared and max(rows[0]) < 1.0, normalization, name)
+
+
+def law(pmf, shared: bool = False, normalization: str = "none") -> LocalWork | int:
+    """Any law with bounded support: ``pmf[h - 1] = P(H_c = h)`` for ``h = 1..H_max`` (a row for every
+    agent, or an ``(N, H_max)`` table, one row per agent); normalised to sum to 1."""
+    p = np.asarray(pmf, dtype=object)
+    try:
+        arr = np.asarray(pmf, np.float64)
+    except (TypeError, ValueError):
+        _validate.fail("pmf", pmf, "expected a table of probabilities, one row or one per agent")
+    if arr.ndim not in (1, 2) or arr.shape[-1] < 1 or p.size == 0:
+        _validate.fail("pmf", pmf, "expected a table of probabilities, one row or one per agent")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(np.atleast_2d(arr).sum(axis=1) <= 0):
+        _validate.fail("pmf", pmf, "expected finite probabilities >= 0, each row with a positive sum")
+    return _make(arr, "law", shared, normalization)
+
+
+def fixed(steps, normalization: str = "none") -> LocalWork | int:
+    """Agent c runs ``steps[c]`` local steps every round (integers ``>= 1``)."""
+    if np.ndim(steps) != 1 or len(steps) == 0:
+        _validate.fail("steps", steps, "expected one integer >= 1 per agent")
+    H = [_validate.integer(f"steps[{c}]", h) for c, h in enumerate(steps)]
+    pmf = np.zeros((len(H), max(H)))
+    pmf[np.arange(len(H)), np.asarray(H) - 1] = 1.0
+    return _make(pmf, "fixed", False, normalization)
+
+
+def uniform(low: int, high: int, shared: bool = False, normalization: str = "none") -> LocalWork | int:
+    """``H_c`` uniform on ``{low, ..., high}`` each round (``1 <= low <= high``)."""
+    lo = _validate.integer("low", low)
+    hi = _validate.integer("high", high, minimum=lo)
+    pmf = np.zeros(hi)
+    pmf[lo - 1 :] = 1.0
+    return _make(pmf, "uniform", shared, normalization)
+
+
+def geometric(mean: float, max: int, shared: bool = False, normalization: str = "none") -> LocalWork | int:
+    """``H_c`` geometric on ``{1, 2, ...}`` with mean ``mean`` (success probability ``1 / mean``),
+    conditioned on ``H_c <= max``."""
+    if not isinstance(mean, (int, float)) or not math.isfinite(mean) or mean < 1:
+        _validate.fail("mean", mean, "expected a real number >= 1")
+    H = _validate.integer("max", max)
+    q = 1.0 / float(mean)
+    h = np.arange(1, H + 1)
+    return _make(q * (1 - q) ** (h - 1), "geometric", shared, normalization)
+
+
+def straggler(
+    steps: int, prob: float, fraction: float, shared: bool = False, normalization: str = "none"
+) -> LocalWork | int:
+    """``steps`` local steps, except with probability ``prob`` (each round, each agent) a straggler's
+    ``ceil(fraction * steps)`` (at least 1)."""
+    H = _validate.integer("steps", steps)
+    if not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
+        _validate.fail("prob", prob, "expected a probability in [0, 1]")
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        _validate.fail("fraction", fraction, "expected a real number in (0, 1]")
+    slow = max(1, math.ceil(fraction * H))
+    pmf = np.zeros(H)
+    pmf[H - 1] += 1 - prob
+    pmf[slow - 1] += prob
+    return _make(pmf, "straggler", shared, normalization)

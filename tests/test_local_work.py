@@ -1,0 +1,257 @@
+"""Heterogeneous and random local work (fj.local_work): agent c runs H_{c,t} local steps.
+
+* Every seed's iterate, round by round, equals a numpy loop written from the definitions (agent c
+  runs its round's H_c steps, FedNova sends tau / H_c times its update), on Gaussian LSA and TD
+  (generative and Markov, where a chain moves only on the steps its agent runs).
+* Every agent running the same fixed H is lockstep: the same configuration, bitwise the same run.
+* Monte Carlo within Z_TOL standard errors of exact_mse at every round (fixed, random per agent,
+  shared, straggler, FedNova; Gaussian LSA and generative TD, float64).
+* The closed forms: the exact mean's limit is fedlsa_bias with the law; plain averaging's limit
+  tends to the H_c-weighted solution theta_H as eta -> 0, with the first-order term of the guide
+  (error O(eta^2)); FedNova's to theta* with its first-order term.
+* The counts report the observations drawn, sum_c H_c a round; bad input is a one-line error.
+"""
+
+import jax
+import numpy as np
+import pytest
+from conftest import Z_TOL
+from reference import assert_monte_carlo_matches_exact, check_against_loop, gaussian_loop, td_loop
+
+import fedsa_jax as fj
+
+LAWS = {
+    "fixed": lambda: fj.local_work.fixed([1, 3, 5]),
+    "uniform": lambda: fj.local_work.uniform(1, 4),
+    "shared": lambda: fj.local_work.uniform(2, 5, shared=True),
+    "straggler-fednova": lambda: fj.local_work.straggler(4, 0.4, 0.5, normalization="fednova"),
+    "geometric": lambda: fj.local_work.geometric(2.0, 5),
+}
+
+
+@pytest.fixture(scope="module")
+def td(tiny_td):
+    P, r, Phi = tiny_td
+    return {s: fj.problems.federated_td(P, r, Phi, 0.9, sampling=s) for s in ("generative", "markov")}
+
+
+@pytest.mark.parametrize("law", list(LAWS))
+def test_gaussian_round_by_round_against_numpy(het_gaussian, law):
+    alg = fj.fedlsa(0.05, LAWS[law]())
+    check_against_loop(het_gaussian, alg, gaussian_loop, T=6, num_seeds=3, driver=False)
+
+
+@pytest.mark.parametrize("sampling", ["generative", "markov"])
+@pytest.mark.parametrize("law", ["fixed", "uniform", "straggler-fednova"])
+def test_td_round_by_round_against_numpy(td, sampling, law):
+    alg = fj.fedlsa(0.1, LAWS[law]())
+    check_against_loop(td[sampling], alg, td_loop, T=6, num_seeds=3, driver=False)
+
+
+def test_through_the_driver_and_the_counts(td):
+    problem = td["markov"]
+    law = fj.local_work.fixed([1, 3, 5])
+    check_against_loop(problem, fj.fedlsa(0.1, law), td_loop, T=5, num_seeds=4)  # statistics too
+    res = fj.simulate(0, problem, fj.fedlsa(0.1, law), 5, 8)
+    np.testing.assert_array_equal(res.samples, 9 * res.rounds)  # 1 + 3 + 5 observations a round
+    random = fj.simulate(0, problem, fj.fedlsa(0.1, fj.local_work.uniform(1, 4)), 400, 64)
+    per_round = random.samples[-1] / 400  # E sum_c H_c = 3 x 2.5, a mean over 400 x 64 draws
+    assert abs(per_round - 7.5) < Z_TOL * np.sqrt(3 * 1.25 / (400 * 64))
+    cohort = fj.simulate(0, problem, fj.fedlsa(0.1, law, clients_per_round=2), 5, 8)
+    assert np.all(cohort.samples[1:] < 9 * cohort.rounds[1:])  # only the cohort's counts
+
+
+def test_lockstep_is_the_integer_and_bitwise_today(het_gaussian):
+    assert fj.local_work.fixed([4, 4, 4]) == 4
+    assert fj.local_work.law([0, 0, 0, 1]) == 4
+    assert fj.local_work.uniform(4, 4, shared=True) == 4
+    assert fj.local_work.fixed([4, 4, 4], normalization="fednova") == 4  # tau / H_c = 1
+    a = fj.simulate(1, het_gaussian, fj.fedlsa(0.05, fj.local_work.fixed([4, 4, 4])), 5, 16, keep_seeds=16)
+    b = fj.simulate(1, het_gaussian, fj.fedlsa(0.05, 4), 5, 16, keep_seeds=16)
+    np.testing.assert_array_equal(a.seed_mse, b.seed_mse)
+    assert a.config == b.config
+
+
+@pytest.mark.parametrize("law", ["fixed", "uniform", "shared", "straggler-fednova"])
+def test_monte_carlo_matches_exact_mse_gaussian(het_gaussian, law):
+    assert_monte_carlo_matches_exact(het_gaussian, fj.fedlsa(0.05, LAWS[law]()), T=8, n=4000)
+
+
+@pytest.mark.parametrize("law", ["fixed", "geometric", "straggler-fednova"])
+def test_monte_carlo_matches_exact_mse_td(td, law):
+    assert_monte_carlo_matches_exact(td["generative"], fj.fedlsa(0.1, LAWS[law]()), T=8, n=4000)
+
+
+def _theta_H(problem, law):
+    """The H_c-weighted solution ``(sum_c E[H_c] A_c)^{-1} sum_c E[H_c] b_c``."""
+    A, b = np.asarray(problem.A_bar), np.asarray(problem.b_bar)
+    w = law.mean_steps(problem.num_agents)
+    return np.linalg.solve(np.einsum("c,cij->ij", w, A), w @ b)
+
+
+def _first_order(problem, law, eta):
+    """The guide's first-order limits: plain averaging
+    ``theta_H - eta P^{-1} sum_c E[H_c (H_c - 1) / 2] A_c (b_c - A_c theta_H)``, FedNova
+    ``theta* - eta [sum_c A_c]^{-1} sum_c (E[H_c] - 1) / 2 A_c^2 (theta_c* - theta*)``."""
+    A, b = np.asarray(problem.A_bar), np.asarray(problem.b_bar)
+    N = problem.num_agents
+    h = np.arange(1, law.max + 1)
+    pmf = law.table(N)
+    if law.normalization == "fednova":
+        star = np.linalg.solve(A.sum(0), b.sum(0))
+        local = np.linalg.solve(A, b[..., None])[..., 0]
+        half = (pmf @ h - 1) / 2
+        return star - eta * np.linalg.solve(A.sum(0), np.einsum("c,cij,cj->i", half, A @ A, local - star))
+    th = _theta_H(problem, law)
+    P = np.einsum("c,cij->ij", pmf @ h, A)
+    pairs = pmf @ (h * (h - 1) / 2)
+    return th - eta * np.linalg.solve(P, np.einsum("c,cij,cj->i", pairs, A, b - A @ th))
+
+
+@pytest.mark.parametrize("normalization", ["none", "fednova"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda n: fj.local_work.fixed([1, 3, 6], n), lambda n: fj.local_work.uniform(1, 5, normalization=n)],
+)
+def test_closed_form_limit_and_first_order(het_gaussian, normalization, make):
+    problem, law = het_gaussian, make(normalization)
+    star = np.asarray(problem.theta_star)
+    errors = []
+    for eta in (0.02, 0.01, 0.005):
+        limit = star + fj.theory.fedlsa_bias(problem, eta, law)
+        mean = fj.theory.exact_mean(problem, fj.fedlsa(eta, law), 6000)[-1]
+        np.testing.assert_allclose(mean, limit, rtol=0, atol=1e-9)
+        errors.append(np.linalg.norm(limit - _first_order(problem, law, eta)))
+    ratios = np.array(errors[:-1]) / np.array(errors[1:])
+    np.testing.assert_allclose(ratios, 4.0, rtol=0.1)  # the first-order term is right: O(eta^2) left
+    gap = np.linalg.norm(_theta_H(problem, law) - star)  # objective inconsistency, whatever eta
+    bias = np.linalg.norm(fj.theory.fedlsa_bias(problem, 0.005, law))
+    if len(set(law.pmf)) == 1:  # one law for every agent: E[H_c] equal, theta_H = theta*
+        assert gap < 1e-12
+    elif normalization == "none":
+        assert gap > 0.05 and bias > 0.5 * gap  # plain averaging stays near theta_H
+    else:
+        assert bias < 0.1 * gap  # FedNova: O(eta) only
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: fj.local_work.fixed([2, 0, 3]), r"^steps\[1\]=0 is invalid: expected an integer >= 1"),
+        (lambda: fj.local_work.fixed([]), r"^steps=.* is invalid: expected one integer >= 1 per agent"),
+        (lambda: fj.local_work.uniform(3, 2), r"^high=2 is invalid: expected an integer >= 3"),
+        (lambda: fj.local_work.geometric(0.5, 4), r"^mean=0.5 is invalid: expected a real number >= 1"),
+        (lambda: fj.local_work.straggler(4, 1.5, 0.5), r"^prob=1.5 is invalid"),
+        (lambda: fj.local_work.straggler(4, 0.5, 0.0), r"^fraction=0.0 is invalid"),
+        (lambda: fj.local_work.law([0.5, -0.1]), r"^pmf=.* is invalid: expected finite probabilities >= 0"),
+        (lambda: fj.local_work.uniform(1, 3, normalization="x"), r"^normalization='x' is invalid"),
+        (lambda: fj.local_work.law([[0.5, 0.5], [1, 0]], shared=True), r"^shared=True is invalid"),
+    ],
+)
+def test_bad_laws_are_one_line_errors(build, match):
+    with pytest.raises(ValueError, match=match) as e:
+        build()
+    assert "\n" not in str(e.value)
+
+
+def test_a_law_for_other_agents_is_refused_before_compiling(het_gaussian):
+    alg = fj.fedlsa(0.05, fj.local_work.fixed([1, 2]))  # 2 laws, 3 agents
+    with pytest.raises(
+        ValueError, match=r"^num_local_steps=.* is invalid: expected one law, or one per agent \(3\)"
+    ):
+        fj.simulate(0, het_gaussian, alg, 2, 2)
+    with pytest.raises(ValueError, match="one law, or one per agent"):
+        fj.theory.exact_mse(het_gaussian, alg, 2)
+
+
+def test_command_line(tmp_path, capsys):
+    """``--local-work``: the law in the result file, the counts, the predicted bias of the law; a
+    sweep axis over laws; a bad law exits 2 in one line naming the option."""
+    import json
+
+    from fedsa_jax.cli import main
+
+    out = tmp_path / "run"
+    base = ["run", "--problem", "garnet", "--states", "5", "--agents", "3", "--dim", "2", "--seeds", "8"]
+    args = [*base, "--rounds", "4", "--out", str(out), "--algorithms", "fedlsa", "--step-size", "0.1"]
+    assert main([*args, "--local-work", "fixed:1,2,4", "--work-normalization", "fednova"]) == 0
+    res = fj.load(out / "result_fedlsa.npz")
+    work = res.config["algorithm"]["local_work"]
+    assert work["law"] == "fixed" and work["normalization"] == "fednova"
+    np.testing.assert_array_equal(res.samples, 7 * res.rounds)
+    summary = json.loads((out / "summary.json").read_text())
+    problem = fj.problems.garnet(jax.random.key(0), num_agents=3, num_states=5, dim=2, dtype=np.float32)
+    law = fj.local_work.fixed([1, 2, 4], normalization="fednova")
+    expected = np.sum(fj.theory.fedlsa_bias(problem, 0.1, law) ** 2)
+    np.testing.assert_allclose(summary["fedlsa_predicted_squared_bias"], expected, rtol=1e-6)
+    assert (
+        main([*args, "--local-steps", "4", "--local-work", "straggler:0.5,0.5", "--local-work-shared"]) == 0
+    )
+    assert fj.load(out / "result_fedlsa.npz").config["algorithm"]["local_work"]["shared"] is True
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(
+        '[run]\nrounds = 3\nseeds = 4\n[grid]\nproblem = "garnet"\nstates = 5\ndim = 2\nagents = 3\n'
+        'algorithm = "fedlsa"\nlocal_work = ["none", "uniform:1,3"]\n'
+    )
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "sweep"), "--no-progress"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # its form: refused by the parser
+        main([*args, "--local-work", "uniform:1"])
+    assert e.value.code == 2 and "--local-work: expected none, fixed:H1" in capsys.readouterr().err
+    assert main([*args, "--local-work", "fixed:1,0,2"]) == 2  # its values: by fj.local_work
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "steps[1]=0 is invalid" in err, err
+
+
+SCAFFLSA_LAWS = {
+    "fixed": lambda: fj.local_work.fixed([1, 3, 5]),
+    "uniform": lambda: fj.local_work.uniform(1, 4),
+    "fixed-fednova": lambda: fj.local_work.fixed([1, 3, 5], normalization="fednova"),
+    "uniform-fednova": lambda: fj.local_work.uniform(1, 4, normalization="fednova"),
+}
+
+
+@pytest.mark.parametrize("law", list(SCAFFLSA_LAWS))
+def test_scafflsa_round_by_round_against_numpy(het_gaussian, td, law):
+    """SCAFFLSA's control variates divide by the agent's own step sum (plain) or by tau eta
+    (FedNova's normalised messages); through a lossy channel too."""
+    check_against_loop(
+        het_gaussian, fj.scafflsa(0.05, SCAFFLSA_LAWS[law]()), gaussian_loop, 6, 3, driver=False
+    )
+    lossy = fj.scafflsa(0.1, SCAFFLSA_LAWS[law](), success_prob=0.7)
+    check_against_loop(td["markov"], lossy, td_loop, 6, 3, driver=False)
+
+
+@pytest.mark.parametrize("law", ["fixed", "fixed-fednova", "uniform-fednova"])
+def test_scafflsa_monte_carlo_matches_exact_mse(het_gaussian, td, law):
+    assert_monte_carlo_matches_exact(het_gaussian, fj.scafflsa(0.05, SCAFFLSA_LAWS[law]()), T=8, n=4000)
+    assert_monte_carlo_matches_exact(td["generative"], fj.scafflsa(0.1, SCAFFLSA_LAWS[law]()), T=6, n=4000)
+
+
+def test_scafflsa_limits(het_gaussian):
+    """With its own step counts and plain averaging SCAFFLSA's limit is exactly theta_H, the H_c-weighted
+    solution (the control variates' conserved quantity is sum_c D_c xi_c, not sum_c xi_c), at every
+    step size; FedNova's normalised messages bring it to theta* exactly."""
+    star = np.asarray(het_gaussian.theta_star)
+    plain, nova = fj.local_work.fixed([1, 3, 6]), fj.local_work.fixed([1, 3, 6], normalization="fednova")
+    theta_H = _theta_H(het_gaussian, plain)
+    assert np.linalg.norm(theta_H - star) > 0.05
+    for eta in (0.05, 0.01):
+        limit = fj.theory.exact_mean(het_gaussian, fj.scafflsa(eta, plain), 4000)[-1]
+        np.testing.assert_allclose(limit, theta_H, rtol=0, atol=1e-9)
+        limit = fj.theory.exact_mean(het_gaussian, fj.scafflsa(eta, nova), 4000)[-1]
+        np.testing.assert_allclose(limit, star, rtol=0, atol=1e-9)
+    with pytest.raises(
+        ValueError, match=r"^algorithm='scafflsa with uniform local work' is invalid: no exact"
+    ):
+        fj.theory.exact_mse(het_gaussian, fj.scafflsa(0.05, fj.local_work.uniform(1, 4)), 3)
+
+
+def test_with_the_bootstrap_and_the_plug_in(het_gaussian):
+    """The bootstrap's main trajectory is the run itself, bit for bit; the plug-in refuses unequal work."""
+    alg = fj.fedlsa(0.05, fj.local_work.uniform(1, 4))
+    plain = fj.simulate(1, het_gaussian, alg, 5, 8, keep_seeds=8)
+    boot = fj.simulate(1, het_gaussian, fj.bootstrap(alg, 4), 5, 8, keep_seeds=8)
+    np.testing.assert_array_equal(boot.seed_mse, plain.seed_mse)
+    with pytest.raises(ValueError, match="unequal local work"):
+        fj.plug_in(alg)
