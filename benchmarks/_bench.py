@@ -83,3 +83,51 @@ def monte_carlo_args(argv, description: str, seeds: int, rounds: int, out: str):
     args.out.mkdir(parents=True, exist_ok=True)
     args.figures.mkdir(parents=True, exist_ok=True)
     return args
+
+
+def exact_figure_args(argv, description: str, seeds: int, rounds: int, records: int = 40):
+    """Parse the options of a script that draws Monte Carlo against exact curves (``--seeds``,
+    ``--rounds``, ``--records``, ``--figures``, ``--json``) and turn float64 on; returns ``(args,
+    record_every)``."""
+    import argparse
+    from pathlib import Path
+
+    import jax
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--seeds", type=int, default=seeds)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--records", type=int, default=records)
+    ap.add_argument("--figures", type=Path, default=Path("benchmarks/figures"))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+    return args, max(1, args.rounds // args.records)
+
+
+def mc_against_exact(ax, problem, alg, rounds: int, seeds: int, every: int, color, label: str, key: int = 1):
+    """Simulate ``alg`` and draw its MSE band (mean +- 2 s.e.) and ``exact_mse`` on ``ax``; returns the
+    run's figures (final MSE and s.e., exact, largest |MC - exact| in s.e. over the recorded rounds,
+    diverged seeds, seconds)."""
+    import jax
+    import numpy as np
+
+    import fedsa_jax as fj
+
+    t0 = time.perf_counter()
+    res = fj.simulate(jax.random.key(key), problem, alg, rounds, seeds, record_every=every)
+    wall = time.perf_counter() - t0
+    exact = fj.theory.exact_mse(problem, alg, rounds)
+    z = np.abs(res.mse_mean[1:] - exact[res.rounds][1:]) / res.mse_sem[1:]
+    band = 2 * res.mse_sem
+    ax.fill_between(res.rounds, res.mse_mean - band, res.mse_mean + band, color=color, alpha=0.3)
+    ax.plot(np.arange(rounds + 1), exact, color=color, lw=1, label=f"{label} (exact)")
+    return dict(
+        run=label,
+        final_mse=float(res.mse_mean[-1]),
+        final_sem=float(res.mse_sem[-1]),
+        exact_final=float(exact[-1]),
+        max_z=float(z.max()),
+        diverged=int(res.num_diverged[-1]),
+        seconds=wall,
+    )

@@ -22,14 +22,10 @@ mean 6.2), eta = 0.05. Three panels:
 
 from __future__ import annotations
 
-import argparse
-import time
-from pathlib import Path
-
 import jax
 import matplotlib
 import numpy as np
-from _bench import write_json
+from _bench import exact_figure_args, mc_against_exact, write_json
 
 import fedsa_jax as fj
 
@@ -48,19 +44,12 @@ def theta_H(problem, law):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--records", type=int, default=40)
-    ap.add_argument("--figures", type=Path, default=Path("benchmarks/figures"))
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    jax.config.update("jax_enable_x64", True)
+    args, every = exact_figure_args(argv, __doc__.split("\n")[0], seeds=2000, rounds=200)
     problem = fj.problems.random_gaussian_lsa(
         jax.random.key(0), num_agents=10, dim=4, heterogeneity=0.5, noise_A=0.1, noise_b=0.3
     )
     star = np.asarray(problem.theta_star)
-    T, every = args.rounds, max(1, args.rounds // args.records)
+    T = args.rounds
     plain, nova = fj.local_work.fixed(COUNTS), fj.local_work.fixed(COUNTS, normalization="fednova")
     gap = float(np.sum((theta_H(problem, plain) - star) ** 2))
     runs = {
@@ -79,33 +68,15 @@ def main(argv=None):
     report = {"counts": COUNTS, "eta": ETA, "objective_inconsistency": gap, "runs": [], "uniform": []}
     ax = axes[0]
     for (name, (alg, bias)), color in zip(runs.items(), ("C3", "C1", "C0", "C2")):
-        t0 = time.perf_counter()
-        res = fj.simulate(jax.random.key(1), problem, alg, T, args.seeds, record_every=every)
-        wall = time.perf_counter() - t0
-        exact = fj.theory.exact_mse(problem, alg, T)
+        row = mc_against_exact(ax, problem, alg, T, args.seeds, every, color, name)
         limit = fj.theory.exact_mean(problem, alg, 20 * T)[-1]
-        z = np.abs(res.mse_mean[1:] - exact[res.rounds][1:]) / res.mse_sem[1:]
-        row = dict(
-            run=name,
-            final_mse=float(res.mse_mean[-1]),
-            final_sem=float(res.mse_sem[-1]),
-            exact_final=float(exact[-1]),
-            max_z=float(z.max()),
-            squared_bias_closed_form=bias,
-            squared_bias_exact_mean=float(np.sum((limit - star) ** 2)),
-            seconds=wall,
-        )
+        row.update(squared_bias_closed_form=bias, squared_bias_exact_mean=float(np.sum((limit - star) ** 2)))
         report["runs"].append(row)
         print(
             f"{name:18s} final MSE {row['final_mse']:.4g} +- {row['final_sem']:.2g} "
             f"(exact {row['exact_final']:.4g}, max |z| {row['max_z']:.2f}); squared limit bias {bias:.4g} "
-            "(exact mean's limit "
-            f"{row['squared_bias_exact_mean']:.4g}), {wall:.1f} s"
+            f"(exact mean's limit {row['squared_bias_exact_mean']:.4g}), {row['seconds']:.1f} s"
         )
-        ax.fill_between(
-            res.rounds, res.mse_mean - 2 * res.mse_sem, res.mse_mean + 2 * res.mse_sem, color=color, alpha=0.3
-        )
-        ax.plot(np.arange(T + 1), exact, color=color, lw=1, label=f"{name} (exact)")
         if bias > 0:
             ax.axhline(bias, color=color, ls=":", lw=1)
     ax.set(yscale="log", xlabel="round t", ylabel=r"$E|\theta_t - \theta^\star|^2$")
@@ -142,27 +113,13 @@ def main(argv=None):
     ax = axes[2]
     for shared, color in ((False, "C2"), (True, "C4")):
         law = fj.local_work.uniform(1, 11, shared=shared)
-        alg = fj.fedlsa(ETA, law)
-        res = fj.simulate(jax.random.key(2), problem, alg, T, args.seeds, record_every=every)
-        exact = fj.theory.exact_mse(problem, alg, T)
-        z = np.abs(res.mse_mean[1:] - exact[res.rounds][1:]) / res.mse_sem[1:]
         label = "one count shared" if shared else "independent counts"
-        report["uniform"].append(
-            dict(
-                shared=shared,
-                final_mse=float(res.mse_mean[-1]),
-                exact_final=float(exact[-1]),
-                max_z=float(z.max()),
-            )
-        )
+        row = mc_against_exact(ax, problem, fj.fedlsa(ETA, law), T, args.seeds, every, color, label, key=2)
+        report["uniform"].append(dict(row, shared=shared))
         print(
-            f"uniform{{1..11}}, {label:18s} final MSE {res.mse_mean[-1]:.4g} "
-            f"(exact {exact[-1]:.4g}, max |z| {z.max():.2f})"
+            f"uniform{{1..11}}, {label:18s} final MSE {row['final_mse']:.4g} "
+            f"(exact {row['exact_final']:.4g}, max |z| {row['max_z']:.2f})"
         )
-        ax.fill_between(
-            res.rounds, res.mse_mean - 2 * res.mse_sem, res.mse_mean + 2 * res.mse_sem, color=color, alpha=0.3
-        )
-        ax.plot(np.arange(T + 1), exact, color=color, lw=1, label=f"{label} (exact)")
     ax.set(yscale="log", xlabel="round t", ylabel=r"$E|\theta_t - \theta^\star|^2$")
     ax.set_title("FedLSA, H_c ~ U{1..11}: same mean, different second moments", fontsize=9)
     ax.legend(fontsize=7)

@@ -12,14 +12,12 @@ printed; the right panel shows the final MSE against m (Monte Carlo points, exac
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 import jax
 import matplotlib
 import numpy as np
-from _bench import write_json
+from _bench import exact_figure_args, write_json
 
 import fedsa_jax as fj
 
@@ -34,18 +32,11 @@ ALGORITHMS = {
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=300)
-    ap.add_argument("--records", type=int, default=40)
-    ap.add_argument("--figures", type=Path, default=Path("benchmarks/figures"))
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    jax.config.update("jax_enable_x64", True)
+    args, every = exact_figure_args(argv, __doc__.split("\n")[0], seeds=1000, rounds=300)
     problem = fj.problems.garnet(
         jax.random.key(0), num_agents=10, num_states=10, dim=4, heterogeneity="heterogeneous", dtype="float64"
     )
-    T, every = args.rounds, max(1, args.rounds // args.records)
+    T = args.rounds
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4), dpi=110)
     rows = []
     for ax, (name, build) in zip(axes[:2], ALGORITHMS.items()):

@@ -13,7 +13,9 @@ and EF14); ``cohort``, partial participation (``clients_per_round = 5`` of the 1
 channel), FedLSA and Scaffnew, whose rate counts the cohort's local steps only (the steps done);
 ``local-work``, heterogeneous and random local work (``fj.local_work``: uniform counts, fixed
 counts spread over 1..H with FedNova, stragglers, and through the lossy channel), whose rate counts
-the steps done, ``sum_c E[H_c]`` a round, while the kernel runs H steps for every agent.
+the steps done, ``sum_c E[H_c]`` a round, while the kernel runs H steps for every agent; ``delays``,
+delayed updates (``fj.delays``: a fixed delay of 4 rounds, uniform on 0..8, and through the lossy
+channel).
 
 Columns: warm agent-local steps per second (best of ``--repeats`` calls after the first),
 its ratio to TD FedLSA (generative, exact; the first row), and the first call's wall time,
@@ -75,6 +77,7 @@ def extra_rows(H: int, N: int) -> dict:
     counts = [1 + c * (H - 1) // max(1, N - 1) for c in range(N)]  # 1..H over the agents
     spread = fj.local_work.fixed(counts, normalization="fednova")
     slow = fj.local_work.straggler(H, 0.3, 0.5)
+    spread = fj.delays.uniform(8)
     return {
         "downlink": {
             "FedLSA": (fj.fedlsa(0.05, H, downlink=down), N * H, "top-2 down"),
@@ -95,6 +98,11 @@ def extra_rows(H: int, N: int) -> dict:
             "FedLSA fixed": (fj.fedlsa(0.05, spread), sum(spread.mean_steps(N)), "H_c fixed, FedNova"),
             "SCAFFLSA straggler": (fj.scafflsa(0.05, slow), N * slow.tau(N), "straggler 0.3, 1/2"),
             "SCAFFLSA lossy": (fj.scafflsa(0.05, uniform, **lossy), N * (1 + H) / 2, "U, 4-bit, p=0.6"),
+        },
+        "delays": {
+            "FedLSA fixed": (fj.fedlsa(0.05, H, delays=fj.delays.fixed(4)), N * H, "delay 4"),
+            "FedLSA uniform": (fj.fedlsa(0.05, H, delays=spread), N * H, "delay U{0..8}"),
+            "FedLSA lossy": (fj.fedlsa(0.05, H, delays=spread, **lossy), N * H, "U, 4-bit p=0.6"),
         },
     }
 
@@ -125,7 +133,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument(
         "--only",
-        choices=("downlink", "error-feedback", "cohort", "local-work"),
+        choices=("downlink", "error-feedback", "cohort", "local-work", "delays"),
         default=None,
         help="the first row and this extra group only",
     )

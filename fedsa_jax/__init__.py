@@ -33,6 +33,7 @@ _PUBLIC = {
     "bootstrap": "fedsa_jax.algorithms",
     "channel": None,
     "compare": "fedsa_jax._compare",
+    "delays": None,
     "fedlsa": "fedsa_jax.algorithms",
     "grid": "fedsa_jax._sweep",
     "growing_local_steps": "fedsa_jax.optim",
@@ -75,6 +76,7 @@ __all__ = [
     "bootstrap",
     "channel",
     "compare",
+    "delays",
     "fedlsa",
     "grid",
     "growing_local_steps",
@@ -105,6 +107,7 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
     from fedsa_jax import (
         algorithms,
         channel,
+        delays,
         inference,
         local_work,
         metrics,

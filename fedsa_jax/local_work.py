@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -58,30 +58,34 @@ import numpy as np
 
 from fedsa_jax import _validate
 
-__all__ = ["LocalWork", "fixed", "geometric", "law", "straggler", "uniform"]
+__all__ = ["CountLaw", "LocalWork", "fixed", "geometric", "law", "straggler", "uniform"]
 
 NORMALIZATIONS = ("none", "fednova")
 WORK_STREAM = 0x776B  # fold_in tag of the round's local-work key ("wk"): a stream of its own
 
 
 @dataclasses.dataclass(frozen=True)
-class LocalWork:
-    """A law of the local step counts (a static part of a configuration: hashable, compared by
-    value). ``pmf[c][h - 1] = P(H_c = h)`` for ``h = 1..H_max``: one row (every agent's law) or one
-    per agent; ``shared``: one count drawn per round for every agent (one row only)."""
+class CountLaw:
+    """A law of a small count per agent and round, drawn independently of the state (a static part of
+    a configuration: hashable, compared by value). ``pmf[c][k] = P(count_c = first + k)``: one row
+    (every agent's law) or one per agent; ``shared``: one count drawn per round for every agent (one
+    row only). The local work's counts start at 1 (:class:`LocalWork`), delays at 0
+    (:class:`fedsa_jax.delays.Delays`)."""
 
     pmf: tuple[tuple[float, ...], ...]
     shared: bool = False
-    normalization: str = "none"
     name: str = "law"
 
+    first: ClassVar[int] = 1  # the smallest count
+    argument: ClassVar[str] = "num_local_steps"  # the parameter that takes it, for messages
+
     @property
-    def max(self) -> int:
-        """``H_max``: the steps every round of the compiled kernel has."""
-        return len(self.pmf[0])
+    def largest(self) -> int:
+        """The largest count with positive probability."""
+        return self.first + len(self.pmf[0]) - 1
 
     def table(self, num_agents: int) -> np.ndarray:
-        """``(N, H_max)`` float64: each agent's ``P(H_c = h)``."""
+        """``(N, K)`` float64: each agent's ``P(count_c = first + k)``."""
         p = np.asarray(self.pmf, np.float64)
         return np.broadcast_to(p, (num_agents, p.shape[1])).copy()
 
@@ -89,34 +93,78 @@ class LocalWork:
     def deterministic(self) -> bool:
         return all(max(row) == 1.0 for row in self.pmf)
 
-    def mean_steps(self, num_agents: int) -> np.ndarray:
-        """``E[H_c]`` per agent, ``(N,)``."""
-        return self.table(num_agents) @ np.arange(1, self.max + 1)
-
-    def tau(self, num_agents: int) -> float:
-        """FedNova's ``tau = mean_c E[H_c]``."""
-        return float(np.mean(self.mean_steps(num_agents)))
+    def mean_counts(self, num_agents: int) -> np.ndarray:
+        """``E[count_c]`` per agent, ``(N,)``."""
+        return self.table(num_agents) @ np.arange(self.first, self.largest + 1)
 
     def check(self, num_agents: int) -> None:
         """Refuse a table with one row per agent for another number of agents."""
         if len(self.pmf) not in (1, num_agents):
             _validate.fail(
-                "num_local_steps",
+                self.argument,
                 f"{self.name} with {len(self.pmf)} agents' laws",
                 f"expected one law, or one per agent ({num_agents})",
             )
 
     def draw(self, key: jax.Array, num_agents: int) -> jax.Array:
-        """``(N,) int32``: this round's ``H_c`` (inverse CDF of one uniform per agent, or of one
-        shared by all)."""
-        cdf = jnp.asarray(np.cumsum(self.table(num_agents), axis=1)[:, :-1])  # (N, H_max - 1)
-        u = jax.random.uniform(key, (1 if self.shared else num_agents,), cdf.dtype)
-        return 1 + jnp.sum(u[:, None] >= cdf, axis=1).astype(jnp.int32)
+        """``(N,) int32``: this round's counts (inverse CDF of one uniform per agent, or of one shared
+        by all)."""
+        cdf = jnp.asarray(np.cumsum(self.table(num_agents), axis=1)[:, :-1], jnp.float32)  # (N, K - 1)
+        u = jax.random.uniform(key, (1 if self.shared else num_agents,), jnp.float32)  # any precision mode
+        idx = jnp.sum(u[:, None] >= cdf, axis=1).astype(jnp.int32)
+        return jnp.broadcast_to(self.first + idx, (num_agents,))
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"law": self.name, "pmf": [list(r) for r in self.pmf]}
         if self.shared:
             out["shared"] = True
+        return out
+
+
+def counts_law(cls, pmf, name: str, shared: bool, **fields):
+    """A :class:`CountLaw` of class ``cls`` from a checked table ``pmf`` (rows normalised to sum to
+    1, impossible counts past the last possible one dropped)."""
+    if not isinstance(shared, bool):
+        _validate.fail("shared", shared, "expected True or False")
+    try:
+        p = np.asarray(pmf, np.float64)
+    except (TypeError, ValueError):
+        p = np.zeros((0,))
+    if p.ndim not in (1, 2) or p.size == 0:
+        _validate.fail("pmf", pmf, "expected a table of probabilities, one row or one per agent")
+    p = np.atleast_2d(p)
+    if not np.all(np.isfinite(p)) or np.any(p < 0) or np.any(p.sum(axis=1) <= 0):
+        _validate.fail("pmf", pmf, "expected finite probabilities >= 0, each row with a positive sum")
+    p = p / p.sum(axis=1, keepdims=True)
+    p = p[:, : int(np.max(np.nonzero(p.any(axis=0))[0])) + 1]  # no trailing impossible counts
+    if shared and p.shape[0] != 1:
+        _validate.fail("shared", shared, "a shared count needs one law for every agent, not one per agent")
+    rows = tuple(tuple(float(x) for x in r) for r in p)
+    return cls(rows, shared and max(rows[0]) < 1.0, name, **fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalWork(CountLaw):
+    """A law of the local step counts: ``pmf[c][h - 1] = P(H_c = h)`` for ``h = 1..H_max``;
+    ``normalization``: ``"none"`` (plain averaging) or ``"fednova"``."""
+
+    normalization: str = "none"
+
+    @property
+    def max(self) -> int:
+        """``H_max``: the steps every round of the compiled kernel has."""
+        return self.largest
+
+    def mean_steps(self, num_agents: int) -> np.ndarray:
+        """``E[H_c]`` per agent, ``(N,)``."""
+        return self.mean_counts(num_agents)
+
+    def tau(self, num_agents: int) -> float:
+        """FedNova's ``tau = mean_c E[H_c]``."""
+        return float(np.mean(self.mean_steps(num_agents)))
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
         if self.normalization != "none":
             out["normalization"] = self.normalization
         return out
@@ -125,32 +173,16 @@ class LocalWork:
 def _make(pmf, name: str, shared: bool, normalization: str) -> LocalWork | int:
     if normalization not in NORMALIZATIONS:
         _validate.fail("normalization", normalization, f"expected one of {NORMALIZATIONS}")
-    if not isinstance(shared, bool):
-        _validate.fail("shared", shared, "expected True or False")
-    p = np.atleast_2d(np.asarray(pmf, np.float64))
-    p = p / p.sum(axis=1, keepdims=True)
-    p = p[:, : int(np.max(np.nonzero(p.any(axis=0))[0])) + 1]  # no trailing impossible counts
-    if shared and p.shape[0] != 1:
-        _validate.fail("shared", shared, "a shared count needs one law for every agent, not one per agent")
-    rows = tuple(tuple(float(x) for x in r) for r in p)
-    if len(set(rows)) == 1 and max(rows[0]) == 1.0:  # every agent runs the same fixed H: lockstep
-        return len(rows[0])
-    return LocalWork(rows, shared and max(rows[0]) < 1.0, normalization, name)
+    out = counts_law(LocalWork, pmf, name, shared, normalization=normalization)
+    if len(set(out.pmf)) == 1 and out.deterministic:  # every agent runs the same fixed H: lockstep
+        return out.max
+    return out
 
 
 def law(pmf, shared: bool = False, normalization: str = "none") -> LocalWork | int:
     """Any law with bounded support: ``pmf[h - 1] = P(H_c = h)`` for ``h = 1..H_max`` (a row for every
     agent, or an ``(N, H_max)`` table, one row per agent); normalised to sum to 1."""
-    p = np.asarray(pmf, dtype=object)
-    try:
-        arr = np.asarray(pmf, np.float64)
-    except (TypeError, ValueError):
-        _validate.fail("pmf", pmf, "expected a table of probabilities, one row or one per agent")
-    if arr.ndim not in (1, 2) or arr.shape[-1] < 1 or p.size == 0:
-        _validate.fail("pmf", pmf, "expected a table of probabilities, one row or one per agent")
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(np.atleast_2d(arr).sum(axis=1) <= 0):
-        _validate.fail("pmf", pmf, "expected finite probabilities >= 0, each row with a positive sum")
-    return _make(arr, "law", shared, normalization)
+    return _make(pmf, "law", shared, normalization)
 
 
 def fixed(steps, normalization: str = "none") -> LocalWork | int:

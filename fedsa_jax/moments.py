@@ -58,7 +58,7 @@ Example (server momentum on the agents' mean, ``v <- beta v + (mean - theta)``, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from math import lgamma
 from typing import Any
 
@@ -88,6 +88,7 @@ __all__ = [
     "downlink_blocks",
     "local_step",
     "random_stop",
+    "rebase",
     "recursion_of",
     "scale_updates",
     "server_step",
@@ -128,6 +129,7 @@ class Augmented:
         self._specs: list[tuple[str, int, bool, Callable | None]] = []
         self.carried: list[str] = []
         self.zero_sum: list[str] = []
+        self.zero_sum_weights: dict[str, np.ndarray] = {}  # a zero_sum block's weights w_c (default 1)
         self._slices: dict[str, Any] | None = None
         self._cache: dict = {}
         self._memo: dict = {}
@@ -141,14 +143,15 @@ class Augmented:
         per_agent: bool = False,
         initial: Callable | None = None,
         carried: bool = False,
-        zero_sum: bool = False,
+        zero_sum: bool | Sequence[float] = False,
     ) -> None:
         """Append a block of ``size`` coordinates (default d), one per agent if ``per_agent``.
 
         ``initial(theta_0 - theta_star) -> values`` gives its initial mean (default 0; :data:`START`:
         the initial iterate). ``carried``: the block persists across rounds (stability).
         ``zero_sum`` (per-agent blocks): their sum over agents stays 0 (control variates);
-        stability is taken on that subspace.
+        stability is taken on that subspace; a sequence of N weights: ``sum_c w_c x_c`` stays 0
+        instead (SCAFFLSA's control variates under unequal local work keep ``sum_c D_c xi_c``).
         """
         if self._slices is not None:
             _validate.fail("block", name, "add every block before reading the layout (y[...], y.D)")
@@ -157,13 +160,21 @@ class Augmented:
         self._specs.append((name, self.d if size is None else int(size), per_agent, initial))
         if carried:
             self.carried.append(name)
-        if zero_sum:
+        if zero_sum is not False:
             self.zero_sum.append(name)
+        if zero_sum is not False and zero_sum is not True:
+            self.zero_sum_weights[name] = np.asarray(zero_sum, np.float64)
 
     @property
     def per_agent(self) -> list[str]:
         """The names of the per-agent blocks, in order."""
         return [name for name, _, per_agent, _ in self._specs if per_agent]
+
+    def zero_sum_constraint(self, name: str) -> np.ndarray:
+        """``(n, N n)``: the map ``x -> sum_c w_c x_c`` of a zero-sum per-agent block of size n."""
+        w = self.zero_sum_weights.get(name, np.ones(self.N))
+        size = len(self.indices(name)) // self.N
+        return np.kron(w[None, :], np.eye(size))
 
     def __contains__(self, name: str) -> bool:
         return any(n == name for n, *_ in self._specs)
@@ -941,11 +952,40 @@ class ScaleUpdates(Affine):
     def _build(self) -> np.ndarray:
         y = self.y
         y.require_dense()
-        L, ref = np.eye(y.D), y.indices(self.reference)
+        L = np.eye(y.D)
         for c, rows in enumerate(y.indices(self.iterates).reshape(y.N, -1)):
             L[rows, rows] = self.scale[c]
-            L[rows, ref] += 1.0 - self.scale[c]
+            L[rows, _agent_rows(y, self.reference, c)] += 1.0 - self.scale[c]
         return L
+
+
+def _agent_rows(y: Augmented, block: str, c: int) -> np.ndarray:
+    """Agent c's rows of a per-agent ``block``, or the rows of a global one."""
+    rows = y.indices(block)
+    return rows.reshape(y.N, -1)[c] if block in y.per_agent else rows
+
+
+class Rebase(Affine):
+    """Each agent's iterate moved from its own start to a global block (:func:`rebase`)."""
+
+    def __init__(self, y: Augmented, iterates: str, start: str, base: str):
+        self.iterates, self.start, self.base = iterates, start, base
+        super().__init__(y, self._build, ("rebase", iterates, start, base))
+
+    def _build(self) -> np.ndarray:
+        y = self.y
+        y.require_dense()
+        L = np.eye(y.D)
+        for c, rows in enumerate(y.indices(self.iterates).reshape(y.N, -1)):
+            L[rows, _agent_rows(y, self.start, c)] -= 1.0  # paired indices: the identity block
+            L[rows, y.indices(self.base)] += 1.0
+        return L
+
+
+def rebase(y: Augmented, iterates: str = "loc", start: str = "lag", base: str = "theta") -> Affine:
+    """``iterates_c <- base + (iterates_c - start_c)``: agent c's update since its own start (a
+    per-agent block, e.g. the stale iterate a delayed update began from) applied to ``base``."""
+    return Rebase(y, iterates, start, base)
 
 
 def scale_updates(y: Augmented, scale, reference: str = "theta", iterates: str = "loc") -> Affine:

@@ -91,12 +91,12 @@ def name_or_number(text: str, names: tuple[str, ...], accept, expected: str):
 
 
 LOCAL_WORK_LAWS = {"fixed": None, "uniform": 2, "geometric": 2, "straggler": 2}  # law -> its numbers
+DELAY_LAWS = {"fixed": 1, "uniform": 1, "geometric": 2}
 
 
-def local_work_spec(text: str) -> str:
-    """``--local-work``: ``none`` or ``LAW:NUMBERS`` (:data:`LOCAL_WORK_LAWS`), checked for its form
-    (the values are checked by :mod:`fedsa_jax.local_work` when the law is built)."""
-    expected = "none, fixed:H1,...,HN, uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:PROB,FRACTION"
+def _law_spec(text: str, laws: dict, expected: str) -> str:
+    """``none`` or ``LAW:NUMBERS`` with ``laws[LAW]`` numbers (None: any), checked for its form (the
+    values are checked by the library when the law is built)."""
     if text == "none":
         return text
     law, sep, rest = text.partition(":")
@@ -104,10 +104,21 @@ def local_work_spec(text: str) -> str:
         values = [float(v) for v in rest.split(",")] if sep else []
     except ValueError:
         values = []
-    count = LOCAL_WORK_LAWS.get(law, -1)
+    count = laws.get(law, -1)
     if not values or count == -1 or (count is not None and len(values) != count):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return text
+
+
+def local_work_spec(text: str) -> str:
+    """``--local-work``: ``none`` or ``LAW:NUMBERS`` (:mod:`fedsa_jax.local_work`)."""
+    expected = "none, fixed:H1,...,HN, uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:PROB,FRACTION"
+    return _law_spec(text, LOCAL_WORK_LAWS, expected)
+
+
+def delays_spec(text: str) -> str:
+    """``--delays``: ``none`` or ``LAW:NUMBERS`` (:mod:`fedsa_jax.delays`)."""
+    return _law_spec(text, DELAY_LAWS, "none, fixed:TAU, uniform:TAU_MAX or geometric:MEAN,TAU_MAX")
 
 
 def real(text: str) -> float:
@@ -265,17 +276,24 @@ LOCAL_WORK = Option(
     params=("num_local_steps",),
     read_by="fedlsa and scafflsa",
 )
-LOCAL_WORK_SHARED = Option(
-    ("--local-work-shared",),
-    "local_work_shared",
-    "one random H drawn each round for every agent (default: one per agent)",
-    action="store_true",
-    default=False,
-    group="algorithms",
-    params=("shared",),
-    grid=False,
-    read_by="fedlsa and scafflsa",
-)
+
+
+def _shared_flag(name: str, what: str, read_by: str) -> Option:
+    """``--NAME-shared``: one random count drawn each round for every agent."""
+    return Option(
+        (f"--{name.replace('_', '-')}-shared",),
+        f"{name}_shared",
+        f"one random {what} drawn each round for every agent (default: one per agent)",
+        action="store_true",
+        default=False,
+        group="algorithms",
+        params=("shared",),
+        grid=False,
+        read_by=read_by,
+    )
+
+
+LOCAL_WORK_SHARED = _shared_flag("local_work", "H", "fedlsa and scafflsa")
 WORK_NORMALIZATION = Option(
     ("--work-normalization",),
     "work_normalization",
@@ -289,6 +307,19 @@ WORK_NORMALIZATION = Option(
     read_by="fedlsa and scafflsa",
 )
 LOCAL_WORK_OPTIONS = (LOCAL_WORK, LOCAL_WORK_SHARED, WORK_NORMALIZATION)  # what fj.local_work's laws read
+DELAYS = Option(
+    ("--delays",),
+    "delays",
+    "delayed updates: each agent's update starts from the server iterate TAU rounds old, fixed:TAU, "
+    "uniform:TAU_MAX or geometric:MEAN,TAU_MAX (default none)",
+    delays_spec,
+    "none",
+    metavar="LAW",
+    group="algorithms",
+    params=("delays",),
+    read_by="fedlsa",
+)
+DELAYS_SHARED = _shared_flag("delays", "delay", "fedlsa")
 
 SKIP = Option(
     ("--skip",),

@@ -57,6 +57,13 @@ def tiny_td():
 
 
 @pytest.fixture(scope="session")
+def tiny_td_sampled(tiny_td):
+    """``tiny_td`` as federated TD problems (gamma 0.9), ``{"generative": ..., "markov": ...}``."""
+    P, r, Phi = tiny_td
+    return {s: fj.problems.federated_td(P, r, Phi, 0.9, sampling=s) for s in ("generative", "markov")}
+
+
+@pytest.fixture(scope="session")
 def het_gaussian():
     return fj.problems.random_gaussian_lsa(
         jax.random.key(3), num_agents=3, dim=3, heterogeneity=1.0, noise_A=0.2, noise_b=0.5

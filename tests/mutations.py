@@ -988,6 +988,38 @@ MUTATIONS = [
         ("tests/test_local_work.py::test_through_the_driver_and_the_counts",),
         "the observation count ignores the agents' counts",
     ),
+    Mutation(
+        "delay-off-by-one-lag",
+        "fedsa_jax/algorithms/_base.py",
+        "    return jnp.concatenate([error[None], past])[lags]",
+        "    return jnp.concatenate([error[None], past])[jnp.minimum(lags + 1, past.shape[0])]",
+        ("tests/test_delays.py::test_gaussian_round_by_round_against_numpy",),
+        "every agent starts one round older than its delay",
+    ),
+    Mutation(
+        "delay-buffer-not-moving",
+        "fedsa_jax/algorithms/_base.py",
+        "    return jnp.concatenate([error[None], past[:-1]])",
+        "    return past",
+        ("tests/test_delays.py::test_gaussian_round_by_round_against_numpy",),
+        "the buffer keeps theta_0: stale starts never move",
+    ),
+    Mutation(
+        "delayed-message-against-current",
+        "fedsa_jax/algorithms/fedlsa.py",
+        "        local, start = state.error + (local - start), state.error",
+        "        local, start = local, state.error",
+        ("tests/test_delays.py::test_gaussian_round_by_round_against_numpy",),
+        "the server averages the stale local iterates instead of applying their updates",
+    ),
+    Mutation(
+        "delay-theory-buffer-still",
+        "fedsa_jax/algorithms/_base.py",
+        '    return [start, *local_work_theory(y, config, steps, "lag"), rebase, push]',
+        '    return [start, *local_work_theory(y, config, steps, "lag"), rebase]',
+        ("tests/test_delays.py::test_monte_carlo_matches_exact_mse_gaussian",),
+        "the exact recursion's buffer never moves",
+    ),
 ]
 
 

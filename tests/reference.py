@@ -119,16 +119,28 @@ def step_sizes_at(config, t):
     return [float(eta(start + h)) for h in range(H)]
 
 
-def work_counts(problem, config, key, seed, t):
-    """Round t's local step counts ``H_{c,t}`` ``(N,)`` under ``config.local_work`` (the kernel's key:
-    ``fold_in(round key, WORK_STREAM)``), or None in lockstep."""
-    from fedsa_jax.local_work import WORK_STREAM
-
-    law = getattr(config, "local_work", None)
+def _law_draws(problem, config, field, stream, key, seed, t):
+    """Round t's counts ``(N,)`` of the law ``config.<field>`` (the kernel's key: ``fold_in(round key,
+    stream)``), or None without one."""
+    law = getattr(config, field, None)
     if law is None:
         return None
     round_key = jax.random.fold_in(_seed_keys(key, seed)[1], jnp.asarray(t, jnp.uint32))
-    return np.asarray(law.draw(jax.random.fold_in(round_key, WORK_STREAM), problem.num_agents))
+    return np.asarray(law.draw(jax.random.fold_in(round_key, stream), problem.num_agents))
+
+
+def work_counts(problem, config, key, seed, t):
+    """Round t's local step counts ``H_{c,t}`` under ``config.local_work``, or None in lockstep."""
+    from fedsa_jax.local_work import WORK_STREAM
+
+    return _law_draws(problem, config, "local_work", WORK_STREAM, key, seed, t)
+
+
+def delay_lags(problem, config, key, seed, t):
+    """Round t's delays ``tau_{c,t}`` under ``config.delays``, or None without delays."""
+    from fedsa_jax.delays import DELAY_STREAM
+
+    return _law_draws(problem, config, "delays", DELAY_STREAM, key, seed, t)
 
 
 def max_local_steps(config):
@@ -277,7 +289,8 @@ def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
     the step size for QFedTD). SCAFFLSA moves the control variates of delivered agents only, by
     ``(mean_{j in R} q(m_j) - q(m_c)) / (eta H)``. Local work (``config.local_work``): agent c runs
     its round's ``H_c`` steps (:func:`work_counts`); FedNova's normalisation sends ``tau / H_c`` times
-    its update.
+    its update. Delays (``config.delays``): agent c starts from ``theta_{max(0, t - tau_c)}``
+    (:func:`delay_lags`) and its message is taken against that start.
     """
     if algorithm.name == "scaffnew":
         return scaffnew_loop(problem, algorithm, T, theta0, agent_round, key, seed)
@@ -288,6 +301,8 @@ def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
     xi = np.zeros((N, d))
     out = [theta.copy()]
     for t in range(T):
+        lags = delay_lags(problem, cfg, key, seed, t)
+        starts = np.stack([theta if lags is None else out[max(0, t - lags[c])] for c in range(N)])
         g, H, etas = agent_round(t), local_steps_at(cfg, t), step_sizes_at(cfg, t)
         eta = etas[0]
         counts = work_counts(problem, cfg, key, seed, t)
@@ -297,14 +312,14 @@ def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
         else:
             local = np.zeros((N, d))
             for c in range(N):
-                th = theta.copy()
+                th = starts[c].copy()
                 for h in range(runs[c]):
                     step = g(c, h, th)
                     if algorithm.name == "scafflsa":
                         step = step - xi[c]
                     th = th - etas[h] * step
                 local[c] = th
-            msg = local - theta
+            msg = local - starts
             if counts is not None and cfg.local_work.normalization == "fednova":
                 msg = msg * (cfg.local_work.tau(N) / counts)[:, None]
         q, delivered, w = uplink(ch, msg, *(() if ch.trivial else channel_uniforms(key, seed, t, N, d)))

@@ -29,12 +29,6 @@ LAWS = {
 }
 
 
-@pytest.fixture(scope="module")
-def td(tiny_td):
-    P, r, Phi = tiny_td
-    return {s: fj.problems.federated_td(P, r, Phi, 0.9, sampling=s) for s in ("generative", "markov")}
-
-
 @pytest.mark.parametrize("law", list(LAWS))
 def test_gaussian_round_by_round_against_numpy(het_gaussian, law):
     alg = fj.fedlsa(0.05, LAWS[law]())
@@ -43,13 +37,13 @@ def test_gaussian_round_by_round_against_numpy(het_gaussian, law):
 
 @pytest.mark.parametrize("sampling", ["generative", "markov"])
 @pytest.mark.parametrize("law", ["fixed", "uniform", "straggler-fednova"])
-def test_td_round_by_round_against_numpy(td, sampling, law):
+def test_td_round_by_round_against_numpy(tiny_td_sampled, sampling, law):
     alg = fj.fedlsa(0.1, LAWS[law]())
-    check_against_loop(td[sampling], alg, td_loop, T=6, num_seeds=3, driver=False)
+    check_against_loop(tiny_td_sampled[sampling], alg, td_loop, T=6, num_seeds=3, driver=False)
 
 
-def test_through_the_driver_and_the_counts(td):
-    problem = td["markov"]
+def test_through_the_driver_and_the_counts(tiny_td_sampled):
+    problem = tiny_td_sampled["markov"]
     law = fj.local_work.fixed([1, 3, 5])
     check_against_loop(problem, fj.fedlsa(0.1, law), td_loop, T=5, num_seeds=4)  # statistics too
     res = fj.simulate(0, problem, fj.fedlsa(0.1, law), 5, 8)
@@ -78,8 +72,8 @@ def test_monte_carlo_matches_exact_mse_gaussian(het_gaussian, law):
 
 
 @pytest.mark.parametrize("law", ["fixed", "geometric", "straggler-fednova"])
-def test_monte_carlo_matches_exact_mse_td(td, law):
-    assert_monte_carlo_matches_exact(td["generative"], fj.fedlsa(0.1, LAWS[law]()), T=8, n=4000)
+def test_monte_carlo_matches_exact_mse_td(tiny_td_sampled, law):
+    assert_monte_carlo_matches_exact(tiny_td_sampled["generative"], fj.fedlsa(0.1, LAWS[law]()), T=8, n=4000)
 
 
 def _theta_H(problem, law):
@@ -212,20 +206,21 @@ SCAFFLSA_LAWS = {
 
 
 @pytest.mark.parametrize("law", list(SCAFFLSA_LAWS))
-def test_scafflsa_round_by_round_against_numpy(het_gaussian, td, law):
+def test_scafflsa_round_by_round_against_numpy(het_gaussian, tiny_td_sampled, law):
     """SCAFFLSA's control variates divide by the agent's own step sum (plain) or by tau eta
     (FedNova's normalised messages); through a lossy channel too."""
     check_against_loop(
         het_gaussian, fj.scafflsa(0.05, SCAFFLSA_LAWS[law]()), gaussian_loop, 6, 3, driver=False
     )
     lossy = fj.scafflsa(0.1, SCAFFLSA_LAWS[law](), success_prob=0.7)
-    check_against_loop(td["markov"], lossy, td_loop, 6, 3, driver=False)
+    check_against_loop(tiny_td_sampled["markov"], lossy, td_loop, 6, 3, driver=False)
 
 
 @pytest.mark.parametrize("law", ["fixed", "fixed-fednova", "uniform-fednova"])
-def test_scafflsa_monte_carlo_matches_exact_mse(het_gaussian, td, law):
+def test_scafflsa_monte_carlo_matches_exact_mse(het_gaussian, tiny_td_sampled, law):
     assert_monte_carlo_matches_exact(het_gaussian, fj.scafflsa(0.05, SCAFFLSA_LAWS[law]()), T=8, n=4000)
-    assert_monte_carlo_matches_exact(td["generative"], fj.scafflsa(0.1, SCAFFLSA_LAWS[law]()), T=6, n=4000)
+    alg = fj.scafflsa(0.1, SCAFFLSA_LAWS[law]())
+    assert_monte_carlo_matches_exact(tiny_td_sampled["generative"], alg, T=6, n=4000)
 
 
 def test_scafflsa_limits(het_gaussian):
@@ -255,3 +250,28 @@ def test_with_the_bootstrap_and_the_plug_in(het_gaussian):
     np.testing.assert_array_equal(boot.seed_mse, plain.seed_mse)
     with pytest.raises(ValueError, match="unequal local work"):
         fj.plug_in(alg)
+
+
+def test_scaffnew_refuses_local_work():
+    with pytest.raises(ValueError, match=r"^num_local_steps='uniform' is invalid: Scaffnew's agents"):
+        fj.scaffnew(0.1, 0.2, fj.local_work.uniform(1, 3))
+
+
+def test_exact_recursions_refuse_random_work_under_markov_sampling(tiny_td_sampled):
+    alg = fj.fedlsa(0.1, fj.local_work.uniform(1, 3))
+    with pytest.raises(ValueError, match="local work under Markov sampling.* is invalid: no exact recursion"):
+        fj.theory.exact_mean(tiny_td_sampled["markov"], alg, 3)
+
+
+def test_scafflsa_plain_stability_on_the_subspace_it_keeps(het_gaussian):
+    """With fixed unequal counts and plain averaging SCAFFLSA keeps sum_c H_c xi_c = 0, not sum_c xi_c:
+    the stationary mean is theta_H, the long-horizon MSE (assembled operator) equals the round-by-round
+    one, and the mean recursion contracts there."""
+    alg = fj.scafflsa(0.05, fj.local_work.fixed([1, 3, 5]))
+    theta_H = _theta_H(het_gaussian, fj.local_work.fixed([1, 3, 5]))
+    np.testing.assert_allclose(fj.theory.stationary_mean(het_gaussian, alg), theta_H, rtol=0, atol=1e-9)
+    long, short = fj.theory.exact_mse(het_gaussian, alg, 300), fj.theory.exact_mse(het_gaussian, alg, 20)
+    np.testing.assert_allclose(long[:21], short, rtol=1e-9)
+    assert fj.theory.mean_spectral_radius(het_gaussian, alg) < 1.0
+    bias = np.sum((theta_H - np.asarray(het_gaussian.theta_star)) ** 2)
+    assert long[-1] > bias  # the MSE is above its squared bias

@@ -37,6 +37,7 @@ from fedsa_jax.channel import (
     downlink_key,
     transmit,
 )
+from fedsa_jax.delays import DELAY_STREAM, Delays
 from fedsa_jax.local_work import WORK_STREAM, LocalWork
 from fedsa_jax.problems.protocol import local_unroll
 
@@ -128,7 +129,8 @@ class Algorithm:
         ``m < N`` agents (``clients_per_round``) also a key for drawing it, a third stream
         (``fold_in(key, COHORT_STREAM)``, ``COHORT_STREAM = 0x636F68``), so that ``m = N`` keeps the
         numbers of every agent; with random local work (:mod:`fedsa_jax.local_work`) a key for the
-        agents' step counts, a fourth (``fold_in(key, WORK_STREAM)``)."""
+        agents' step counts, a fourth (``fold_in(key, WORK_STREAM)``); with delayed updates
+        (:mod:`fedsa_jax.delays`) a key for the delays (``fold_in(key, DELAY_STREAM)``)."""
         k_obs, k_channel = jax.random.split(key)
         if stepwise_observations(self.config, problem):  # (H_max, N, ...): one block per local step
             keys = jax.random.split(k_obs, self.num_local_steps)
@@ -140,6 +142,8 @@ class Algorithm:
             rand = rand._replace(cohort=jax.random.fold_in(key, COHORT_STREAM))
         if getattr(self.config, "local_work", None) is not None:
             rand = rand._replace(work=jax.random.fold_in(key, WORK_STREAM))
+        if getattr(self.config, "delays", None) is not None:
+            rand = rand._replace(delay=jax.random.fold_in(key, DELAY_STREAM))
         return rand
 
     def step_from(self, rand, state, problem):
@@ -168,6 +172,7 @@ class RoundRandomness(NamedTuple):
     cohort: Any = None  # key for the round's cohort (clients_per_round < N), else None
     weights: Any = None  # (N, H_max) multipliers of each agent's local updates (fj.bootstrap), else None
     work: Any = None  # key for the round's local step counts (fj.local_work), else None
+    delay: Any = None  # key for the round's delays (fj.delays), else None
 
 
 @jax.tree_util.register_dataclass
@@ -185,6 +190,8 @@ class LocalStepsConfig:
     clients_per_round: int | None = dataclasses.field(default=None, metadata=dict(static=True))  # m
     # None (lockstep: every agent runs num_local_steps) or fj.local_work's law of the agents' H_c
     local_work: Any = dataclasses.field(default=None, metadata=dict(static=True, omit_none=True))
+    # None (every update from the current iterate) or fj.delays' law of the updates' age tau_c
+    delays: Any = dataclasses.field(default=None, metadata=dict(static=True, omit_none=True))
 
 
 class RoundInfo(NamedTuple):
@@ -299,9 +306,9 @@ def check_clients_per_round(config, num_agents: int) -> None:
     m = getattr(config, "clients_per_round", None)
     if m is not None and m > num_agents:
         _validate.fail("clients_per_round", m, f"expected at most N = {num_agents} (the problem's agents)")
-    work = getattr(config, "local_work", None)
-    if work is not None:
-        work.check(num_agents)
+    for law in (getattr(config, "local_work", None), getattr(config, "delays", None)):
+        if law is not None:
+            law.check(num_agents)
 
 
 def round_work(rand: RoundRandomness, config, problem) -> jax.Array | None:
@@ -309,6 +316,83 @@ def round_work(rand: RoundRandomness, config, problem) -> jax.Array | None:
     None in lockstep."""
     work = getattr(config, "local_work", None)
     return None if work is None else work.draw(rand.work, problem.num_agents)
+
+
+def with_delays(config, delays):
+    """``config`` with its ``delays`` field (a :class:`fedsa_jax.delays.Delays`, or None: none)."""
+    if delays is None:
+        return config
+    if not isinstance(delays, Delays):
+        _validate.fail(
+            "delays", delays, "expected None or a law of fj.delays (fixed, uniform, geometric, law)"
+        )
+    if getattr(config, "downlink", None) is not None:
+        _validate.fail("delays", delays.name, "delayed updates with a compressed downlink are not built")
+    if isinstance(config.num_local_steps, optim.LocalSteps):
+        _validate.fail(
+            "delays", delays.name, "delayed updates with local steps growing with the round are not built"
+        )
+    return dataclasses.replace(config, delays=delays)
+
+
+def delayed_starts(rand: RoundRandomness, config, problem, error: jax.Array, past: Any):
+    """The agents' starts ``(N, d)``: ``theta_{t - tau_c}`` from the buffer ``past`` (``theta_{t-1},
+    ..., theta_{t - tau_max}``, error coordinates) with this round's delays; ``error`` without delays."""
+    law = getattr(config, "delays", None)
+    if law is None:
+        return error
+    lags = law.draw(rand.delay, problem.num_agents)
+    return jnp.concatenate([error[None], past])[lags]
+
+
+def initial_past(config, error: jax.Array) -> Any:
+    """The buffer of the last ``tau_max`` iterates at the start: ``theta_0`` in every slot; ``()``
+    without delays."""
+    law = getattr(config, "delays", None)
+    return () if law is None else jnp.broadcast_to(error, (law.tau_max, error.shape[0]))
+
+
+def pushed(config, past: Any, error: jax.Array) -> Any:
+    """The buffer after a round that started at ``error``: ``(theta_t, theta_{t-1}, ...)``."""
+    if getattr(config, "delays", None) is None:
+        return past
+    return jnp.concatenate([error[None], past[:-1]])
+
+
+def delay_theory(y, config, steps: list, reference: str) -> list:
+    """A round's start and local phases under the config's delays (:mod:`fedsa_jax.delays`): each
+    agent starts from the lag-k block (``theta``, ``past1``, ...) with the law's probability
+    (:func:`fedsa_jax.moments.random_stop`, also copying it to the agent's ``lag`` block), runs
+    ``steps``, and its message is taken against its start: ``loc_c <- theta + loc_c - lag_c``; then
+    the buffer moves (``past_k <- past_{k-1}``, ``past1 <- theta``). Without delays: the broadcast
+    and the steps."""
+    law = getattr(config, "delays", None)
+    if law is None:
+        return [moments.broadcast(y, source=reference), *local_work_theory(y, config, steps, reference)]
+    law.check(y.N)
+    sources = ["theta"] + [f"past{k}" for k in range(1, law.tau_max + 1)]
+    stages = [
+        moments.chain(
+            y, ("lag", s), moments.broadcast(y, source=s), moments.broadcast(y, source=s, into="lag")
+        )
+        for s in sources
+    ]
+    pmf = law.pmf if law.shared else law.table(y.N)
+    start = moments.random_stop(y, stages, pmf, law.shared, blocks=("loc", "lag"), key=("delays", law))
+    push = moments.assign(y, **{s: {prev: 1.0} for prev, s in zip(sources[:-1], sources[1:])})
+    rebase = moments.rebase(y, iterates="loc", start="lag", base="theta")
+    return [start, *local_work_theory(y, config, steps, "lag"), rebase, push]
+
+
+def delay_blocks(y, config) -> None:
+    """The blocks delays add to the state: the buffer ``past1..past{tau_max}`` (carried, starting at
+    theta_0) and each agent's start ``lag``."""
+    law = getattr(config, "delays", None)
+    if law is None:
+        return
+    for k in range(1, law.tau_max + 1):
+        y.add(f"past{k}", initial=moments.START, carried=True)
+    y.add("lag", per_agent=True)
 
 
 def work_weights(counts: jax.Array | None, weights, num_steps: int, dtype):
@@ -594,7 +678,9 @@ def local_work_theory(y, config, steps: list, reference: str = "theta") -> list:
     finish = None
     if work.normalization == "fednova":
         tau = work.tau(y.N)
-        finish = lambda k: moments.scale_updates(y, tau / (k + 1), reference)  # noqa: E731
+        finish = lambda k: y.memo(  # noqa: E731
+            ("fednova", tau, k, reference), lambda: moments.scale_updates(y, tau / (k + 1), reference)
+        )
     key = (work, tuple(getattr(s, "eta", None) for s in steps), reference)
     pmf = work.pmf if work.shared else work.table(y.N)  # a shared count: the one law's row
     return [moments.random_stop(y, steps, pmf, work.shared, finish, key=key)]
@@ -645,12 +731,13 @@ def run_agents(rand, problem, samplers, theta, step_size, skip=1, controls=None,
     if active is not None:
         return _run_stepwise(rand, problem, params, samplers, theta, etas, skip, controls, active)
 
-    def agent(rand, params, sampler, control, eta):
+    def agent(rand, params, sampler, control, eta, start):
         obs, sampler = problem.observe(params, sampler, rand, skip)
-        return local_updates(problem, params, obs, theta, eta, control), sampler
+        return local_updates(problem, params, obs, start, eta, control), sampler
 
     axis = None if weights is None else 0
-    return jax.vmap(agent, in_axes=(0, 0, 0, 0, axis))(rand, params, samplers, controls, etas)
+    starts = 0 if jnp.ndim(theta) == 2 else None  # one start per agent (delayed updates), else common
+    return jax.vmap(agent, in_axes=(0, 0, 0, 0, axis, starts))(rand, params, samplers, controls, etas, theta)
 
 
 def _run_stepwise(blocks, problem, params, samplers, theta, etas, skip, controls, active):
@@ -671,7 +758,7 @@ def _run_stepwise(blocks, problem, params, samplers, theta, etas, skip, controls
         keep = lambda n, o: jnp.where(jnp.reshape(act, act.shape + (1,) * (n.ndim - act.ndim)), n, o)  # noqa: E731
         return (keep(new, local), jax.tree.map(keep, moved, sampler)), None
 
-    local = jnp.broadcast_to(theta, (problem.num_agents, *theta.shape))
+    local = theta if jnp.ndim(theta) == 2 else jnp.broadcast_to(theta, (problem.num_agents, *theta.shape))
     etas = jnp.moveaxis(etas, 1, 0) if per_agent else jnp.broadcast_to(etas, active.shape[:1])  # steps first
     (local, samplers), _ = jax.lax.scan(body, (local, samplers), (blocks, etas, active))
     return local, samplers

@@ -64,6 +64,11 @@ class _Wrapper:
         return self.inner.clients_per_round
 
     @property
+    def delays(self):
+        """The wrapped config's law of delays (:mod:`fedsa_jax.delays`), or None."""
+        return getattr(self.inner.config, "delays", None)
+
+    @property
     def local_work(self):
         """The wrapped config's law of the agents' local work (:mod:`fedsa_jax.local_work`), or None."""
         return getattr(self.inner.config, "local_work", None)

@@ -55,16 +55,20 @@ from fedsa_jax.algorithms._base import (
     ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
+    delay_blocks,
+    delay_theory,
+    delayed_starts,
     downlink_init,
     downlink_step,
     downlink_theory,
     from_reference,
     init_samplers,
     initial_error,
+    initial_past,
     keep_outside,
     local_steps_config,
-    local_work_theory,
     normalize_work,
+    pushed,
     round_cohort,
     round_info,
     round_work,
@@ -72,8 +76,10 @@ from fedsa_jax.algorithms._base import (
     server_update,
     stepwise_active,
     with_clients_per_round,
+    with_delays,
     work_weights,
 )
+from fedsa_jax.delays import from_text as delays_from_text
 
 __all__ = ["FedLSAState", "fedlsa"]
 
@@ -86,6 +92,7 @@ class FedLSAState(NamedTuple):
     opt_state: Any  # the server optimizer's state (() without one)
     memory: Any = ()  # the agents' error-feedback memory (N, d) (channel.init_memory; () without)
     hat: Any = ()  # the agents' copy of the model minus theta_star, with a downlink (() without)
+    past: Any = ()  # (tau_max, d) the last server iterates minus theta_star, with delays (() without)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> FedLSAState:
@@ -98,6 +105,7 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
         optim.init_server(config, error),
         config.channel.init_memory(problem.num_agents, problem.dim, problem.dtype),
         downlink_init(config, error),
+        initial_past(config, error),
     )
 
 
@@ -108,6 +116,7 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
     view = ErrorCoordinates(problem)
     cohort = round_cohort(rand, config, problem)  # None: every agent
     start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
+    start = delayed_starts(rand, config, problem, start, state.past)  # (N, d): theta_{t - tau_c}
     counts = round_work(rand, config, problem)  # None: every agent runs H (lockstep)
     active = stepwise_active(config, problem, state.count, counts)
     weights = work_weights(counts, rand.weights, config.num_local_steps, problem.dtype)
@@ -115,13 +124,16 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
         rand.obs, view, state.sampler, start, eta, config.skip, active=active, weights=weights
     )
     local = normalize_work(config, counts, start, local)
+    if start.ndim == 2:  # delayed: the messages against the stale starts move the current iterate
+        local, start = state.error + (local - start), state.error
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
     aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
     aggregate = from_reference(state.error, start, aggregate, config)
     error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate, problem.theta_star)
     hat = downlink_step(rand.channel, config, error, state.hat)
+    past = pushed(config, state.past, state.error)
     state = FedLSAState(
-        problem.theta_star + error, error, sampler, state.count + 1, opt_state, delivery.memory, hat
+        problem.theta_star + error, error, sampler, state.count + 1, opt_state, delivery.memory, hat, past
     )
     return state, round_info(local, error, delivery, config, problem, cohort, state.count - 1, counts)
 
@@ -134,16 +146,15 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
     (and EF14's memory): the agents start from hat, the aggregate of their messages against hat
     moves theta, and the broadcast moves hat (:func:`fedsa_jax.moments.downlink`)."""
     y = moments.Augmented(problem)
+    delay_blocks(y, config)
     y.add("loc", per_agent=True)
     moments.channel_memory(y, config.channel)
     into, server = moments.server_step(y, config.server_optimizer)
     reference, sent, shift, down = downlink_theory(y, config, into)
-    send = moments.broadcast(y, source=reference)
 
     def round(t, etas):
         return [
-            send,
-            *local_work_theory(y, config, [moments.local_step(y, float(eta)) for eta in etas], reference),
+            *delay_theory(y, config, [moments.local_step(y, float(eta)) for eta in etas], reference),
             moments.aggregate(
                 y, config.channel, into=sent, reference=reference, clients_per_round=config.clients_per_round
             ),
@@ -166,6 +177,7 @@ def fedlsa(
     error_feedback: str | None = None,
     downlink=None,
     clients_per_round: int | None = None,
+    delays=None,
 ) -> Algorithm:
     """FedLSA with step size ``eta``, ``H`` local steps per round.
 
@@ -193,6 +205,8 @@ def fedlsa(
         the server adds the aggregate of the messages to its own ``theta_t``.
       clients_per_round: None (every agent, every round: the code of the full round) or an
         integer ``1 <= m <= N``: a uniform cohort of m agents per round (see above).
+      delays: None, or a law of :mod:`fedsa_jax.delays`: agent c's update of round t starts from the
+        server iterate ``tau_c`` rounds old and moves the current one (delayed updates).
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -210,13 +224,21 @@ def fedlsa(
         error_feedback,
         downlink,
     )
-    config = with_clients_per_round(config, clients_per_round)
+    config = with_delays(with_clients_per_round(config, clients_per_round), delays)
     return Algorithm(config, "fedlsa", init, step, theory, weighted=True)
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:
+    delays = delays_from_text(
+        getattr(args, "delays", "none") or "none", bool(getattr(args, "delays_shared", False))
+    )
     return fedlsa(
-        step_size, args.local_steps, skip=args.skip, clients_per_round=args.clients_per_round, **channel
+        step_size,
+        args.local_steps,
+        skip=args.skip,
+        clients_per_round=args.clients_per_round,
+        delays=delays,
+        **channel,
     )
 
 
@@ -227,6 +249,8 @@ registry.register_algorithm(
         registry.LOCAL_STEPS,
         registry.LOCAL_STEPS_GROWTH,
         *registry.LOCAL_WORK_OPTIONS,
+        registry.DELAYS,
+        registry.DELAYS_SHARED,
         registry.SKIP,
         registry.CLIENTS_PER_ROUND,
     ),

@@ -110,6 +110,13 @@ def _step_size_config(config, name: str | None = None):
                 "extrapolation), whose covariance the plug-in's eta_T Sigma does not describe",
             )
         config = config.inner.config
+    if name is not None and getattr(config, "delays", None) is not None:
+        _validate.fail(
+            "algorithm",
+            name,
+            "its updates are delayed (fj.delays), which the plug-in's eta_T Sigma does not describe; "
+            "the bootstrap's intervals cover it",
+        )
     if name is not None and getattr(config, "local_work", None) is not None:
         _validate.fail(
             "algorithm",

@@ -156,7 +156,10 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
     the aggregate through the channel with the control variates' step against it (divided by
     ``sum_h eta_{tH+h}``), and the server optimizer's step; a compressed downlink as in FedLSA's."""
     y = moments.Augmented(problem, title="SCAFFLSA")
-    y.add("xi", per_agent=True, zero_sum=True)
+    work = config.local_work  # plain averaging over unequal counts keeps sum_c H_c xi_c, not sum_c xi_c
+    plain = work is not None and work.normalization == "none" and work.deterministic
+    weights = work.table(problem.num_agents).argmax(axis=1) + 1.0 if plain else True  # pyright: ignore
+    y.add("xi", per_agent=True, zero_sum=weights)
     y.add("loc", per_agent=True)
     into, server = moments.server_step(y, config.server_optimizer)
     reference, sent, shift, down = downlink_theory(y, config, into)

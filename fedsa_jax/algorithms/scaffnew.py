@@ -110,6 +110,7 @@ from fedsa_jax.algorithms._base import (
     with_clients_per_round,
 )
 from fedsa_jax.channel import Channel, broadcast, channel, downlink_key
+from fedsa_jax.local_work import LocalWork
 from fedsa_jax.problems.protocol import local_unroll
 
 __all__ = ["ScaffnewConfig", "ScaffnewState", "scaffnew"]
@@ -463,6 +464,13 @@ def scaffnew(
       ...                   metrics=["control_variate_error"])
       >>> sent = res.communications[-1]  # about 20 rounds x 10 steps x 0.2 x 4 agents = 160
     """
+    if isinstance(num_local_steps, LocalWork):
+        _validate.fail(
+            "num_local_steps",
+            num_local_steps.name,
+            "Scaffnew's agents communicate on random steps, not after rounds of local work: "
+            "heterogeneous local work runs with fj.fedlsa and fj.scafflsa",
+        )
     base = local_steps_config(
         step_size,
         num_local_steps,

@@ -472,6 +472,9 @@ def cmd_run(args) -> int:
         fig = plot_mse(results, **plot, band=args.band, theory=exact)  # pyright: ignore[reportArgumentType]
 
         atomic_write(out / "mse.png", lambda f: fig.savefig(f, format="png"))
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)  # written: main() called in one process (a notebook, tests) keeps no figure open
         print(f"figure -> {out / 'mse.png'}")
     write_json(out / "summary.json", summary)
     return 0

@@ -305,6 +305,9 @@ def cmd_sweep(args) -> int:
 
         fig = plot_sweep(finished, x=run["figure_x"], title=args.config.stem)
         atomic_write(out / "sweep.png", lambda f: fig.savefig(f, format="png"))
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     print(f"{len(finished)} of {len(configs)} configurations in {seconds:.1f} s -> {out / 'sweep.json'}")
     missing = len(entries) - len(finished)
     if missing:

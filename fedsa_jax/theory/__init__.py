@@ -122,6 +122,7 @@ from fedsa_jax.moments import (
     local_step,
     noise_model as _noise_model,
     random_stop,
+    rebase,
     recursion_of,
     scale_updates,
     server_step,

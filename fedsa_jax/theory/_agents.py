@@ -442,6 +442,8 @@ def _analyse_assign(layout: _Layout, phase: Assign) -> dict:
 def _analyse_aggregation(layout: _Layout, phase: Aggregation) -> dict:
     """:func:`_analyse` of an aggregation's mean map, from its coefficients (no D x D map: a schedule
     makes a new one each round)."""
+    if isinstance(phase.denominator, tuple):
+        raise Unfactored("control variates with one denominator per agent")
     blocks = (phase.into, phase.reference, phase.iterates, phase.control_variates)
     return _aggregation_blocks(layout, *blocks, *phase.coefficients())
 

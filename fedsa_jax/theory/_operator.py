@@ -42,9 +42,9 @@ def persistent_basis(rec: Recursion, R: np.ndarray) -> tuple[np.ndarray, np.ndar
         if not np.all(np.isin(idx, keep)):
             continue
         rows = np.array([position[int(k)] for k in idx])  # agent c's coordinates, agent after agent
-        N, d = y.N, len(idx) // y.N
-        sums = np.kron(np.ones((1, N)), np.eye(d))  # (d, N d): sum over agents
-        Q = np.linalg.svd(sums)[2][d:].T  # (N d, (N - 1) d) orthonormal basis of {sum_c x_c = 0}
+        d = len(idx) // y.N
+        sums = y.zero_sum_constraint(block)  # (d, N d): sum over agents (weighted)
+        Q = np.linalg.svd(sums)[2][d:].T  # (N d, (N - 1) d) orthonormal basis of {sum_c w_c x_c = 0}
         others = np.setdiff1d(np.arange(P.shape[1]), rows)
         block_basis = np.zeros((len(keep), Q.shape[1]))
         block_basis[rows] = Q

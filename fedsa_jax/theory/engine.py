@@ -277,10 +277,9 @@ def mean_spectral_radius(problem, algorithm) -> float:
     every = np.arange(y.D)
     keep = np.concatenate([every[sl] for sl in parts])
     Q = np.eye(len(keep))
-    if zero:  # orthonormal basis of {sum_c xi_c = 0} in the kept coordinates (the xi blocks come first)
+    if zero:  # orthonormal basis of {sum_c w_c xi_c = 0} in the kept coordinates (the xi blocks first)
         sums = np.zeros((d, len(keep)))
-        for c in range(len(zero)):
-            sums[:, c * d : (c + 1) * d] = np.eye(d)
+        sums[:, : len(zero) * d] = y.zero_sum_constraint(y.zero_sum[0])
         Q = np.linalg.svd(sums)[2][d:].T
     if law is not None:
         M = _markov_mean_operator(rec, law, etas[0], keep, Q)

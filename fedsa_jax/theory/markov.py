@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedsa_jax import _validate
-from fedsa_jax.moments import Aggregation, Augmented, Chain, Coin, LocalStep
+from fedsa_jax.moments import Aggregation, Augmented, Chain, Coin, LocalStep, RandomStop
 
 __all__ = ["MAX_MARKOV_ENTRIES", "MAX_MARKOV_UNKNOWNS"]
 
@@ -131,7 +131,15 @@ def check_unknowns(law: MarkovLaw, per_state: int, name) -> int:
 
 def prepare(phase, second: bool) -> None:
     """The checks of ``phase.prepare()`` (second moments) but the local steps' noise model, which
-    the chains replace; refuses a cohort (its idle agents' chains stand still)."""
+    the chains replace; refuses a cohort (its idle agents' chains stand still) and random local work
+    (each agent's chain would move a random number of steps), for the means too."""
+    if isinstance(phase, RandomStop) and any(_has_local_step(s) for s in phase.stages):
+        _validate.fail(
+            "algorithm",
+            "local work under Markov sampling",
+            "no exact recursion: each agent's chain moves as many steps as the agent runs, a random "
+            "number (simulate it; generative sampling is exact)",
+        )
     if isinstance(phase, Chain):
         for p in phase.phases:
             prepare(p, second)
@@ -146,6 +154,12 @@ def prepare(phase, second: bool) -> None:
         )
     elif second and not isinstance(phase, LocalStep):
         phase.prepare()
+
+
+def _has_local_step(phase) -> bool:
+    if isinstance(phase, Chain):
+        return any(_has_local_step(p) for p in phase.phases)
+    return isinstance(phase, LocalStep)
 
 
 def mean(phase, stack: np.ndarray, law: MarkovLaw) -> np.ndarray:
