@@ -42,8 +42,9 @@ independent). The ``H_c`` weighting goes, and what is left is FedLSA's heterogen
 
     theta_inf - theta* = -eta [sum_c A_c]^{-1} sum_c (E[H_c] - 1) / 2 A_c^2 (theta_c* - theta*) + O(eta^2).
 
-The exact mean and second moments of both (and of SCAFFLSA under random work) are those of
-:func:`fedsa_jax.moments.random_stop`: a round is a mixture over each agent's count.
+The exact mean and second moments of both are those of :func:`fedsa_jax.moments.random_stop` (a
+round is a mixture over each agent's count), under i.i.d. sampling; for SCAFFLSA with fixed counts
+or FedNova's normalisation (plain averaging with random counts is refused: not linear in the state).
 """
 
 from __future__ import annotations
