@@ -24,6 +24,19 @@ def write_json(path, report):
     return report
 
 
+def save_figure(fig, figures, name: str, json_path, report):
+    """Lay out ``fig``, write it to ``figures/name`` (the folder created), say where, close it, and
+    write ``report`` to ``json_path`` (if given): the tail of every figure script. Returns ``report``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    figures.mkdir(parents=True, exist_ok=True)
+    fig.savefig(figures / name)
+    print(f"figure -> {figures / name}")
+    plt.close(fig)
+    return write_json(json_path, report)
+
+
 def add_cpu_devices_option(parser) -> None:
     """``--cpu-devices N``: JAX CPU devices the seeds are sharded over (default: one per core)."""
     parser.add_argument(

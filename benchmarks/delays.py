@@ -23,7 +23,7 @@ from __future__ import annotations
 import jax
 import matplotlib
 import numpy as np
-from _bench import exact_figure_args, mc_against_exact, write_json
+from _bench import exact_figure_args, mc_against_exact, save_figure
 
 import fedsa_jax as fj
 from fedsa_jax.theory.engine import stable_step_size
@@ -91,11 +91,7 @@ def main(argv=None):
     axes[2].set(xlabel=r"$\tau_{\max}$", ylabel=f"exact MSE at round {T}")
     axes[2].set_title(f"eta = {ETA:g}: the floor against the delay", fontsize=9)
     axes[2].legend(fontsize=7)
-    fig.tight_layout()
-    args.figures.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.figures / "delays.png")
-    print(f"figure -> {args.figures / 'delays.png'}")
-    return write_json(args.json, report)
+    return save_figure(fig, args.figures, "delays.png", args.json, report)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import matplotlib
 import numpy as np
-from _bench import exact_figure_args, mc_against_exact, write_json
+from _bench import exact_figure_args, mc_against_exact, save_figure
 
 import fedsa_jax as fj
 
@@ -123,11 +123,7 @@ def main(argv=None):
     ax.set(yscale="log", xlabel="round t", ylabel=r"$E|\theta_t - \theta^\star|^2$")
     ax.set_title("FedLSA, H_c ~ U{1..11}: same mean, different second moments", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    args.figures.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.figures / "lockstep.png")
-    print(f"figure -> {args.figures / 'lockstep.png'}")
-    return write_json(args.json, report)
+    return save_figure(fig, args.figures, "lockstep.png", args.json, report)
 
 
 if __name__ == "__main__":

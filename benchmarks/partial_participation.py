@@ -17,7 +17,7 @@ import time
 import jax
 import matplotlib
 import numpy as np
-from _bench import exact_figure_args, write_json
+from _bench import exact_figure_args, save_figure
 
 import fedsa_jax as fj
 
@@ -93,11 +93,8 @@ def main(argv=None):
         title="final MSE against m (dashed: exact)",
     )
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    args.figures.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.figures / "partial_participation.png")
-    plt.close(fig)
-    return write_json(args.json, {"config": vars(args) | {"figures": str(args.figures)}, "rows": rows})
+    report = {"config": vars(args) | {"figures": str(args.figures)}, "rows": rows}
+    return save_figure(fig, args.figures, "partial_participation.png", args.json, report)
 
 
 if __name__ == "__main__":

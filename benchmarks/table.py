@@ -15,7 +15,9 @@ channel), FedLSA and Scaffnew, whose rate counts the cohort's local steps only (
 counts spread over 1..H with FedNova, stragglers, and through the lossy channel), whose rate counts
 the steps done, ``sum_c E[H_c]`` a round, while the kernel runs H steps for every agent; ``delays``,
 delayed updates (``fj.delays``: a fixed delay of 4 rounds, uniform on 0..8, and through the lossy
-channel).
+channel); ``fedbuff``, buffered asynchronous aggregation (``fj.fedbuff``, stragglers on the clock,
+buffers of 1, N/2 and N, and 4-bit quantization), whose rate counts the K agents' local steps of a
+server step.
 
 Columns: warm agent-local steps per second (best of ``--repeats`` calls after the first),
 its ratio to TD FedLSA (generative, exact; the first row), and the first call's wall time,
@@ -77,7 +79,8 @@ def extra_rows(H: int, N: int) -> dict:
     counts = [1 + c * (H - 1) // max(1, N - 1) for c in range(N)]  # 1..H over the agents
     spread = fj.local_work.fixed(counts, normalization="fednova")
     slow = fj.local_work.straggler(H, 0.3, 0.5)
-    spread = fj.delays.uniform(8)
+    late = fj.delays.uniform(8)
+    clock = fj.clock.straggler(1, 0.1, 20.0)
     return {
         "downlink": {
             "FedLSA": (fj.fedlsa(0.05, H, downlink=down), N * H, "top-2 down"),
@@ -101,8 +104,18 @@ def extra_rows(H: int, N: int) -> dict:
         },
         "delays": {
             "FedLSA fixed": (fj.fedlsa(0.05, H, delays=fj.delays.fixed(4)), N * H, "delay 4"),
-            "FedLSA uniform": (fj.fedlsa(0.05, H, delays=spread), N * H, "delay U{0..8}"),
-            "FedLSA lossy": (fj.fedlsa(0.05, H, delays=spread, **lossy), N * H, "U, 4-bit p=0.6"),
+            "FedLSA uniform": (fj.fedlsa(0.05, H, delays=late), N * H, "delay U{0..8}"),
+            "FedLSA lossy": (fj.fedlsa(0.05, H, delays=late, **lossy), N * H, "U, 4-bit p=0.6"),
+        },
+        "fedbuff": {  # a round is one server step: K agents' H local steps
+            "FedBuff K=1": (fj.fedbuff(0.05, H, 1, clock), H, "K=1, straggler"),
+            "FedBuff K=5": (fj.fedbuff(0.05, H, N // 2, clock), N // 2 * H, f"K={N // 2}, straggler"),
+            "FedBuff K=N": (fj.fedbuff(0.05, H, N, clock), N * H, f"K={N}, straggler"),
+            "FedBuff 4-bit": (
+                fj.fedbuff(0.05, H, N // 2, clock, quantizer=fj.channel.stochastic_uniform(4)),
+                N // 2 * H,
+                f"K={N // 2}, 4-bit",
+            ),
         },
     }
 
@@ -133,7 +146,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument(
         "--only",
-        choices=("downlink", "error-feedback", "cohort", "local-work", "delays"),
+        choices=("downlink", "error-feedback", "cohort", "local-work", "delays", "fedbuff"),
         default=None,
         help="the first row and this extra group only",
     )

@@ -110,10 +110,16 @@ class CountLaw:
     def draw(self, key: jax.Array, num_agents: int) -> jax.Array:
         """``(N,) int32``: this round's counts (inverse CDF of one uniform per agent, or of one shared
         by all)."""
-        cdf = jnp.asarray(np.cumsum(self.table(num_agents), axis=1)[:, :-1], jnp.float32)  # (N, K - 1)
         u = jax.random.uniform(key, (1 if self.shared else num_agents,), jnp.float32)  # any precision mode
-        idx = jnp.sum(u[:, None] >= cdf, axis=1).astype(jnp.int32)
-        return jnp.broadcast_to(self.first + idx, (num_agents,))
+        agents = jnp.zeros((1,), jnp.int32) if self.shared else jnp.arange(num_agents, dtype=jnp.int32)
+        return jnp.broadcast_to(self.inverse(u, agents, num_agents), (num_agents,))
+
+    def inverse(self, u: jax.Array, agents: jax.Array, num_agents: int) -> jax.Array:
+        """``int32`` counts of the given ``agents`` from uniforms ``u`` in ``[0, 1)`` (same shape): the
+        inverse CDF of each agent's law (float32 comparisons whatever the precision mode)."""
+        cdf = jnp.asarray(np.cumsum(self.table(num_agents), axis=1)[:, :-1], jnp.float32)  # (N, K - 1)
+        idx = jnp.sum(u[..., None] >= cdf[agents], axis=-1).astype(jnp.int32)
+        return self.first + idx
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"law": self.name, "pmf": [list(r) for r in self.pmf]}
@@ -180,6 +186,56 @@ def _make(pmf, name: str, shared: bool, normalization: str) -> LocalWork | int:
     return out
 
 
+def fixed_pmf(values, name: str = "steps") -> np.ndarray:
+    """``(N, max)`` table of a fixed count per agent: ``values`` one integer ``>= 1`` per agent."""
+    if np.ndim(values) != 1 or len(values) == 0:
+        _validate.fail(name, values, "expected one integer >= 1 per agent")
+    H = [_validate.integer(f"{name}[{c}]", h) for c, h in enumerate(values)]
+    pmf = np.zeros((len(H), max(H)))
+    pmf[np.arange(len(H)), np.asarray(H) - 1] = 1.0
+    return pmf
+
+
+def uniform_pmf(low: int, high: int) -> np.ndarray:
+    """Uniform on ``{low, ..., high}`` (``1 <= low <= high``), as a row ``P(count = 1..high)``."""
+    lo = _validate.integer("low", low)
+    hi = _validate.integer("high", high, minimum=lo)
+    pmf = np.zeros(hi)
+    pmf[lo - 1 :] = 1.0
+    return pmf
+
+
+def geometric_pmf(mean, max: int) -> np.ndarray:
+    """Geometric on ``{1, 2, ...}`` with mean ``mean >= 1`` (one, or one per agent: one row each),
+    conditioned on ``<= max``."""
+    means = np.atleast_1d(np.asarray(mean, dtype=object))
+    if (
+        means.ndim != 1
+        or means.size == 0
+        or not all(isinstance(m, (int, float)) and math.isfinite(m) and m >= 1 for m in means)
+    ):
+        _validate.fail("mean", mean, "expected a real number >= 1 (or one per agent)")
+    H = _validate.integer("max", max)
+    h = np.arange(1, H + 1)
+    rows = [(1.0 / float(m)) * (1 - 1.0 / float(m)) ** (h - 1) for m in means]
+    return rows[0] if np.ndim(mean) == 0 else np.asarray(rows)
+
+
+def probability(name: str, value) -> float:
+    """``value`` checked to be a probability in ``[0, 1]``."""
+    if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        _validate.fail(name, value, "expected a probability in [0, 1]")
+    return float(value)
+
+
+def two_point_pmf(usual: int, other: int, prob: float) -> np.ndarray:
+    """``usual`` with probability ``1 - prob``, ``other`` with probability ``prob``, as a row."""
+    pmf = np.zeros(max(usual, other))
+    pmf[usual - 1] += 1 - prob
+    pmf[other - 1] += prob
+    return pmf
+
+
 def law(pmf, shared: bool = False, normalization: str = "none") -> LocalWork | int:
     """Any law with bounded support: ``pmf[h - 1] = P(H_c = h)`` for ``h = 1..H_max`` (a row for every
     agent, or an ``(N, H_max)`` table, one row per agent); normalised to sum to 1."""
@@ -188,32 +244,20 @@ def law(pmf, shared: bool = False, normalization: str = "none") -> LocalWork | i
 
 def fixed(steps, normalization: str = "none") -> LocalWork | int:
     """Agent c runs ``steps[c]`` local steps every round (integers ``>= 1``)."""
-    if np.ndim(steps) != 1 or len(steps) == 0:
-        _validate.fail("steps", steps, "expected one integer >= 1 per agent")
-    H = [_validate.integer(f"steps[{c}]", h) for c, h in enumerate(steps)]
-    pmf = np.zeros((len(H), max(H)))
-    pmf[np.arange(len(H)), np.asarray(H) - 1] = 1.0
-    return _make(pmf, "fixed", False, normalization)
+    return _make(fixed_pmf(steps), "fixed", False, normalization)
 
 
 def uniform(low: int, high: int, shared: bool = False, normalization: str = "none") -> LocalWork | int:
     """``H_c`` uniform on ``{low, ..., high}`` each round (``1 <= low <= high``)."""
-    lo = _validate.integer("low", low)
-    hi = _validate.integer("high", high, minimum=lo)
-    pmf = np.zeros(hi)
-    pmf[lo - 1 :] = 1.0
-    return _make(pmf, "uniform", shared, normalization)
+    return _make(uniform_pmf(low, high), "uniform", shared, normalization)
 
 
 def geometric(mean: float, max: int, shared: bool = False, normalization: str = "none") -> LocalWork | int:
     """``H_c`` geometric on ``{1, 2, ...}`` with mean ``mean`` (success probability ``1 / mean``),
     conditioned on ``H_c <= max``."""
-    if not isinstance(mean, (int, float)) or not math.isfinite(mean) or mean < 1:
+    if np.ndim(mean) != 0:
         _validate.fail("mean", mean, "expected a real number >= 1")
-    H = _validate.integer("max", max)
-    q = 1.0 / float(mean)
-    h = np.arange(1, H + 1)
-    return _make(q * (1 - q) ** (h - 1), "geometric", shared, normalization)
+    return _make(geometric_pmf(mean, max), "geometric", shared, normalization)
 
 
 def straggler(
@@ -222,12 +266,8 @@ def straggler(
     """``steps`` local steps, except with probability ``prob`` (each round, each agent) a straggler's
     ``ceil(fraction * steps)`` (at least 1)."""
     H = _validate.integer("steps", steps)
-    if not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
-        _validate.fail("prob", prob, "expected a probability in [0, 1]")
+    p = probability("prob", prob)
     if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         _validate.fail("fraction", fraction, "expected a real number in (0, 1]")
     slow = max(1, math.ceil(fraction * H))
-    pmf = np.zeros(H)
-    pmf[H - 1] += 1 - prob
-    pmf[slow - 1] += prob
-    return _make(pmf, "straggler", shared, normalization)
+    return _make(two_point_pmf(H, slow, p), "straggler", shared, normalization)

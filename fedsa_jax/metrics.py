@@ -19,7 +19,10 @@ Built in, by name:
 * ``"last_iterate_mse"``: ``|theta_t - theta_star|^2`` of the last iterate under
   :func:`fedsa_jax.averaged` (whose ``theta`` is the Polyak-Ruppert average) or
   :func:`fedsa_jax.richardson` (the run at ``eta``), reading through nested wrappers
-  (``state.inner``); the MSE itself for other algorithms.
+  (``state.inner``); the MSE itself for other algorithms;
+* ``"wall_clock"``: the simulated clock's tick at the round's server step, for algorithms on a
+  clock (:func:`fedsa_jax.fedbuff`, whose state has ``clock``), through wrappers;
+* ``"staleness"``: the mean staleness of the contributions of the round's server step (FedBuff).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import jax.numpy as jnp
 
 from fedsa_jax import _validate
 
-__all__ = ["client_drift", "control_variate_error", "last_iterate_mse", "resolve"]
+__all__ = ["client_drift", "control_variate_error", "last_iterate_mse", "resolve", "staleness", "wall_clock"]
 
 
 def client_drift(state, problem, info) -> jax.Array:
@@ -49,17 +52,34 @@ def control_variate_error(state, problem, info) -> jax.Array:
 
 def last_iterate_mse(state, problem, info) -> jax.Array:
     del info
-    while hasattr(state, "inner"):
-        state = state.inner
+    state = _innermost(state)
     error = getattr(state, "error", None)
     error = state.theta - problem.theta_star if error is None else error
     return jnp.sum(error**2)
+
+
+def _innermost(state):
+    while hasattr(state, "inner"):
+        state = state.inner
+    return state
+
+
+def wall_clock(state, problem, info) -> jax.Array:
+    del problem, info
+    return _innermost(state).clock.astype(jnp.float32)
+
+
+def staleness(state, problem, info) -> jax.Array:
+    del problem, info
+    return _innermost(state).staleness
 
 
 _BUILTIN: dict[str, Callable] = {
     "client_drift": client_drift,
     "control_variate_error": control_variate_error,
     "last_iterate_mse": last_iterate_mse,
+    "wall_clock": wall_clock,
+    "staleness": staleness,
 }
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}\Z")  # any of these round-trips through result files
 _RESERVED = ("mse", "theta", "round", "rounds")

@@ -92,6 +92,7 @@ def name_or_number(text: str, names: tuple[str, ...], accept, expected: str):
 
 LOCAL_WORK_LAWS = {"fixed": None, "uniform": 2, "geometric": 2, "straggler": 2}  # law -> its numbers
 DELAY_LAWS = {"fixed": 1, "uniform": 1, "geometric": 2}
+DURATION_LAWS = {"fixed": None, "uniform": 2, "geometric": 2, "straggler": 3}
 
 
 def _law_spec(text: str, laws: dict, expected: str) -> str:
@@ -119,6 +120,18 @@ def local_work_spec(text: str) -> str:
 def delays_spec(text: str) -> str:
     """``--delays``: ``none`` or ``LAW:NUMBERS`` (:mod:`fedsa_jax.delays`)."""
     return _law_spec(text, DELAY_LAWS, "none, fixed:TAU, uniform:TAU_MAX or geometric:MEAN,TAU_MAX")
+
+
+def durations_spec(text: str) -> str:
+    """``--durations``: ``LAW:NUMBERS`` (:mod:`fedsa_jax.clock`)."""
+    expected = "fixed:D or fixed:D1,...,DN, uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:D,PROB,SLOWDOWN"
+    if text == "none":
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return _law_spec(text, DURATION_LAWS, expected)
+
+
+def nonnegative_real(text: str) -> float:
+    return name_or_number(text, (), lambda v: v >= 0.0, "a finite real number >= 0")  # pyright: ignore[reportReturnType]
 
 
 def real(text: str) -> float:
@@ -320,6 +333,37 @@ DELAYS = Option(
     read_by="fedlsa",
 )
 DELAYS_SHARED = _shared_flag("delays", "delay", "fedlsa")
+BUFFER_SIZE = Option(
+    ("--buffer-size",),
+    "buffer_size",
+    "buffered asynchronous aggregation: contributions K per server step, at most N",
+    positive_int,
+    2,
+    metavar="K",
+    group="algorithms",
+    params=("buffer_size",),
+)
+DURATIONS = Option(
+    ("--durations",),
+    "durations",
+    "the agents' job durations in clock ticks: fixed:D (or fixed:D1,...,DN, one per agent), "
+    "uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:D,PROB,SLOWDOWN",
+    durations_spec,
+    "fixed:1",
+    metavar="LAW",
+    group="algorithms",
+    params=("durations",),
+)
+STALENESS = Option(
+    ("--staleness",),
+    "staleness",
+    "contributions weighted (1 + staleness)^-A (0.5: 1/sqrt(1 + staleness), 0: none)",
+    nonnegative_real,
+    0.5,
+    metavar="A",
+    group="algorithms",
+    params=("staleness",),
+)
 
 SKIP = Option(
     ("--skip",),

@@ -1020,6 +1020,38 @@ MUTATIONS = [
         ("tests/test_delays.py::test_monte_carlo_matches_exact_mse_gaussian",),
         "the exact recursion's buffer never moves",
     ),
+    Mutation(
+        "fedbuff-download-at-arrival",
+        "fedsa_jax/algorithms/fedbuff.py",
+        "        advanced = now > ev.clock",
+        "        advanced = now >= ev.clock",
+        ("tests/test_fedbuff.py::test_gaussian_round_by_round_against_numpy",),
+        "an agent downloads when it arrives, before the rest of its tick's arrivals step the server",
+    ),
+    Mutation(
+        "fedbuff-staleness-unweighted",
+        "fedsa_jax/algorithms/fedbuff.py",
+        "            ev.total + config.weight(tau, dtype) * sent,",
+        "            ev.total + sent,",
+        ("tests/test_fedbuff.py::test_gaussian_round_by_round_against_numpy",),
+        "the staleness weights are ignored",
+    ),
+    Mutation(
+        "fedbuff-clock-not-advancing",
+        "fedsa_jax/algorithms/fedbuff.py",
+        "            ev.finish.at[j].set(now + duration),",
+        "            ev.finish.at[j].set(ev.finish[j] + 1),",
+        ("tests/test_fedbuff.py::test_gaussian_round_by_round_against_numpy",),
+        "every job lasts one tick whatever its law",
+    ),
+    Mutation(
+        "fedbuff-version-not-recorded",
+        "fedsa_jax/algorithms/fedbuff.py",
+        "        version = jnp.where(download, state.count, ev.version)",
+        "        version = ev.version",
+        ("tests/test_fedbuff.py::test_gaussian_round_by_round_against_numpy",),
+        "the staleness counts from theta_0",
+    ),
 ]
 
 

@@ -83,22 +83,23 @@ def _round_keys(key, seed, t):
     return jax.random.split(jax.random.fold_in(round_key, jnp.asarray(t, jnp.uint32)))
 
 
-@functools.partial(jax.jit, static_argnums=(4, 5, 6))
-def _observation_draws(problem, key, seed, t, H, skip, stepwise):
+@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7))
+def _observation_draws(problem, key, seed, t, H, skip, stepwise, rows):
     k_obs = _round_keys(key, seed, t)[0]
     if not stepwise:
-        return problem.randomness(k_obs, problem.num_agents, H, skip)
+        return problem.randomness(k_obs, rows, H, skip)
     blocks = jax.vmap(lambda k: problem.randomness(k, problem.num_agents, 1, skip))(
         jax.random.split(k_obs, H)
     )
     return jnp.moveaxis(blocks, 0, 1).reshape(problem.num_agents, -1)  # (N, H skip): step h at h skip
 
 
-def round_randomness(problem, key, seed, t, H, skip=1, stepwise=False):
-    """The problem's raw draws for round t's observations (all agents); ``stepwise``: drawn one
-    local step at a time (local steps that change with the round, Markov sampling), laid out as
-    one block of H steps."""
-    return np.asarray(_observation_draws(problem, key, seed, t, H, skip, stepwise))
+def round_randomness(problem, key, seed, t, H, skip=1, stepwise=False, rows=None):
+    """The problem's raw draws for round t's observations (all agents; ``rows``: a block of that many
+    rows, FedBuff's contributions); ``stepwise``: drawn one local step at a time (local steps that
+    change with the round, Markov sampling), laid out as one block of H steps."""
+    rows = problem.num_agents if rows is None else rows
+    return np.asarray(_observation_draws(problem, key, seed, t, H, skip, stepwise, rows))
 
 
 def local_steps_at(config, t):
@@ -197,23 +198,25 @@ def alias(prob, al, u):
     return i if u * S - i < prob[i] else int(al[i])
 
 
-def generative_draw(problem, c, u, h):
-    """Agent c's h-th generative observation ``(s, s')`` from the round's block ``u``: with pair
+def generative_draw(problem, c, u, h, row=None):
+    """Agent c's h-th generative observation ``(s, s')`` from row ``row`` (default c) of the round's
+    block ``u``: with pair
     tables one uint32 word ``w`` per step, ``w K = i 2^32 + f`` (exact integers), column i kept
     if ``f < threshold``, else its alias (``pair = s S + s'``); otherwise two uniforms, ``s ~ mu_c``
     then ``s' ~ P_c(s, .)``."""
     N, S = problem.num_agents, problem.num_states
+    r = c if row is None else row
     if problem.pair_tables:
         K = S * S
-        w = int(u[c, h]) * K
+        w = int(u[r, h]) * K
         i, f = w >> 32, w & 0xFFFFFFFF
         j = c * K + i
         pair = i if f < int(problem.pair_threshold[j]) else int(problem.pair_alias[j])
         return divmod(pair, S)
     mu_p, mu_a = np.asarray(problem.mu_prob).reshape(N, S), np.asarray(problem.mu_alias).reshape(N, S)
     P_p, P_a = np.asarray(problem.P_prob).reshape(N, S, S), np.asarray(problem.P_alias).reshape(N, S, S)
-    s = alias(mu_p[c], mu_a[c], u[c, 0, h])
-    return s, alias(P_p[c, s], P_a[c, s], u[c, 1, h])
+    s = alias(mu_p[c], mu_a[c], u[r, 0, h])
+    return s, alias(P_p[c, s], P_a[c, s], u[r, 1, h])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,6 +297,8 @@ def federated_loop(problem, algorithm, T, theta0, agent_round, key, seed):
     """
     if algorithm.name == "scaffnew":
         return scaffnew_loop(problem, algorithm, T, theta0, agent_round, key, seed)
+    if algorithm.name == "fedbuff":
+        return fedbuff_loop(problem, algorithm, T, theta0, agent_round, key, seed)[0]
     N, d = problem.num_agents, problem.dim
     cfg = algorithm.config
     ch = cfg.channel
@@ -363,6 +368,89 @@ def scaffnew_loop(problem, algorithm, T, theta0, agent_round, key, seed):
     return np.array(out)
 
 
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _clock_draws(key, seed, t, K, d):
+    """FedBuff's round t: the clock's uniforms ``(K,)`` float32 and the quantizer's ``(K, d)``."""
+    from fedsa_jax.clock import CLOCK_STREAM
+
+    round_key = jax.random.fold_in(_seed_keys(key, seed)[1], jnp.asarray(t, jnp.uint32))
+    k_channel = jax.random.split(round_key)[1]
+    u_q = jax.vmap(lambda k: jax.random.uniform(k, (d,), jnp.float64))(jax.random.split(k_channel, K))
+    return jax.random.uniform(jax.random.fold_in(round_key, CLOCK_STREAM), (K,), jnp.float32), u_q
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _first_clock_draws(key, seed, N):
+    from fedsa_jax.clock import CLOCK_STREAM
+
+    return jax.random.uniform(jax.random.fold_in(_seed_keys(key, seed)[0], CLOCK_STREAM), (N,), jnp.float32)
+
+
+def duration(law, N, c, u):
+    """Agent c's job duration from the float32 uniform u: the smallest k with ``u < P(D_c <= k)``
+    (the CDF rounded to float32, as the kernel compares)."""
+    cdf = np.cumsum(law.table(N)[c]).astype(np.float32)
+    return 1 + int(np.sum(np.float32(u) >= cdf[:-1]))
+
+
+def fedbuff_loop(problem, algorithm, T, theta0, agent_round, key, seed):
+    """FedBuff from its definition, arrival by arrival on the integer clock: ``(thetas (T + 1, d),
+    states)``, ``states[t]`` the agents' ``start``, ``version``, ``finish``, ``pending`` and the
+    ``clock`` after server step t. Each arrival: the earliest job (lowest index among ties) at tick
+    ``now``; if the clock moved, the agents pending at the earlier tick download the current
+    iterate; the arriving agent's H steps from its start on row k of the round's block, its update
+    quantized with row k of the quantizer's uniforms, weighted ``(1 + t - v_j)^-a`` into the buffer;
+    it becomes pending with its next job arriving at ``now + D`` (D from the clock's uniform k). The
+    K-th arrival steps the server: ``theta += buffer / K``."""
+    N, d = problem.num_agents, problem.dim
+    cfg = algorithm.config
+    K, H, law = cfg.buffer_size, cfg.num_local_steps, cfg.durations
+    theta = np.zeros(d) if theta0 is None else np.array(theta0, float)
+    start = np.tile(theta, (N, 1))
+    version = np.zeros(N, int)
+    finish = np.array([duration(law, N, c, u) for c, u in enumerate(_first_clock_draws(key, seed, N))])
+    pending = np.zeros(N, bool)
+    clock = 0
+    out, states = [theta.copy()], []
+    for t in range(T):
+        g, eta = agent_round(t), step_sizes_at(cfg, t)
+        u_clock, u_q = (np.asarray(a) for a in _clock_draws(key, seed, t, K, d))
+        total, stale = np.zeros(d), 0
+        for k in range(K):
+            now = int(finish.min())
+            j = int(np.argmin(finish))
+            if now > clock:
+                start[pending] = theta
+                version[pending] = t
+                pending[:] = False
+            clock = now
+            th = start[j].copy()
+            for h in range(H):
+                th = th - eta[h] * g(j, h, th, row=k)
+            sent = quantize(cfg.channel.quantizer, u_q[k], th - start[j])
+            tau = t - version[j]
+            stale += tau
+            weight = (
+                cfg.staleness(np.float64(tau)) if callable(cfg.staleness) else (1.0 + tau) ** -cfg.staleness
+            )
+            total += weight * sent
+            pending[j] = True
+            finish[j] = now + duration(law, N, j, u_clock[k])
+        theta = theta + total / K
+        out.append(theta.copy())
+        states.append(
+            dict(
+                start=start.copy(),
+                version=version.copy(),
+                finish=finish.copy(),
+                pending=pending.copy(),
+                clock=clock,
+                staleness=stale / K,
+            )
+        )
+    return np.array(out), states
+
+
 def td_loop(problem, algorithm, key, seed, T, theta0=None):
     """Federated TD problem: seed ``seed``'s theta_0..theta_T, sampling by alias tables
     (generative, or one Markov chain per agent carried across rounds, keeping one transition
@@ -382,15 +470,16 @@ def td_loop(problem, algorithm, key, seed, T, theta0=None):
     chain = [alias(mu_p[c], mu_a[c], u) for c, u in enumerate(init_randomness(key, seed, N))]
 
     def agent_round(t):
-        u = round_randomness(problem, key, seed, t, H, skip, stepwise)
+        u = round_randomness(problem, key, seed, t, H, skip, stepwise, getattr(cfg, "buffer_size", None))
 
-        def g(c, h, th):
+        def g(c, h, th, row=None):
+            r = c if row is None else row
             if problem.sampling == "generative":
-                s, s2 = generative_draw(problem, c, u, h)
+                s, s2 = generative_draw(problem, c, u, h, r)
             else:
                 path = [chain[c]]
                 for j in range(skip):
-                    path.append(alias(P_p[c, path[-1]], P_a[c, path[-1]], u[c, h * skip + j]))
+                    path.append(alias(P_p[c, path[-1]], P_a[c, path[-1]], u[r, h * skip + j]))
                 s, s2, chain[c] = path[0], path[1], path[-1]
             td = R[c, s] + gamma * Phi[s2] @ th - Phi[s] @ th
             return -td * Phi[s]  # A(Z) theta - b(Z)
@@ -408,10 +497,14 @@ def gaussian_loop(problem, algorithm, key, seed, T, theta0=None):
     sA = np.asarray(problem.noise_A)
     sb = np.asarray(problem.noise_b)
 
+    rows = getattr(algorithm.config, "buffer_size", None)
+
     def agent_round(t):
-        z = round_randomness(problem, key, seed, t, H).reshape(problem.num_agents, H, -1)  # (N, H, d)
+        z = round_randomness(problem, key, seed, t, H, rows=rows).reshape(rows or problem.num_agents, H, -1)
         # sA G theta - sb g, G ~ N(0,1)^{d x d}, has the law of sqrt(sA^2 |theta|^2 + sb^2) z.
-        return lambda c, h, th: A[c] @ th - b[c] + np.sqrt(sA[c] ** 2 * (th @ th) + sb[c] ** 2) * z[c, h]
+        return lambda c, h, th, row=None: (
+            A[c] @ th - b[c] + np.sqrt(sA[c] ** 2 * (th @ th) + sb[c] ** 2) * z[c if row is None else row, h]
+        )
 
     return federated_loop(problem, algorithm, T, theta0, agent_round, key, seed)
 

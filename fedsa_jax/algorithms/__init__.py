@@ -25,6 +25,7 @@ from fedsa_jax.algorithms.averaged import (
     with_step_size,
 )
 from fedsa_jax.algorithms.bootstrap import WEIGHT_LAWS, BootstrapState, bootstrap, replicate_weights
+from fedsa_jax.algorithms.fedbuff import FedBuffState, fedbuff
 from fedsa_jax.algorithms.fedlsa import FedLSAState, fedlsa
 from fedsa_jax.algorithms.plug_in import PlugInMoments, PlugInState, lyapunov, plug_in
 from fedsa_jax.algorithms.qfedtd import QFedTDState, qfedtd
@@ -41,6 +42,7 @@ __all__ = [
     "bootstrap",
     "richardson",
     "scale_step_size",
+    "FedBuffState",
     "FedLSAState",
     "LocalStepsConfig",
     "QFedTDState",
@@ -51,6 +53,7 @@ __all__ = [
     "ScaffnewState",
     "control_variate_update",
     "describe_value",
+    "fedbuff",
     "fedlsa",
     "init_samplers",
     "initial_theta",

@@ -130,7 +130,12 @@ class Algorithm:
         (``fold_in(key, COHORT_STREAM)``, ``COHORT_STREAM = 0x636F68``), so that ``m = N`` keeps the
         numbers of every agent; with random local work (:mod:`fedsa_jax.local_work`) a key for the
         agents' step counts, a fourth (``fold_in(key, WORK_STREAM)``); with delayed updates
-        (:mod:`fedsa_jax.delays`) a key for the delays (``fold_in(key, DELAY_STREAM)``)."""
+        (:mod:`fedsa_jax.delays`) a key for the delays (``fold_in(key, DELAY_STREAM)``). A config
+        with a method ``randomness(key, problem)`` draws its rounds' numbers itself
+        (:func:`fedsa_jax.fedbuff`: one block per contribution)."""
+        own = getattr(self.config, "randomness", None)
+        if own is not None:
+            return own(key, problem)
         k_obs, k_channel = jax.random.split(key)
         if stepwise_observations(self.config, problem):  # (H_max, N, ...): one block per local step
             keys = jax.random.split(k_obs, self.num_local_steps)
@@ -173,6 +178,7 @@ class RoundRandomness(NamedTuple):
     weights: Any = None  # (N, H_max) multipliers of each agent's local updates (fj.bootstrap), else None
     work: Any = None  # key for the round's local step counts (fj.local_work), else None
     delay: Any = None  # key for the round's delays (fj.delays), else None
+    clock: Any = None  # key for the simulated clock (fj.fedbuff), else None
 
 
 @jax.tree_util.register_dataclass
@@ -301,12 +307,14 @@ def with_clients_per_round(config, clients_per_round):
 
 
 def check_clients_per_round(config, num_agents: int) -> None:
-    """Refuses ``clients_per_round = m > N``, and local work with one law per agent for another N
-    (needs the problem's N; called before compiling)."""
-    m = getattr(config, "clients_per_round", None)
-    if m is not None and m > num_agents:
-        _validate.fail("clients_per_round", m, f"expected at most N = {num_agents} (the problem's agents)")
-    for law in (getattr(config, "local_work", None), getattr(config, "delays", None)):
+    """Refuses ``clients_per_round = m > N`` or ``buffer_size = K > N``, and a law with one row per
+    agent (local work, delays, durations) for another N (needs the problem's N; called before
+    compiling)."""
+    for name in ("clients_per_round", "buffer_size"):
+        m = getattr(config, name, None)
+        if m is not None and m > num_agents:
+            _validate.fail(name, m, f"expected at most N = {num_agents} (the problem's agents)")
+    for law in (getattr(config, n, None) for n in ("local_work", "delays", "durations")):
         if law is not None:
             law.check(num_agents)
 

@@ -73,6 +73,20 @@ class _Wrapper:
         """The wrapped config's law of the agents' local work (:mod:`fedsa_jax.local_work`), or None."""
         return getattr(self.inner.config, "local_work", None)
 
+    @property
+    def buffer_size(self):
+        """The wrapped config's buffer size (:func:`fedsa_jax.fedbuff`), or None."""
+        return getattr(self.inner.config, "buffer_size", None)
+
+    @property
+    def durations(self):
+        """The wrapped config's law of job durations (:mod:`fedsa_jax.clock`), or None."""
+        return getattr(self.inner.config, "durations", None)
+
+    def randomness(self, key, problem):
+        """The wrapped algorithm's round randomness (its own where its config draws it)."""
+        return self.inner.randomness(key, problem)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

@@ -107,10 +107,12 @@ class _CompileTimer:
 
 def _timing(res, seconds: float, compile_s: float, problem, alg) -> dict:
     """What a run cost: wall time, compile time, and warm agent-steps/s over the work it did
-    itself (a resumed run counts only the rounds it ran)."""
+    itself (a resumed run counts only the rounds it ran; a round of FedBuff runs its buffer's K
+    agents' local steps, not N)."""
     execution = res.config["execution"]
     per_round = _mean_local_steps(alg, int(res.rounds[-1]))
-    steps = round(int(execution.get("seed_rounds_run", 0)) * problem.num_agents * per_round)
+    runs = getattr(alg.config, "buffer_size", None) or problem.num_agents  # local runs per round
+    steps = round(int(execution.get("seed_rounds_run", 0)) * runs * per_round)
     warm = seconds - compile_s
     return {
         "seconds": seconds,
