@@ -15,7 +15,7 @@ channel), FedLSA and Scaffnew, whose rate counts the cohort's local steps only (
 counts spread over 1..H with FedNova, stragglers, and through the lossy channel), whose rate counts
 the steps done, ``sum_c E[H_c]`` a round, while the kernel runs H steps for every agent; ``delays``,
 delayed updates (``fj.delays``: a fixed delay of 4 rounds, uniform on 0..8, and through the lossy
-channel); ``fedbuff``, buffered asynchronous aggregation (``fj.fedbuff``, stragglers on the clock,
+channel; SCAFFLSA uniform on 0..8); ``fedbuff``, buffered asynchronous aggregation (``fj.fedbuff``, stragglers on the clock,
 buffers of 1, N/2 and N, and 4-bit quantization), whose rate counts the K agents' local steps of a
 server step.
 
@@ -106,6 +106,7 @@ def extra_rows(H: int, N: int) -> dict:
             "FedLSA fixed": (fj.fedlsa(0.05, H, delays=fj.delays.fixed(4)), N * H, "delay 4"),
             "FedLSA uniform": (fj.fedlsa(0.05, H, delays=late), N * H, "delay U{0..8}"),
             "FedLSA lossy": (fj.fedlsa(0.05, H, delays=late, **lossy), N * H, "U, 4-bit p=0.6"),
+            "SCAFFLSA uniform": (fj.scafflsa(0.05, H, delays=late), N * H, "delay U{0..8}"),
         },
         "fedbuff": {  # a round is one server step: K agents' H local steps
             "FedBuff K=1": (fj.fedbuff(0.05, H, 1, clock), H, "K=1, straggler"),

@@ -17,9 +17,10 @@ observations, per agent or one draw shared by every agent:
   ``<= tau_max`` (a bounded support is required: the state carries the last ``tau_max`` iterates);
 * :func:`law` ``(pmf)``: ``P(tau = k)`` for ``k = 0..tau_max``, one row or one per agent.
 
-Pass one as ``delays=`` of :func:`~fedsa_jax.fedlsa`. The state carries a buffer of the last
-``tau_max`` server iterates. A delay of 0 everywhere (``fixed(0)``) is no delay: the same kernel and
-numbers as without the argument.
+Pass one as ``delays=`` of :func:`~fedsa_jax.fedlsa` or :func:`~fedsa_jax.scafflsa` (the control
+variates then move against the updates taken from the stale starts; the limit stays theta*). The
+state carries a buffer of the last ``tau_max`` server iterates. A delay of 0 everywhere
+(``fixed(0)``) is no delay: the same kernel and numbers as without the argument.
 
 **Mean and limit.** In error coordinates, with ``Gamma_c = (I - eta A_c)^H`` and
 ``D_k = (1/N) sum_c P(tau_c = k)(I - Gamma_c)``, the mean follows the companion recursion

@@ -330,9 +330,9 @@ DELAYS = Option(
     metavar="LAW",
     group="algorithms",
     params=("delays",),
-    read_by="fedlsa",
+    read_by="fedlsa and scafflsa",
 )
-DELAYS_SHARED = _shared_flag("delays", "delay", "fedlsa")
+DELAYS_SHARED = _shared_flag("delays", "delay", "fedlsa and scafflsa")
 BUFFER_SIZE = Option(
     ("--buffer-size",),
     "buffer_size",

@@ -1021,6 +1021,14 @@ MUTATIONS = [
         "the exact recursion's buffer never moves",
     ),
     Mutation(
+        "scafflsa-delayed-local-not-rebased",
+        "fedsa_jax/algorithms/scafflsa.py",
+        "    local, start = delayed_messages(state.error, start, local)  # delayed: updates move the current iterate",
+        "    start = state.error if start.ndim == 2 else start",
+        ("tests/test_delays.py::test_scafflsa_round_by_round_against_numpy",),
+        "SCAFFLSA averages the stale local iterates and moves its control variates against them",
+    ),
+    Mutation(
         "fedbuff-download-at-arrival",
         "fedsa_jax/algorithms/fedbuff.py",
         "        advanced = now > ev.clock",

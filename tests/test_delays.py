@@ -1,4 +1,4 @@
-"""Delayed updates (fj.delays): agent c's update of round t starts from theta_{t - tau_c}.
+"""Delayed updates (fj.delays): agent c's update of round t starts from theta_{t - tau_c} (FedLSA, SCAFFLSA).
 
 * Every seed's iterate, round by round, equals a numpy loop written from the definition (the
   buffer of past iterates, each agent's stale start, the message against it moving the current
@@ -50,6 +50,29 @@ def test_no_delay_is_today_bitwise(het_gaussian):
 @pytest.mark.parametrize("law", list(LAWS))
 def test_monte_carlo_matches_exact_mse_gaussian(het_gaussian, law):
     assert_monte_carlo_matches_exact(het_gaussian, fj.fedlsa(0.05, 3, delays=LAWS[law]()), T=8, n=4000)
+
+
+@pytest.mark.parametrize("sampling", ["generative", "markov"])
+def test_scafflsa_round_by_round_against_numpy(het_gaussian, tiny_td_sampled, sampling):
+    """SCAFFLSA: agent c's steps from its stale start with its current xi_c, its update against that
+    start moving the current iterate and its control variate (the loop's messages)."""
+    q = fj.channel.stochastic_uniform(bits=3)
+    problem = tiny_td_sampled[sampling]
+    for alg in (
+        fj.scafflsa(0.1, 2, delays=fj.delays.uniform(2)),
+        fj.scafflsa(0.1, 3, delays=fj.delays.fixed(1), quantizer=q, success_prob=0.7),
+    ):
+        check_against_loop(problem, alg, td_loop, T=6, num_seeds=3, driver=False)
+    alg = fj.scafflsa(0.05, 3, delays=fj.delays.geometric(1.0, 3))
+    check_against_loop(het_gaussian, alg, gaussian_loop, T=7, num_seeds=3, driver=False)
+
+
+@pytest.mark.parametrize("law", ["uniform", "shared"])
+def test_scafflsa_monte_carlo_matches_exact_and_the_limit_is_theta_star(het_gaussian, law):
+    alg = fj.scafflsa(0.05, 3, delays=LAWS[law]())
+    assert_monte_carlo_matches_exact(het_gaussian, alg, T=8, n=4000)
+    mean = fj.theory.exact_mean(het_gaussian, alg, 3000)[-1]
+    np.testing.assert_allclose(mean, np.asarray(het_gaussian.theta_star), rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("law", ["uniform", "shared"])

@@ -353,6 +353,15 @@ def delayed_starts(rand: RoundRandomness, config, problem, error: jax.Array, pas
     return jnp.concatenate([error[None], past])[lags]
 
 
+def delayed_messages(error: jax.Array, start: jax.Array, local: jax.Array):
+    """``(local, reference)`` for the server: with delayed starts (``start (N, d)``) each agent's update
+    ``local_c - start_c`` against its stale start moves the current iterate, ``error + (local_c -
+    start_c)`` against ``error``; ``(local, start)`` as they are otherwise."""
+    if start.ndim == 2:
+        return error + (local - start), error
+    return local, start
+
+
 def initial_past(config, error: jax.Array) -> Any:
     """The buffer of the last ``tau_max`` iterates at the start: ``theta_0`` in every slot; ``()``
     without delays."""

@@ -57,6 +57,7 @@ from fedsa_jax.algorithms._base import (
     RoundRandomness,
     delay_blocks,
     delay_theory,
+    delayed_messages,
     delayed_starts,
     downlink_init,
     downlink_step,
@@ -124,8 +125,7 @@ def step(rand: RoundRandomness, state: FedLSAState, problem, config: LocalStepsC
         rand.obs, view, state.sampler, start, eta, config.skip, active=active, weights=weights
     )
     local = normalize_work(config, counts, start, local)
-    if start.ndim == 2:  # delayed: the messages against the stale starts move the current iterate
-        local, start = state.error + (local - start), state.error
+    local, start = delayed_messages(state.error, start, local)  # delayed: updates move the current iterate
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
     aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
     aggregate = from_reference(state.error, start, aggregate, config)

@@ -67,16 +67,21 @@ from fedsa_jax.algorithms._base import (
     RoundRandomness,
     control_denominator,
     control_variate_update,
+    delay_blocks,
+    delay_theory,
+    delayed_messages,
+    delayed_starts,
     downlink_init,
     downlink_step,
     downlink_theory,
     from_reference,
     init_samplers,
     initial_error,
+    initial_past,
     keep_outside,
     local_steps_config,
-    local_work_theory,
     normalize_work,
+    pushed,
     round_cohort,
     round_info,
     round_work,
@@ -84,8 +89,10 @@ from fedsa_jax.algorithms._base import (
     server_update,
     stepwise_active,
     with_clients_per_round,
+    with_delays,
     work_weights,
 )
+from fedsa_jax.delays import from_text as delays_from_text
 
 __all__ = ["SCAFFLSAState", "scafflsa"]
 
@@ -99,6 +106,7 @@ class SCAFFLSAState(NamedTuple):
     opt_state: Any  # the server optimizer's state (() without one)
     memory: Any = ()  # the agents' error-feedback memory (N, d) (channel.init_memory; () without)
     hat: Any = ()  # the agents' copy of the model minus theta_star, with a downlink (() without)
+    past: Any = ()  # (tau_max, d) the last server iterates minus theta_star, with delays (() without)
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -> SCAFFLSAState:
@@ -113,6 +121,7 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
         optim.init_server(config, error),
         config.channel.init_memory(problem.num_agents, problem.dim, problem.dtype),
         downlink_init(config, error),
+        initial_past(config, error),
     )
 
 
@@ -123,6 +132,7 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     eta = optim.step_sizes(config.step_size, state.count, H, problem.dtype)
     cohort = round_cohort(rand, config, problem)  # None: every agent
     start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
+    start = delayed_starts(rand, config, problem, start, state.past)  # (N, d): theta_{t - tau_c}
     counts = round_work(rand, config, problem)  # None: every agent runs H (lockstep)
     active = stepwise_active(config, problem, state.count, counts)
     local, sampler = run_agents(
@@ -137,6 +147,7 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
         work_weights(counts, rand.weights, H, problem.dtype),
     )
     local = normalize_work(config, counts, start, local)
+    local, start = delayed_messages(state.error, start, local)  # delayed: updates move the current iterate
     sampler = keep_outside(cohort, sampler, state.sampler)  # agents outside the cohort drew nothing
     aggregate, delivery = server_update(rand.channel, start, local, config.channel, state.memory, cohort)
     denominator = control_denominator(config, eta, counts)
@@ -144,8 +155,9 @@ def step(rand: RoundRandomness, state: SCAFFLSAState, problem, config: LocalStep
     aggregate = from_reference(state.error, start, aggregate, config)
     error, opt_state = optim.server_step(config, state.opt_state, state.error, aggregate, problem.theta_star)
     hat = downlink_step(rand.channel, config, error, state.hat)
+    past = pushed(config, state.past, state.error)
     state = SCAFFLSAState(
-        problem.theta_star + error, error, xi, sampler, state.count + 1, opt_state, delivery.memory, hat
+        problem.theta_star + error, error, xi, sampler, state.count + 1, opt_state, delivery.memory, hat, past
     )
     return state, round_info(local, error, delivery, config, problem, cohort, state.count - 1, counts)
 
@@ -160,10 +172,10 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
     plain = work is not None and work.normalization == "none" and work.deterministic
     weights = work.table(problem.num_agents).argmax(axis=1) + 1.0 if plain else True  # pyright: ignore
     y.add("xi", per_agent=True, zero_sum=weights)
+    delay_blocks(y, config)
     y.add("loc", per_agent=True)
     into, server = moments.server_step(y, config.server_optimizer)
     reference, sent, shift, down = downlink_theory(y, config, into)
-    send = moments.broadcast(y, source=reference)
 
     def round(t, etas):
         steps = [moments.local_step(y, float(eta), controls="xi") for eta in etas]
@@ -177,8 +189,7 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
             clients_per_round=config.clients_per_round,
         )
         return [
-            send,
-            *local_work_theory(y, config, steps, reference),
+            *delay_theory(y, config, steps, reference),
             aggregate,
             *([] if shift is None else [shift]),
             server,
@@ -221,6 +232,7 @@ def scafflsa(
     error_feedback: str | None = None,
     downlink=None,
     clients_per_round: int | None = None,
+    delays=None,
 ) -> Algorithm:
     """SCAFFLSA with step size ``eta`` and ``H`` local steps per round.
 
@@ -251,6 +263,10 @@ def scafflsa(
         adds the aggregate of the messages to its own ``theta_t``.
       clients_per_round: None (every agent, every round) or ``1 <= m <= N``: a uniform cohort
         of m agents per round (see above).
+      delays: None, or a law of :mod:`fedsa_jax.delays`: agent c's local steps of round t start from
+        the server iterate ``tau_c`` rounds old (with its current ``xi_c``), its update against that
+        start moves the current iterate, and the control variates move against these updates as
+        above (the limit is SCAFFLSA's, theta*).
     """
     config = local_steps_config(
         step_size,
@@ -263,13 +279,21 @@ def scafflsa(
         error_feedback,
         downlink,
     )
-    config = with_clients_per_round(config, clients_per_round)
+    config = with_delays(with_clients_per_round(config, clients_per_round), delays)
     return Algorithm(config, "scafflsa", init, step, theory, weighted=True)
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:
+    delays = delays_from_text(
+        getattr(args, "delays", "none") or "none", bool(getattr(args, "delays_shared", False))
+    )
     return scafflsa(
-        step_size, args.local_steps, skip=args.skip, clients_per_round=args.clients_per_round, **channel
+        step_size,
+        args.local_steps,
+        skip=args.skip,
+        clients_per_round=args.clients_per_round,
+        delays=delays,
+        **channel,
     )
 
 
@@ -280,6 +304,8 @@ registry.register_algorithm(
         registry.LOCAL_STEPS,
         registry.LOCAL_STEPS_GROWTH,
         *registry.LOCAL_WORK_OPTIONS,
+        registry.DELAYS,
+        registry.DELAYS_SHARED,
         registry.SKIP,
         registry.CLIENTS_PER_ROUND,
     ),
