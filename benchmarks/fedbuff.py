@@ -70,7 +70,7 @@ def _fedbuff_curve(ax, problem, alg, ticks: int, seeds: int, color, label: str) 
         sem=float(res.mse_sem[at]),
         staleness=float(res.metrics["staleness"].mean[at]),
         diverged=int(res.num_diverged[-1]),
-        mean_theta=res.theta_mean[-1].tolist(),
+        mean_theta=res.theta_mean[at].tolist(),
         seconds=wall,
     )
 

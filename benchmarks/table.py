@@ -15,9 +15,9 @@ channel), FedLSA and Scaffnew, whose rate counts the cohort's local steps only (
 counts spread over 1..H with FedNova, stragglers, and through the lossy channel), whose rate counts
 the steps done, ``sum_c E[H_c]`` a round, while the kernel runs H steps for every agent; ``delays``,
 delayed updates (``fj.delays``: a fixed delay of 4 rounds, uniform on 0..8, and through the lossy
-channel; SCAFFLSA uniform on 0..8); ``fedbuff``, buffered asynchronous aggregation (``fj.fedbuff``, stragglers on the clock,
-buffers of 1, N/2 and N, and 4-bit quantization), whose rate counts the K agents' local steps of a
-server step.
+channel; SCAFFLSA uniform on 0..8); ``fedbuff``, buffered asynchronous aggregation
+(``fj.fedbuff``, stragglers on the clock, buffers of 1, N/2 and N, and 4-bit quantization), whose
+rate counts the K agents' local steps of a server step.
 
 Columns: warm agent-local steps per second (best of ``--repeats`` calls after the first),
 its ratio to TD FedLSA (generative, exact; the first row), and the first call's wall time,
@@ -110,7 +110,7 @@ def extra_rows(H: int, N: int) -> dict:
         },
         "fedbuff": {  # a round is one server step: K agents' H local steps
             "FedBuff K=1": (fj.fedbuff(0.05, H, 1, clock), H, "K=1, straggler"),
-            "FedBuff K=5": (fj.fedbuff(0.05, H, N // 2, clock), N // 2 * H, f"K={N // 2}, straggler"),
+            "FedBuff K=N/2": (fj.fedbuff(0.05, H, N // 2, clock), N // 2 * H, f"K={N // 2}, straggler"),
             "FedBuff K=N": (fj.fedbuff(0.05, H, N, clock), N * H, f"K={N}, straggler"),
             "FedBuff 4-bit": (
                 fj.fedbuff(0.05, H, N // 2, clock, quantizer=fj.channel.stochastic_uniform(4)),

@@ -28,6 +28,7 @@ _PUBLIC = {
     "SimulationResult": "fedsa_jax.result",
     "SweepEntry": "fedsa_jax._sweep",
     "Until": "fedsa_jax._options",
+    "accounting": None,
     "algorithms": None,
     "averaged": "fedsa_jax.algorithms",
     "bootstrap": "fedsa_jax.algorithms",
@@ -73,6 +74,7 @@ __all__ = [
     "SimulationResult",
     "SweepEntry",
     "Until",
+    "accounting",
     "algorithms",
     "averaged",
     "bootstrap",
@@ -109,6 +111,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # what type checkers and editors see: the same names, imported
     from fedsa_jax import (
+        accounting,
         algorithms,
         channel,
         clock,

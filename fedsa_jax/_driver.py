@@ -33,7 +33,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
-from fedsa_jax import _checkpoint, _kernel, _validate
+from fedsa_jax import _checkpoint, _kernel, _validate, accounting
 from fedsa_jax._kernel import Carry, KernelInputs, Reduction, SeedBatch
 from fedsa_jax._options import Execution, Record, Recording, Until, grouped
 from fedsa_jax._run import Run, run_code, validate_run
@@ -718,6 +718,10 @@ def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
     config["execution"].update(resumed_from=tally.resumed_from, seed_rounds_run=tally.seed_rounds_run)
     if setup.until_report is not None:
         config["until"] = setup.until_report
+    counts = count_arrays(stats["counts"].T)
+    spent = accounting.report(setup.algorithms[index], problem.num_agents, counts["communications"][-1])
+    if spent is not None:  # the epsilon of the run's releases (fedsa_jax.accounting)
+        config["privacy"] = spent
     return SimulationResult(
         rounds=setup.rounds,
         mse_mean=stats["val_mean"][:, 0],
@@ -736,7 +740,7 @@ def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
             )
             for j, m in enumerate(metric_names)
         },
-        **count_arrays(stats["counts"].T),
+        **counts,
     )
 
 

@@ -65,11 +65,13 @@ def _innermost(state):
 
 
 def wall_clock(state, problem, info) -> jax.Array:
-    del problem, info
-    return _innermost(state).clock.astype(jnp.float32)
+    """The simulated clock's tick at the round's server step (``state.clock``, through wrappers)."""
+    del info
+    return _innermost(state).clock.astype(problem.dtype)
 
 
 def staleness(state, problem, info) -> jax.Array:
+    """The mean staleness of the contributions of the round's server step (``state.staleness``)."""
     del problem, info
     return _innermost(state).staleness
 

@@ -58,6 +58,7 @@ Example (server momentum on the agents' mean, ``v <- beta v + (mean - theta)``, 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from math import lgamma
 from typing import Any
@@ -443,7 +444,27 @@ class Aggregation(Affine):
     @property
     def noiseless(self) -> bool:
         c_same, c_other, _, _ = self._channel_moments()
-        return not (c_same or c_other or self.channel.quantizer.kind != "identity")
+        noise = self.channel.privacy is not None and self.channel.privacy.noise_std > 0
+        return not (c_same or c_other or noise or self.channel.quantizer.kind != "identity")
+
+    def _privacy_noise(self) -> tuple[float, float]:
+        """``(local, central)``: the variance ``sigma^2 C^2`` of the privacy noise on each message
+        (local mode) and what the central noise adds to each coordinate of the aggregate's second
+        moment, ``E[1{|R| > 0} w^2] sigma^2 C^2`` with w the weight of a delivered message."""
+        privacy, y = self.channel.privacy, self.y
+        if privacy is None:
+            return 0.0, 0.0
+        s2 = privacy.noise_std**2
+        if privacy.mode == "local":
+            return s2, 0.0
+        n = y.N if self.m is None else self.m
+        p = float(self.channel.success_prob)
+        k = np.arange(1, n + 1)
+        received = np.array([math.comb(n, int(j)) for j in k]) * p**k * (1 - p) ** (n - k)  # P(|R| = k)
+        unit_sq = (
+            received.sum() / n**2 if self.channel.aggregation == "divide_by_n" else np.sum(received / k**2)
+        )
+        return 0.0, float(unit_sq) * s2
 
     def prepare(self) -> None:
         if isinstance(self.denominator, tuple) and (not self.channel.trivial or self.m is not None):
@@ -466,9 +487,14 @@ class Aggregation(Affine):
         """What the channel adds to the aggregate's second moment (no control variates), from the
         messages' ``own = E[m_c m_c^T] (N, d, d)`` and ``total = sum_{c,j} E[m_c m_j^T] (d, d)``."""
         c_same, c_other, w_sq, quant = self._channel_moments()
+        local, central = self._privacy_noise()  # the Gaussian mechanism without clipping
+        N, eye = len(own), np.eye(own.shape[-1])
+        noisy = own + local * eye  # E[m~_c m~_c^T], m~_c = m_c + noise_c (local mode)
         diag_sum = own.sum(0)
-        extra = c_same * diag_sum + c_other * (total - diag_sum)
-        return extra + w_sq * sum(quant(own[c]) for c in range(len(own)))
+        extra = c_same * (diag_sum + N * local * eye) + c_other * (total - diag_sum)
+        extra = extra + w_sq * sum(quant(noisy[c]) for c in range(N))
+        w = _server_weight(self.channel, self.y.N, self.m)
+        return extra + (N * w**2 * local + central) * eye
 
     def second(self, S: np.ndarray, conjugate) -> np.ndarray:
         """Erasure weights and quantizer errors of mean zero add ``sum_{c,j} Cov(w_c, w_j) E[m_c m_j^T]
@@ -874,6 +900,14 @@ def aggregate(
     linear in Y given the round's randomness (:class:`CompressedAggregation`). Top-k and scaled sign
     are refused: they are not linear in the message."""
     q = channel.quantizer
+    privacy = getattr(channel, "privacy", None)
+    if privacy is not None and privacy.clip:
+        _validate.fail(
+            "privacy",
+            privacy.describe(),
+            "clipping is not linear in the message: no exact moment recursion (simulate it; "
+            "fj.channel.privacy(..., clip=False), the noise alone, is exact and is the reference)",
+        )
     if q.kind in ("top_k", "scaled_sign"):
         name = q.kind.replace("_", "-")
         _validate.fail(
@@ -885,6 +919,12 @@ def aggregate(
     if channel.error_feedback is None and (q.unbiased or not q.linear):  # the second refused there
         return Aggregation(
             y, channel, reference, into, iterates, control_variates, denominator, clients_per_round
+        )
+    if privacy is not None:
+        _validate.fail(
+            "privacy",
+            privacy.describe(),
+            "no exact recursion for privacy noise with a biased compressor or error feedback (simulate it)",
         )
     if _cohort_size(clients_per_round, y.N) is not None:
         _validate.fail(
@@ -1162,6 +1202,7 @@ def _channel_key(channel) -> tuple:
         channel.aggregation,
         channel.erasures,
         channel.error_feedback,
+        channel.privacy,
     )
 
 

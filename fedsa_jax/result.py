@@ -167,6 +167,13 @@ class SimulationResult:
     def num_seeds(self) -> int:
         return int(self.final_theta.shape[0])
 
+    @property
+    def privacy(self) -> dict[str, Any] | None:
+        """The run's privacy loss with a privacy mechanism on the uplink (:mod:`fedsa_jax.accounting`):
+        ``epsilon`` at ``delta`` of its ``releases``, the ``mechanism``, the neighbouring ``relation``,
+        the ``event`` composed and the ``accountant``; None without one (``config["privacy"]``)."""
+        return self.config.get("privacy")
+
     def quantile(self, level: float) -> np.ndarray:
         """``(R,)`` the recorded quantile of the squared error at ``level`` (one of ``quantile_levels``)."""
         if level not in self.quantile_levels:

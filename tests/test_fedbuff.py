@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from reference import fedbuff_loop, gaussian_loop, step_trajectories, td_loop
 
@@ -91,6 +92,7 @@ def test_td_round_by_round_against_numpy(tiny_td_sampled, sampling):
     for alg in (
         fj.fedbuff(0.1, 2, buffer_size=2, durations=fj.clock.straggler(1, 0.3, 4.0), skip=2),
         fj.fedbuff(0.1, 3, buffer_size=1, durations=fj.clock.geometric([1.0, 2.0, 4.0], 8), quantizer=q),
+        fj.fedbuff(0.1, 2, buffer_size=3, durations=fj.clock.uniform(1, 2), quantizer=q),  # a key each
     ):
         _check(tiny_td_sampled[sampling], alg, td_loop, T=7)
 
@@ -107,6 +109,10 @@ def test_full_buffer_of_one_tick_jobs_is_fedlsa(het_gaussian, tiny_td_sampled, f
         np.testing.assert_allclose(
             step_trajectories(problem, buff, KEY, 6, 3), fedlsa, rtol=1e-12, atol=1e-13
         )
+    opt = optax.sgd(0.5, momentum=0.9)  # the server optimizer takes FedLSA's pseudo-gradient
+    with_opt = step_trajectories(problem, fj.fedlsa(0.1, H, server_optimizer=opt), KEY, 6, 3)
+    buff = fj.fedbuff(0.1, H, buffer_size=problem.num_agents, server_optimizer=opt)
+    np.testing.assert_allclose(step_trajectories(problem, buff, KEY, 6, 3), with_opt, rtol=1e-12, atol=1e-13)
 
 
 def test_full_buffer_matches_fedlsa_exact_mse(het_gaussian):
@@ -156,6 +162,8 @@ def test_staleness_metric_is_the_buffer_mean(het_gaussian):
         (dict(buffer_size=2, clients_per_round=2), "clients_per_round"),
         (dict(buffer_size=2, error_feedback="ef21"), "error_feedback"),
         (dict(buffer_size=2, num_local_steps=0), "num_local_steps"),
+        (dict(buffer_size=2, staleness=lambda tau: jnp.ones(2)), "staleness"),
+        (dict(buffer_size=2, staleness=lambda tau: -tau), "staleness"),
     ],
 )
 def test_bad_input_is_one_line(kwargs, name):
@@ -224,6 +232,7 @@ def test_command_line(tmp_path, capsys):
     assert config["buffer_size"] == 2 and config["staleness"] == 0.0
     assert config["durations"]["law"] == "straggler" and config["durations"]["pmf"] == [[0.5, 0.0, 0.5]]
     np.testing.assert_array_equal(res.communications, 2 * res.rounds)
+    np.testing.assert_array_equal(res.bits_sent, 2 * res.rounds * res.config["bits_per_message"])
     capsys.readouterr()
     assert main([*args, "--buffer-size", "4"]) == 2
     err = capsys.readouterr().err.strip()
@@ -245,3 +254,6 @@ def test_with_the_wrappers(het_gaussian):
     np.testing.assert_array_equal(avg.metrics["wall_clock"].mean, plain.metrics["wall_clock"].mean)
     with pytest.raises(ValueError, match="rand.weights"):
         fj.bootstrap(alg, 10)
+    with pytest.raises(ValueError, match="simulated clock") as err:
+        fj.plug_in(alg)
+    assert "\n" not in str(err.value)

@@ -235,17 +235,32 @@ def local_steps_config(
     server_optimizer=None,
     error_feedback: str | None = None,
     downlink: Any = None,
+    privacy: Any = None,
 ) -> LocalStepsConfig:
     """Validated :class:`LocalStepsConfig` (``step_size``: a float or a schedule, ``server_optimizer``:
     None or optax, see :mod:`fedsa_jax.optim`; ``error_feedback``: see :mod:`fedsa_jax.channel`;
-    ``downlink``: None or a channel, see :mod:`fedsa_jax.channel.downlink`)."""
+    ``downlink``: None or a channel, see :mod:`fedsa_jax.channel.downlink`; ``privacy``: None or
+    :func:`fedsa_jax.channel.privacy`)."""
     eta = optim.step_size_arg(step_size)
     work = num_local_steps if isinstance(num_local_steps, LocalWork) else None
     H = optim.local_steps_arg(num_local_steps if work is None else work.max)
     k = _validate.integer("skip", skip)
     opt = optim.server_optimizer_arg(server_optimizer)
-    up = channel(quantizer, success_prob, aggregation, error_feedback)
+    up = channel(quantizer, success_prob, aggregation, error_feedback, privacy)
     return LocalStepsConfig(eta, up, H, k, opt, downlink_arg(downlink), local_work=work)
+
+
+def refuse_central_privacy(config, name: str) -> None:
+    """Refuses central privacy noise for an algorithm whose server sends each agent a control variate
+    computed from the exact mean of the others' messages (the guarantee would not cover it)."""
+    p = config.channel.privacy
+    if p is not None and p.mode == "central":
+        _validate.fail(
+            "privacy",
+            p.describe(),
+            f"{name}'s control variates, sent back to each agent, carry the server's exact mean of the "
+            "other agents' messages, which central noise does not cover: use mode='local'",
+        )
 
 
 def downlink_init(config, error: jax.Array) -> Any:

@@ -25,7 +25,8 @@ are taken in the order of the agents' index (make ticks finer to make ties rarer
 as soon as its buffer holds K contributions, possibly several times in one tick; the agents that
 arrived at a tick download at its end, the latest iterate. An agent may contribute twice to one
 buffer if it is fast. With ``buffer_size = N`` and every job one tick long each buffer holds every
-agent's update from the current iterate: FedLSA's round, exactly (tested).
+agent's update from the current iterate: FedLSA's round, on the same observations (tested; exactly
+with an exact uplink and a weight ``s(0) = 1``; with a quantizer the same law, other draws).
 
 The state carries each agent's start (its copy of the model), its version ``v_c``, the tick its
 job arrives and the clock; the metrics ``"wall_clock"`` (ticks elapsed at the round's server step)
@@ -49,6 +50,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedsa_jax import _validate, optim, registry
 from fedsa_jax.algorithms._base import (
@@ -232,9 +234,23 @@ def theory(config: FedBuffConfig, problem):
 
 
 def _staleness_arg(staleness) -> float | Callable:
-    if callable(staleness):
+    if callable(staleness):  # tried once on staleness 0..3: finite weights >= 0 of the same shape
+        try:
+            out = np.asarray(staleness(jnp.arange(4, dtype=jnp.float32)), np.float64)
+        except Exception as e:  # noqa: BLE001 (the user's function failed: say so in one line)
+            _validate.fail(
+                "staleness", staleness, f"the function raised {type(e).__name__} on an array of staleness"
+            )
+        if out.shape != (4,) or not np.all(np.isfinite(out)) or np.any(out < 0):
+            _validate.fail(
+                "staleness", staleness, "expected a function returning one finite weight >= 0 per staleness"
+            )
         return staleness
-    if isinstance(staleness, bool) or not isinstance(staleness, (int, float)) or not staleness >= 0:
+    if isinstance(staleness, (bool, np.bool_)) or not isinstance(
+        staleness, (int, float, np.integer, np.floating)
+    ):
+        staleness = -1.0
+    if not staleness >= 0:
         _validate.fail(
             "staleness",
             staleness,
@@ -306,6 +322,7 @@ _REFUSED = {  # option -> (value that is no refusal, why)
     "error_feedback": (None, "error feedback is not built for asynchronous agents"),
     "downlink": (None, "a compressed downlink is not built: agents download the exact iterate"),
     "clients_per_round": (None, "every agent is always busy (the buffer size K sets the pace)"),
+    "privacy": (None, "differential privacy is not built for asynchronous agents"),
 }
 
 

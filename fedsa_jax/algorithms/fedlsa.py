@@ -178,6 +178,7 @@ def fedlsa(
     downlink=None,
     clients_per_round: int | None = None,
     delays=None,
+    privacy=None,
 ) -> Algorithm:
     """FedLSA with step size ``eta``, ``H`` local steps per round.
 
@@ -207,6 +208,8 @@ def fedlsa(
         integer ``1 <= m <= N``: a uniform cohort of m agents per round (see above).
       delays: None, or a law of :mod:`fedsa_jax.delays`: agent c's update of round t starts from the
         server iterate ``tau_c`` rounds old and moves the current one (delayed updates).
+      privacy: None, or the uplink's clipping and Gaussian noise, :func:`fedsa_jax.channel.privacy`
+        (:mod:`fedsa_jax.channel.dp`); the run's epsilon is in ``result.privacy``.
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -223,6 +226,7 @@ def fedlsa(
         server_optimizer,
         error_feedback,
         downlink,
+        privacy,
     )
     config = with_delays(with_clients_per_round(config, clients_per_round), delays)
     return Algorithm(config, "fedlsa", init, step, theory, weighted=True)

@@ -117,6 +117,13 @@ def _step_size_config(config, name: str | None = None):
             "its updates are delayed (fj.delays), which the plug-in's eta_T Sigma does not describe; "
             "the bootstrap's intervals cover it",
         )
+    if name is not None and getattr(config, "buffer_size", None) is not None:
+        _validate.fail(
+            "algorithm",
+            name,
+            "its contributions follow a simulated clock (fj.fedbuff), while the plug-in replays every "
+            "agent every round: its moments and eta_T Sigma do not describe it",
+        )
     if name is not None and getattr(config, "local_work", None) is not None:
         _validate.fail(
             "algorithm",

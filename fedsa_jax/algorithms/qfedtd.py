@@ -29,6 +29,7 @@ Letters, 2023, eq. (2).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -116,13 +117,20 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
 def theory(config: LocalStepsConfig, problem):
     """FedLSA's round with ``H = 1`` (its message is ``alpha g``). With error feedback the memories
     are then ``alpha`` times QFedTD's, the same iterates for a constant ``alpha`` only
-    (``C(alpha x) = alpha C(x)`` for rand-k): a schedule is refused."""
-    if config.channel.error_feedback is not None and isinstance(config.step_size, optim.Schedule):
+    (``C(alpha x) = alpha C(x)`` for rand-k), and privacy noise ``sigma C`` on ``g`` is ``alpha sigma
+    C`` on the message: a schedule is refused with either."""
+    ch = config.channel
+    if (ch.error_feedback is not None or ch.privacy is not None) and isinstance(
+        config.step_size, optim.Schedule
+    ):
         _validate.fail(
             "step_size",
             "a schedule",
-            "QFedTD's exact recursion with error feedback needs a constant step size",
+            "QFedTD's exact recursion with error feedback or privacy noise needs a constant step size",
         )
+    if ch.privacy is not None:  # the noise in the units of the message alpha g
+        scaled = dataclasses.replace(ch.privacy, clip_norm=ch.privacy.clip_norm * float(config.step_size))
+        config = dataclasses.replace(config, channel=dataclasses.replace(ch, privacy=scaled))
     return fedlsa_theory(config, problem)
 
 
@@ -141,6 +149,7 @@ def qfedtd(
     error_feedback: str | None = None,
     downlink=None,
     clients_per_round: int | None = None,
+    privacy=None,
 ) -> Algorithm:
     """QFedTD with server step ``alpha``, quantizer Q and success probability p.
 
@@ -165,6 +174,8 @@ def qfedtd(
         cohort of m agents drawn uniformly without replacement steps and sends (see
         :func:`fedsa_jax.fedlsa`); the server divides by m (``"divide_by_n"``) or by the number
         received from the cohort.
+      privacy: None, or the uplink's clipping and Gaussian noise, :func:`fedsa_jax.channel.privacy`
+        (:mod:`fedsa_jax.channel.dp`); the run's epsilon is in ``result.privacy``.
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -173,7 +184,16 @@ def qfedtd(
       >>> res = fj.simulate(jax.random.key(1), problem, alg, num_rounds=200, num_seeds=256)
     """
     config = local_steps_config(
-        step_size, 1, 1, quantizer, success_prob, aggregation, server_optimizer, error_feedback, downlink
+        step_size,
+        1,
+        1,
+        quantizer,
+        success_prob,
+        aggregation,
+        server_optimizer,
+        error_feedback,
+        downlink,
+        privacy,
     )
     config = with_clients_per_round(config, clients_per_round)
     return Algorithm(config, "qfedtd", init, step, theory, weighted=True)  # FedLSA's round with H = 1

@@ -82,6 +82,7 @@ from fedsa_jax.algorithms._base import (
     local_steps_config,
     normalize_work,
     pushed,
+    refuse_central_privacy,
     round_cohort,
     round_info,
     round_work,
@@ -233,6 +234,7 @@ def scafflsa(
     downlink=None,
     clients_per_round: int | None = None,
     delays=None,
+    privacy=None,
 ) -> Algorithm:
     """SCAFFLSA with step size ``eta`` and ``H`` local steps per round.
 
@@ -267,6 +269,10 @@ def scafflsa(
         the server iterate ``tau_c`` rounds old (with its current ``xi_c``), its update against that
         start moves the current iterate, and the control variates move against these updates as
         above (the limit is SCAFFLSA's, theta*).
+      privacy: None, or the uplink's clipping and Gaussian noise, :func:`fedsa_jax.channel.privacy`
+        (:mod:`fedsa_jax.channel.dp`); the run's epsilon is in ``result.privacy``. Central noise is
+        refused: the control variates sent back to each agent carry the server's exact mean of the
+        others' messages.
     """
     config = local_steps_config(
         step_size,
@@ -278,7 +284,9 @@ def scafflsa(
         server_optimizer,
         error_feedback,
         downlink,
+        privacy,
     )
+    refuse_central_privacy(config, "SCAFFLSA")
     config = with_delays(with_clients_per_round(config, clients_per_round), delays)
     return Algorithm(config, "scafflsa", init, step, theory, weighted=True)
 

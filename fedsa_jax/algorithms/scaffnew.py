@@ -105,6 +105,7 @@ from fedsa_jax.algorithms._base import (
     keep_outside,
     local_steps_config,
     observations_per_step,
+    refuse_central_privacy,
     server_update,
     stepwise_active,
     with_clients_per_round,
@@ -426,6 +427,7 @@ def scaffnew(
     error_feedback: str | None = None,
     downlink=None,
     clients_per_round: int | None = None,
+    privacy=None,
 ) -> Algorithm:
     """Scaffnew with step size ``eta``, communication probability ``p`` and ``H`` local steps
     per round (a round is H local steps; it communicates ``p H`` times on average).
@@ -456,6 +458,10 @@ def scaffnew(
         communication, counted once per agent.
       clients_per_round: None (every agent) or ``1 <= m <= N``: a uniform cohort of m agents per
         local-training period, drawn at each communication (see the module's "Partial participation").
+      privacy: None, or the uplink's clipping and Gaussian noise, :func:`fedsa_jax.channel.privacy`
+        (:mod:`fedsa_jax.channel.dp`); the run's epsilon is in ``result.privacy``. Central noise is
+        refused: the control variates sent back to each agent carry the server's exact mean of the
+        others' messages.
 
     Example:
       >>> import jax, fedsa_jax as fj
@@ -481,7 +487,9 @@ def scaffnew(
         server_optimizer,
         error_feedback,
         downlink,
+        privacy,
     )
+    refuse_central_privacy(base, "Scaffnew")
     p = _validate.real("comm_prob", comm_prob, 0.0, 1.0, low_open=True)
     config = ScaffnewConfig(
         base.step_size, p, base.channel, base.num_local_steps, base.skip, base.server_optimizer, base.downlink

@@ -1,7 +1,8 @@
-"""Finite-rate, lossy uplink (quantizers, biased compressors with error feedback, Bernoulli erasures) and
-a compressed downlink."""
+"""Finite-rate, lossy uplink (quantizers, biased compressors with error feedback, Bernoulli erasures,
+differential privacy) and a compressed downlink."""
 
 from fedsa_jax.channel.downlink import broadcast, downlink_arg, downlink_key
+from fedsa_jax.channel.dp import MODES, Privacy, privacy
 from fedsa_jax.channel.erasures import (
     AGGREGATIONS,
     ERROR_FEEDBACK,
@@ -27,6 +28,8 @@ __all__ = [
     "ERROR_FEEDBACK",
     "Channel",
     "Delivery",
+    "MODES",
+    "Privacy",
     "Quantizer",
     "aggregate",
     "broadcast",
@@ -35,6 +38,7 @@ __all__ = [
     "downlink_key",
     "identity",
     "natural",
+    "privacy",
     "qsgd",
     "rand_k",
     "scaled_sign",

@@ -35,6 +35,35 @@ def _make_downlink(args) -> dict:
     return {"downlink": fj.channel.channel(_make_quantizer(args, "downlink_quantizer"))}
 
 
+def _make_privacy(args) -> dict:
+    """``{"privacy": fj.channel.privacy(...)}`` from ``--clip-norm`` (and ``--noise-multiplier`` or
+    ``--target-epsilon``, ``--dp-mode``, ``--delta``, ``--no-clip``); ``{}`` without ``--clip-norm``."""
+    C = getattr(args, "clip_norm", None)
+    if C is None:
+        for flag, dest, default in (
+            ("--noise-multiplier", "noise_multiplier", 0.0),
+            ("--target-epsilon", "target_epsilon", None),
+            ("--dp-mode", "dp_mode", "central"),
+            ("--delta", "delta", 1e-5),
+            ("--no-clip", "no_clip", False),
+        ):
+            if getattr(args, dest, default) != default:
+                raise ValueError(
+                    f"{flag}={getattr(args, dest)!r} is invalid: it needs --clip-norm (differential privacy)"
+                )
+        return {}
+    sigma, target = args.noise_multiplier, args.target_epsilon
+    if target is not None:
+        if sigma != 0.0:
+            raise ValueError(
+                f"--target-epsilon={target!r} is invalid: it picks --noise-multiplier, given too"
+            )
+        sigma = fj.accounting.noise_multiplier(
+            target, args.rounds, args.agents, args.delta, args.dp_mode, args.clients_per_round
+        )
+    return {"privacy": fj.channel.privacy(sigma, C, args.dp_mode, clip=not args.no_clip, delta=args.delta)}
+
+
 def _make_algorithm(name: str, args, option: str = "--algorithms", param_option: str = "--param"):
     """A registered algorithm from the options, or a user's ``module:factory`` called with
     ``args.params`` (and step_size / num_local_steps where its signature takes them)."""
@@ -61,6 +90,7 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
             aggregation=args.aggregation,
             **({} if args.error_feedback == "none" else {"error_feedback": args.error_feedback}),
             **_make_downlink(args),
+            **_make_privacy(args),
             server_optimizer=_make_server_optimizer(args),
         )
     if args.average is not None:

@@ -131,6 +131,12 @@ def _check_applicable(args) -> None:
         "aggregation",
         "error_feedback",
         "downlink_quantizer",
+        "clip_norm",
+        "noise_multiplier",
+        "target_epsilon",
+        "dp_mode",
+        "delta",
+        "no_clip",
     ):
         table[dest] = (options[dest].read_by, builtin, algorithms)  # pyright: ignore[reportArgumentType]
     for dest, (read_by, read, has) in table.items():

@@ -19,6 +19,7 @@ from fedsa_jax.registry import (
     Option,
     name_or_number,
     nonnegative_int,
+    nonnegative_real,
     positive_int,
     positive_real,
     real,
@@ -243,8 +244,79 @@ def _channel() -> list[Option]:
             group="channel",
             read_by=BUILT_IN_CHANNEL,
         ),
+        *_privacy(),
         *_simulation(),
         *_statistics(),
+    ]
+
+
+def _privacy() -> list[Option]:
+    """Differential privacy on the uplink (fj.channel.privacy, fedsa_jax.accounting)."""
+    return [
+        Option(
+            ("--clip-norm",),
+            "clip_norm",
+            "differential privacy: clip each agent's message to L2 norm C (and the noise's scale); "
+            "default none: no privacy mechanism",
+            positive_real,
+            None,
+            metavar="C",
+            group="channel",
+            params=("clip_norm",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--noise-multiplier",),
+            "noise_multiplier",
+            "Gaussian noise of standard deviation SIGMA * C per coordinate (needs --clip-norm)",
+            nonnegative_real,
+            0.0,
+            metavar="SIGMA",
+            group="channel",
+            params=("noise_multiplier",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--target-epsilon",),
+            "target_epsilon",
+            "pick SIGMA so that --rounds releases cost this epsilon at --delta (dp-accounting's RDP)",
+            positive_real,
+            None,
+            metavar="EPS",
+            group="channel",
+            params=("target_epsilon",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--dp-mode",),
+            "dp_mode",
+            "where the noise goes: central (once on the sum, a trusted server) or local (on each message)",
+            default="central",
+            choices=("central", "local"),
+            group="channel",
+            params=("mode",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--delta",),
+            "delta",
+            "the delta at which epsilon is reported, in (0, 1)",
+            positive_real,
+            1e-5,
+            group="channel",
+            params=("delta",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--no-clip",),
+            "no_clip",
+            "the noise without the clipping: no privacy guarantee, but exact curves (--exact) apply",
+            action="store_true",
+            default=False,
+            group="channel",
+            params=("clip",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
     ]
 
 

@@ -350,6 +350,28 @@ def _write_one(args, res, problem, alg, file_name: str, summary: dict, timing: d
         f"{_describe_timing(timing, args.rounds)} -> {path}"
     )
     _coverage_line(args, res, alg.name, summary)
+    _privacy_line(res, alg.name, summary)
+
+
+def _privacy_line(res, name: str, summary: dict) -> None:
+    """The run's privacy loss (``result.privacy``), printed and in the summary."""
+    spent = res.privacy
+    if spent is None:
+        return
+    summary["runs"][name]["privacy"] = spent
+    m = spent["mechanism"]
+    if spent.get("epsilon") is None:
+        print(
+            f"{name:9s} privacy: sigma {m['noise_multiplier']:.4g}, C {m['clip_norm']:g}, {m['mode']}: "
+            f"{spent['reason']}"
+        )
+        return
+    print(
+        f"{name:9s} privacy: epsilon {spent['epsilon']:.4g} at delta {spent['delta']:g} after "
+        f"{spent['releases']} releases ({m['mode']} noise, sigma {m['noise_multiplier']:.4g}, "
+        f"C {m['clip_norm']:g}; "
+        f"{spent['relation'].replace('_', ' ')}, {spent['accountant'].upper()} accountant)"
+    )
 
 
 def _growth_note(res) -> str:

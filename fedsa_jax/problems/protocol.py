@@ -163,7 +163,10 @@ class Problem(Protocol):
         have leading axes ``(num_agents, ...)``; ``num_obs`` (= H) observations are
         kept per agent, each after ``skip`` draws of a Markov stream (i.i.d. problems
         may ignore ``skip``). ``num_agents``, ``num_obs``, ``skip`` are Python ints.
-        The driver draws round t+1's block during round t."""
+        The driver draws round t+1's block during round t. Every row must have the same law
+        (what makes an agent's draws its own is ``observe`` with its ``params``): FedBuff
+        (:func:`fedsa_jax.fedbuff`) draws one row per contribution and hands it to whichever agent
+        sends it."""
         ...
 
     def observe(self, params: Any, sampler: Any, rand: Any, skip: int = 1) -> tuple[Any, Any]:

@@ -142,6 +142,7 @@ from fedsa_jax.theory.references import (
     fedlsa_round_bias,
     max_stable_step_size,
     mixing_time,
+    privacy_noise_floor,
     tv_to_stationary,
 )
 from fedsa_jax.theory.stationary import (
@@ -162,6 +163,7 @@ __all__ = [
     "mean_spectral_radius",
     "mean_square_spectral_radius",
     "mixing_time",
+    "privacy_noise_floor",
     "stationary_mean",
     "stationary_mse",
     "tv_to_stationary",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
+from scipy import linalg
 
 from fedsa_jax import _validate, algorithms, registry
 from fedsa_jax.local_work import LocalWork
@@ -13,7 +14,14 @@ from fedsa_jax.moments import _arrays
 from fedsa_jax.theory.engine import stable_step_size
 from fedsa_jax.theory.stationary import mean_square_spectral_radius
 
-__all__ = ["fedlsa_bias", "fedlsa_round_bias", "max_stable_step_size", "mixing_time", "tv_to_stationary"]
+__all__ = [
+    "fedlsa_bias",
+    "fedlsa_round_bias",
+    "max_stable_step_size",
+    "mixing_time",
+    "privacy_noise_floor",
+    "tv_to_stationary",
+]
 
 
 def _fedlsa_round(problem, step_size, num_local_steps):
@@ -209,3 +217,34 @@ def mixing_time(problem, eps: float = 0.25, max_steps: int = 100_000) -> np.ndar
         f"agents {np.nonzero(out < 0)[0].tolist()}",  # pyright: ignore[reportOptionalOperand]
         f"did not mix to TV <= {eps} within max_steps={max_steps} steps (periodic or slowly mixing chain)",
     )
+
+
+def privacy_noise_floor(
+    problem, step_size: float, num_local_steps: int, privacy, first_order: bool = False
+) -> float:
+    """The MSE that the uplink's Gaussian noise (:func:`fedsa_jax.channel.privacy`, without clipping)
+    adds to FedLSA's stationary MSE, every agent every round over an exact channel,
+    ``"divide_by_n"``.
+
+    The aggregate gets a noise ``w_t`` of covariance ``s^2 I`` independent of everything else:
+    ``s^2 = sigma^2 C^2 / N`` (local: N agents' noises averaged) or ``sigma^2 C^2 / N^2`` (central: one
+    noise on the sum, divided by N). Through the mean map ``e_{t+1} = Gamma_bar e_t + ...`` it adds the
+    stationary covariance ``Sigma = Gamma_bar Sigma Gamma_bar^T + s^2 I`` (a discrete Lyapunov
+    equation, scipy's ``solve_discrete_lyapunov``), and ``tr Sigma`` to the MSE; the noise's further
+    path through the agents' random ``A_c(Z)`` adds ``O(eta)`` relative to it. To first order in eta
+    (``first_order=True``: ``Gamma_bar = I - eta H A + O(eta^2)``, ``A = mean_c A_bar[c]``),
+    ``tr Sigma = s^2 / (eta H) tr X`` with ``A X + X A^T = I`` (``solve_continuous_lyapunov``); for a
+    symmetric A, ``s^2 tr(A^{-1}) / (2 eta H)``: the floor grows as eta shrinks, since each round's
+    noise is fixed and the contraction per round is ``eta H``."""
+    if privacy is None or privacy.noise_std == 0:
+        return 0.0
+    A, _, _ = _arrays(problem)
+    N, d, _ = A.shape
+    s2 = privacy.noise_std**2 / (N if privacy.mode == "local" else N**2)
+    if first_order:
+        eta = _validate.real("step_size", step_size, 0.0, low_open=True)
+        H = _validate.integer("num_local_steps", num_local_steps)
+        X = linalg.solve_continuous_lyapunov(A.mean(0), np.eye(d))
+        return float(s2 * np.trace(X) / (eta * H))
+    gamma_bar, _ = _fedlsa_round(problem, step_size, num_local_steps)
+    return float(np.trace(linalg.solve_discrete_lyapunov(gamma_bar, s2 * np.eye(d))))

@@ -1,0 +1,138 @@
+"""Differential privacy on the uplink: per-agent L2 clipping and the Gaussian mechanism.
+
+Each agent's message ``m_c`` (its model update for FedLSA, SCAFFLSA and FedBuff-free algorithms'
+rounds; its TD direction for QFedTD; its local iterate's difference at a communication for
+Scaffnew: whatever :func:`fedsa_jax.channel.transmit` carries) is clipped to L2 norm ``C``,
+
+    clip_C(m) = m min(1, C / |m|),
+
+and Gaussian noise of standard deviation ``sigma C`` per coordinate (``sigma`` the noise multiplier)
+is added, in one of two places:
+
+* ``mode="local"`` (local DP, no trusted server): on each agent's clipped message before it leaves
+  the agent, ``m~_c = clip_C(m_c) + sigma C z_c``; the quantizer, error feedback and the erasures then
+  act on ``m~_c`` (post-processing: they cannot weaken the guarantee, and the bits sent stay the
+  quantizer's);
+* ``mode="central"`` (central DP, a trusted server): the quantizer (with EF14's memory) acts first,
+  then each quantized message is clipped to C (so that what enters the sum is bounded, whatever the
+  quantizer did to its norm), the server sums the delivered ones and adds ``sigma C z`` to the sum
+  once, then divides as the aggregation says (``1/n`` or ``1/|R|``): ``(sum_{c in R} clip_C(q(m_c))
+  + sigma C z) / n``. No noise is added in a round where nothing arrives (nothing is released).
+  EF21 is refused: its aggregate is the sum of every agent's accumulated ``g_c``, whose norm no
+  per-round clipping bounds.
+
+``clip=False`` keeps the noise ``sigma C`` and skips the clipping: no privacy guarantee (the
+sensitivity is unbounded, the accountant refuses it), but the round stays linear, so that
+:func:`fedsa_jax.theory.exact_mse` gives the exact curve of the noise alone, the reference against
+which clipping's bias shows (FedLSA and QFedTD, ``"divide_by_n"``).
+
+**What is protected.** The clipping bounds each agent's whole message, which depends on all its
+data: the guarantee is **client-level** (neighbouring datasets differ in one agent's entire data),
+not record-level (that would need per-observation clipping, not built). The accountant
+(:mod:`fedsa_jax.accounting`) states the neighbouring relation it uses for each option.
+
+The noise is drawn from the round's channel key folded with a tag of its own, so the quantizer's
+and the erasures' numbers are those of the same run without privacy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fedsa_jax import _prng, _validate
+
+__all__ = ["MODES", "Privacy", "clip", "privacy"]
+
+MODES = ("local", "central")
+PRIVACY_STREAM = 0x647021  # fold_in tag of the round's privacy noise ("dp!")
+
+
+@dataclasses.dataclass(frozen=True)
+class Privacy:
+    """The uplink's privacy mechanism (static: hashable, compared by value)."""
+
+    noise_multiplier: float  # sigma: the noise's standard deviation is sigma C per coordinate
+    clip_norm: float  # C
+    mode: str = "central"  # "local" or "central"
+    clip: bool = True  # False: the noise without the clipping (no guarantee; exact theory's reference)
+    delta: float = 1e-5  # the delta at which the run's epsilon is reported (fedsa_jax.accounting)
+
+    @property
+    def noise_std(self) -> float:
+        """``sigma C``: the Gaussian noise's standard deviation per coordinate."""
+        return self.noise_multiplier * self.clip_norm
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "noise_multiplier": self.noise_multiplier,
+            "clip_norm": self.clip_norm,
+            "mode": self.mode,
+            "delta": self.delta,
+        }
+        if not self.clip:
+            out["clip"] = False
+        return out
+
+
+def privacy(
+    noise_multiplier: float, clip_norm: float, mode: str = "central", clip: bool = True, delta: float = 1e-5
+) -> Privacy | None:
+    """The Gaussian mechanism with L2 clipping on the uplink (module docstring): noise multiplier
+    ``sigma >= 0``, clipping norm ``C > 0`` (the noise's scale too), ``mode`` ``"local"`` or
+    ``"central"``; ``clip=False``: the noise only (no guarantee; the exact theory's reference);
+    ``delta`` in (0, 1): where ``result.privacy`` reports the run's epsilon (:mod:`fedsa_jax.accounting`).
+    No noise and no bound (``sigma = 0``, ``C = inf``) is no mechanism: None, today's channel."""
+    sigma = _validate.real("noise_multiplier", noise_multiplier, 0.0, math.inf)
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
+        _validate.fail("clip_norm", clip_norm, "expected a real number > 0 (the L2 bound of a message)")
+    if not math.isfinite(clip_norm) and sigma > 0:
+        _validate.fail("clip_norm", clip_norm, "expected a finite bound: the noise's scale is sigma C")
+    _validate.choice("mode", mode, MODES)
+    if not isinstance(clip, bool):
+        _validate.fail("clip", clip, "expected True or False")
+    d = _validate.real("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    if sigma == 0.0 and math.isinf(clip_norm):
+        return None
+    return Privacy(float(sigma), float(clip_norm), mode, clip, d)
+
+
+def clip(messages: jax.Array, clip_norm: float) -> jax.Array:
+    """Each row ``m_c`` of ``messages (N, d)`` scaled to L2 norm at most ``C``: ``m min(1, C/|m|)``."""
+    norms = jnp.sqrt(jnp.sum(messages * messages, axis=-1, keepdims=True))
+    scale = jnp.minimum(1.0, clip_norm / jnp.maximum(norms, jnp.finfo(messages.dtype).tiny))
+    return messages * scale
+
+
+def noise(key: jax.Array, shape, privacy_: Privacy, dtype) -> jax.Array:
+    """Gaussian noise of standard deviation ``sigma C`` (the round's privacy stream)."""
+    z = _prng.normal(jax.random.fold_in(key, PRIVACY_STREAM), shape, dtype)
+    return jnp.asarray(privacy_.noise_std, dtype) * z
+
+
+def privatize_local(key: jax.Array, messages: jax.Array, privacy_: Privacy | None) -> jax.Array:
+    """Local mode: each agent's message clipped (unless ``clip=False``) and noised; as it is
+    otherwise."""
+    if privacy_ is None or privacy_.mode != "local":
+        return messages
+    sent = clip(messages, privacy_.clip_norm) if privacy_.clip else messages
+    return sent + noise(key, messages.shape, privacy_, messages.dtype)
+
+
+def clip_central(quantized: jax.Array, privacy_: Privacy | None) -> jax.Array:
+    """Central mode: each quantized message clipped before the sum (unless ``clip=False``)."""
+    if privacy_ is None or privacy_.mode != "central" or not privacy_.clip:
+        return quantized
+    return clip(quantized, privacy_.clip_norm)
+
+
+def central_noise(key: jax.Array, dim: int, privacy_: Privacy | None, dtype) -> Any:
+    """Central mode: the noise ``sigma C z`` the server adds to the sum of the delivered messages;
+    ``0.0`` otherwise."""
+    if privacy_ is None or privacy_.mode != "central":
+        return 0.0
+    return noise(key, (dim,), privacy_, dtype)
