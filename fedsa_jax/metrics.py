@@ -22,7 +22,9 @@ Built in, by name:
   (``state.inner``); the MSE itself for other algorithms;
 * ``"wall_clock"``: the simulated clock's tick at the round's server step, for algorithms on a
   clock (:func:`fedsa_jax.fedbuff`, whose state has ``clock``), through wrappers;
-* ``"staleness"``: the mean staleness of the contributions of the round's server step (FedBuff).
+* ``"staleness"``: the mean staleness of the contributions of the round's server step (FedBuff);
+* ``"clip_norm"``: the adaptive clipping norm ``C_t`` of the uplink's privacy mechanism
+  (:func:`fedsa_jax.channel.privacy` with ``target_quantile``), carried in the channel's memory.
 """
 
 from __future__ import annotations
@@ -36,7 +38,15 @@ import jax.numpy as jnp
 
 from fedsa_jax import _validate
 
-__all__ = ["client_drift", "control_variate_error", "last_iterate_mse", "resolve", "staleness", "wall_clock"]
+__all__ = [
+    "client_drift",
+    "clip_norm",
+    "control_variate_error",
+    "last_iterate_mse",
+    "resolve",
+    "staleness",
+    "wall_clock",
+]
 
 
 def client_drift(state, problem, info) -> jax.Array:
@@ -76,12 +86,19 @@ def staleness(state, problem, info) -> jax.Array:
     return _innermost(state).staleness
 
 
+def clip_norm(state, problem, info) -> jax.Array:
+    """The adaptive clipping norm ``C_t`` (the second item of the channel's memory ``state.memory``)."""
+    del problem, info
+    return _innermost(state).memory[1]
+
+
 _BUILTIN: dict[str, Callable] = {
     "client_drift": client_drift,
     "control_variate_error": control_variate_error,
     "last_iterate_mse": last_iterate_mse,
     "wall_clock": wall_clock,
     "staleness": staleness,
+    "clip_norm": clip_norm,
 }
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}\Z")  # any of these round-trips through result files
 _RESERVED = ("mse", "theta", "round", "rounds")

@@ -77,6 +77,10 @@ np.testing.assert_allclose(ax.lines[1].get_ydata(), np.linalg.norm(curve, axis=1
         ("for p in (0.2, 0.5, 1.0)", _MC_VS_EXACT),
         ("fj.channel.rand_k(k)", _MC_VS_EXACT),
         (
+            "fj.accounting.noise_multiplier(8.0",
+            _MC_VS_EXACT + "\nassert abs(spent['epsilon'] - 8.0) < 1e-2, spent\n",
+        ),
+        (
             'x="bits_delivered"',
             f"""
 for _k, _a in algs.items():

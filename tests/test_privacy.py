@@ -10,6 +10,9 @@
   (local and central; Gaussian LSA and generative TD, float64, with erasures, a cohort, rand-k).
 * The noise floor in closed form (discrete Lyapunov) against the exact stationary MSE, and its first
   order in eta (the error halves with eta).
+* Adaptive clipping (Andrew et al. 2021): without noise the norm settles where the fraction of
+  unclipped messages is the target quantile; the sum's noise multiplier is sigma_Delta; the
+  accountant composes sigma; the norm is a metric.
 * Bad input: a one-line error naming the argument, before compiling.
 """
 
@@ -210,3 +213,51 @@ def test_result_and_command_line(tmp_path, capsys, het_gaussian):
     assert main([*args, "--noise-multiplier", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--noise-multiplier=1.0 is invalid: it needs --clip-norm" in err
+
+
+def test_adaptive_clipping_tracks_the_quantile():
+    """Messages of norms 1..4, gamma = 1/2, no noise: C_t settles in [2, 3), where two of the four are
+    unclipped (the geometric step stops there); from below and from above."""
+    messages = jnp.asarray(np.diag([1.0, 2.0, 3.0, 4.0]))
+    for start in (0.5, 10.0):
+        ch = fj.channel.channel(privacy=fj.channel.privacy(0.0, start, target_quantile=0.5, clip_lr=0.2))
+        memory = ch.init_memory(4, 4, jnp.float64)
+        send = jax.jit(lambda k, m, ch=ch: fj.channel.transmit(k, messages, ch, m))
+        for t in range(100):
+            memory = send(jax.random.key(t), memory).memory
+        assert 2.0 <= float(memory[1]) < 3.0, (start, memory)
+
+
+def test_adaptive_clipping_noise_and_accounting(het_gaussian):
+    sigma, sigma_b, C, N, d = 1.0, 1.0, 2.0, 5, 3
+    p = fj.channel.privacy(sigma, C, target_quantile=0.5, count_noise=sigma_b)
+    sum_sigma = (sigma**-2 - (2 * sigma_b) ** -2) ** -0.5
+    assert p.sum_noise_multiplier == pytest.approx(sum_sigma)
+    ch = fj.channel.channel(privacy=p)
+    zero = jnp.zeros((N, d), jnp.float64)
+    memory = ch.init_memory(N, d, jnp.float64)
+    keys = jax.random.split(KEY, 20000)
+    agg = jax.vmap(lambda k: fj.channel.aggregate(fj.channel.transmit(k, zero, ch, memory)))(keys)
+    _check_covariance(np.asarray(agg), (sum_sigma * C / N) ** 2)
+    fixed = fj.channel.privacy(sigma, C)
+    assert fj.accounting.epsilon(p, 50, N).epsilon == fj.accounting.epsilon(fixed, 50, N).epsilon
+    res = fj.simulate(1, het_gaussian, fj.fedlsa(0.05, 3, privacy=p), 20, 8, metrics=["clip_norm"])
+    assert res.metrics["clip_norm"].mean[0] == C and res.metrics["clip_norm"].mean[-1] != C
+    assert res.privacy["mechanism"]["target_quantile"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        (dict(target_quantile=0.0), "target_quantile"),
+        (dict(target_quantile=1.5), "target_quantile"),
+        (dict(target_quantile=0.5, mode="local", count_noise=1.0), "target_quantile"),
+        (dict(target_quantile=0.5, clip=False, count_noise=1.0), "target_quantile"),
+        (dict(target_quantile=0.5, count_noise=0.4), "count_noise"),
+        (dict(target_quantile=0.5, count_noise=1.0, clip_lr=0.0), "clip_lr"),
+    ],
+)
+def test_bad_adaptive_clipping_is_one_line(kwargs, name):
+    with pytest.raises(ValueError, match=name) as err:
+        fj.channel.privacy(1.0, 1.0, **kwargs)
+    assert "\n" not in str(err.value)

@@ -61,11 +61,29 @@ class Privacy:
     mode: str = "central"  # "local" or "central"
     clip: bool = True  # False: the noise without the clipping (no guarantee; exact theory's reference)
     delta: float = 1e-5  # the delta at which the run's epsilon is reported (fedsa_jax.accounting)
+    target_quantile: float | None = None  # adaptive clipping: gamma, the quantile of the norms C tracks
+    clip_lr: float = 0.2  # adaptive clipping: eta_C, C <- C exp(-eta_C (b~ - gamma))
+    count_noise: float = 0.0  # adaptive clipping: sigma_b, the noise on the count of unclipped messages
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the clipping norm adapts (Andrew et al. 2021); ``clip_norm`` is then its start."""
+        return self.target_quantile is not None
+
+    @property
+    def sum_noise_multiplier(self) -> float:
+        """The noise multiplier of the sum: ``sigma`` for a fixed norm; with adaptive clipping
+        ``sigma_Delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2)``, so that the sum and the count together
+        are the Gaussian mechanism of multiplier ``sigma`` (Andrew et al. 2021, Theorem 1)."""
+        if not self.adaptive or self.noise_multiplier == 0.0:
+            return self.noise_multiplier
+        return (self.noise_multiplier**-2 - (2 * self.count_noise) ** -2) ** -0.5
 
     @property
     def noise_std(self) -> float:
-        """``sigma C``: the Gaussian noise's standard deviation per coordinate."""
-        return self.noise_multiplier * self.clip_norm
+        """``sigma C``: the Gaussian noise's standard deviation per coordinate (with adaptive clipping,
+        ``sigma_Delta C_0`` at the start)."""
+        return self.sum_noise_multiplier * self.clip_norm
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -76,17 +94,38 @@ class Privacy:
         }
         if not self.clip:
             out["clip"] = False
+        if self.adaptive:
+            out.update(
+                target_quantile=self.target_quantile, clip_lr=self.clip_lr, count_noise=self.count_noise
+            )
         return out
 
 
 def privacy(
-    noise_multiplier: float, clip_norm: float, mode: str = "central", clip: bool = True, delta: float = 1e-5
+    noise_multiplier: float,
+    clip_norm: float,
+    mode: str = "central",
+    clip: bool = True,
+    delta: float = 1e-5,
+    target_quantile: float | None = None,
+    clip_lr: float = 0.2,
+    count_noise: float | None = None,
 ) -> Privacy | None:
     """The Gaussian mechanism with L2 clipping on the uplink (module docstring): noise multiplier
     ``sigma >= 0``, clipping norm ``C > 0`` (the noise's scale too), ``mode`` ``"local"`` or
     ``"central"``; ``clip=False``: the noise only (no guarantee; the exact theory's reference);
     ``delta`` in (0, 1): where ``result.privacy`` reports the run's epsilon (:mod:`fedsa_jax.accounting`).
-    No noise and no bound (``sigma = 0``, ``C = inf``) is no mechanism: None, today's channel."""
+    No noise and no bound (``sigma = 0``, ``C = inf``) is no mechanism: None, today's channel.
+
+    Adaptive clipping (``target_quantile = gamma`` in (0, 1), central mode; Andrew, Thakkar, McMahan,
+    Ramaswamy, "Differentially private learning with adaptive clipping", NeurIPS 2021, Algorithm 1):
+    ``clip_norm`` is the first round's ``C_0``; each round the server also sums the agents' bits
+    ``b_c = 1{|q(m_c)| <= C_t}`` with noise ``N(0, sigma_b^2)`` (``count_noise``, more than
+    ``sigma / 2``), ``b~ = (sum_c b_c + sigma_b z) / n`` over the n agents asked, and moves
+    ``C_{t+1} = C_t exp(-clip_lr (b~ - gamma))``; the sum's noise multiplier is then
+    ``sigma_Delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2)``, so that the pair is the Gaussian mechanism of
+    multiplier ``sigma`` and the accountant composes ``sigma`` (their Theorem 1). ``C_t`` is carried
+    in the channel's memory, per seed."""
     sigma = _validate.real("noise_multiplier", noise_multiplier, 0.0, math.inf)
     if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
         _validate.fail("clip_norm", clip_norm, "expected a real number > 0 (the L2 bound of a message)")
@@ -98,7 +137,26 @@ def privacy(
     d = _validate.real("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     if sigma == 0.0 and math.isinf(clip_norm):
         return None
-    return Privacy(float(sigma), float(clip_norm), mode, clip, d)
+    if target_quantile is None:
+        return Privacy(float(sigma), float(clip_norm), mode, clip, d)
+    gamma = _validate.real("target_quantile", target_quantile, 0.0, 1.0, low_open=True, high_open=True)
+    lr = _validate.real("clip_lr", clip_lr, 0.0, math.inf, low_open=True)
+    if mode != "central" or not clip or math.isinf(clip_norm):
+        _validate.fail(
+            "target_quantile",
+            gamma,
+            "adaptive clipping needs mode='central', clip=True and a finite starting clip_norm (the count "
+            "of unclipped messages is noised once, at a trusted server)",
+        )
+    sigma_b = _validate.real("count_noise", 0.0 if count_noise is None else count_noise, 0.0, math.inf)
+    if sigma > 0 and not 2 * sigma_b > sigma:
+        _validate.fail(
+            "count_noise",
+            count_noise,
+            f"expected sigma_b > sigma / 2 = {sigma / 2:g}: the sum's noise multiplier "
+            "(sigma^-2 - (2 sigma_b)^-2)^(-1/2) must be real (Andrew et al. 2021 suggest sigma_b = m / 20)",
+        )
+    return Privacy(float(sigma), float(clip_norm), mode, clip, d, gamma, lr, sigma_b)
 
 
 def clip(messages: jax.Array, clip_norm: float) -> jax.Array:
@@ -108,10 +166,13 @@ def clip(messages: jax.Array, clip_norm: float) -> jax.Array:
     return messages * scale
 
 
-def noise(key: jax.Array, shape, privacy_: Privacy, dtype) -> jax.Array:
-    """Gaussian noise of standard deviation ``sigma C`` (the round's privacy stream)."""
+def noise(key: jax.Array, shape, privacy_: Privacy, dtype, clip_norm=None) -> jax.Array:
+    """Gaussian noise of standard deviation ``sigma C`` (the round's privacy stream; ``clip_norm``: the
+    round's adaptive ``C_t``, with the sum's multiplier ``sigma_Delta``)."""
     z = _prng.normal(jax.random.fold_in(key, PRIVACY_STREAM), shape, dtype)
-    return jnp.asarray(privacy_.noise_std, dtype) * z
+    if clip_norm is None:
+        return jnp.asarray(privacy_.noise_std, dtype) * z
+    return jnp.asarray(privacy_.sum_noise_multiplier, dtype) * clip_norm * z
 
 
 def privatize_local(key: jax.Array, messages: jax.Array, privacy_: Privacy | None) -> jax.Array:
@@ -123,16 +184,46 @@ def privatize_local(key: jax.Array, messages: jax.Array, privacy_: Privacy | Non
     return sent + noise(key, messages.shape, privacy_, messages.dtype)
 
 
-def clip_central(quantized: jax.Array, privacy_: Privacy | None) -> jax.Array:
-    """Central mode: each quantized message clipped before the sum (unless ``clip=False``)."""
+def clip_central(quantized: jax.Array, privacy_: Privacy | None, clip_norm=None) -> jax.Array:
+    """Central mode: each quantized message clipped before the sum (unless ``clip=False``), at the
+    round's adaptive ``clip_norm`` where given."""
     if privacy_ is None or privacy_.mode != "central" or not privacy_.clip:
         return quantized
-    return clip(quantized, privacy_.clip_norm)
+    return clip(quantized, privacy_.clip_norm if clip_norm is None else clip_norm)
 
 
-def central_noise(key: jax.Array, dim: int, privacy_: Privacy | None, dtype) -> Any:
+def central_noise(key: jax.Array, dim: int, privacy_: Privacy | None, dtype, clip_norm=None) -> Any:
     """Central mode: the noise ``sigma C z`` the server adds to the sum of the delivered messages;
     ``0.0`` otherwise."""
     if privacy_ is None or privacy_.mode != "central":
         return 0.0
-    return noise(key, (dim,), privacy_, dtype)
+    return noise(key, (dim,), privacy_, dtype, clip_norm)
+
+
+def split_memory(memory: Any, privacy_: Privacy | None) -> tuple[Any, Any]:
+    """``(error-feedback memory, C_t)``: adaptive clipping carries its norm beside the senders' memory
+    (``(memory, C_t)``); ``(memory, None)`` otherwise."""
+    if privacy_ is None or not privacy_.adaptive:
+        return memory, None
+    return memory
+
+
+def init_clip(memory: Any, privacy_: Privacy | None, dtype) -> Any:
+    """The channel's memory at start: with adaptive clipping ``(memory, C_0)``; ``memory`` otherwise."""
+    if privacy_ is None or not privacy_.adaptive:
+        return memory
+    return memory, jnp.asarray(privacy_.clip_norm, dtype)
+
+
+def next_clip(key: jax.Array, quantized: jax.Array, delivered: jax.Array, senders, clip_norm, privacy_):
+    """Andrew et al.'s geometric step: ``C_t exp(-eta_C (b~ - gamma))`` with ``b~ = (sum_{c in R}
+    1{|q(m_c)| <= C_t} + sigma_b z) / n``, n the agents asked."""
+    norms = jnp.sqrt(jnp.sum(quantized * quantized, axis=-1))
+    below = jnp.sum(jnp.where(delivered, norms <= clip_norm, False)).astype(clip_norm.dtype)
+    z = _prng.normal(jax.random.fold_in(key, PRIVACY_STREAM + 1), (), clip_norm.dtype)
+    fraction = (below + jnp.asarray(privacy_.count_noise, clip_norm.dtype) * z) / jnp.asarray(
+        senders, clip_norm.dtype
+    )
+    return clip_norm * jnp.exp(
+        -jnp.asarray(privacy_.clip_lr, clip_norm.dtype) * (fraction - privacy_.target_quantile)
+    )

@@ -41,7 +41,15 @@ import jax
 import jax.numpy as jnp
 
 from fedsa_jax import _prng, _validate
-from fedsa_jax.channel.dp import Privacy, central_noise, clip_central, privatize_local
+from fedsa_jax.channel.dp import (
+    Privacy,
+    central_noise,
+    clip_central,
+    init_clip,
+    next_clip,
+    privatize_local,
+    split_memory,
+)
 from fedsa_jax.channel.quantizers import Quantizer, identity
 
 __all__ = ["AGGREGATIONS", "ERROR_FEEDBACK", "Channel", "Delivery", "aggregate", "channel", "transmit"]
@@ -66,8 +74,10 @@ class Channel:
 
     def init_memory(self, num_senders: int, dim: int, dtype) -> Any:
         """The senders' error-feedback memory at start: ``()`` without error feedback, else
-        zeros ``(num_senders, dim)`` (EF14's ``e_c``, EF21's ``g_c``)."""
-        return () if self.error_feedback is None else jnp.zeros((num_senders, dim), dtype)
+        zeros ``(num_senders, dim)`` (EF14's ``e_c``, EF21's ``g_c``); with adaptive clipping the pair
+        ``(that, C_0)`` (:mod:`fedsa_jax.channel.dp`)."""
+        memory = () if self.error_feedback is None else jnp.zeros((num_senders, dim), dtype)
+        return init_clip(memory, self.privacy, dtype)
 
     @property
     def trivial(self) -> bool:
@@ -155,6 +165,7 @@ def transmit(
     """
     N, d = messages.shape
     dtype = messages.dtype
+    memory, clip_norm = split_memory(memory, ch.privacy)  # clip_norm: the adaptive C_t, or None
     messages = privatize_local(key, messages, ch.privacy)  # local DP: clipped and noised at the agent
     k_q, k_e = _prng.split(key)
     ef = ch.error_feedback
@@ -179,13 +190,18 @@ def transmit(
         weights = delivered / jnp.asarray(senders, messages.dtype)
     else:
         weights = delivered / jnp.maximum(count, 1).astype(messages.dtype)
-    received = jnp.where(delivered[:, None], clip_central(quantized, ch.privacy), 0.0)
-    noise = central_noise(key, d, ch.privacy, dtype)  # central DP: once, on the sum
+    received = jnp.where(delivered[:, None], clip_central(quantized, ch.privacy, clip_norm), 0.0)
+    noise = central_noise(key, d, ch.privacy, dtype, clip_norm)  # central DP: once, on the sum
+    if clip_norm is not None:  # adaptive clipping: the norm's step, carried beside the memory
+        senders = N if cohort is None else jnp.sum(cohort)
+        clip_norm = next_clip(key, quantized, delivered, senders, clip_norm, ch.privacy)
     if ef is None:
-        return Delivery(received, delivered, weights.astype(messages.dtype), noise=noise)
+        carried = () if clip_norm is None else ((), clip_norm)
+        return Delivery(received, delivered, weights.astype(messages.dtype), carried, noise)
     if ef == "ef14":  # e_c <- m_c + e_c - v_c on delivery, unchanged when lost
         memory = jnp.where(delivered[:, None], payload - quantized, memory)
-        return Delivery(received, delivered, weights.astype(messages.dtype), memory, noise)
+        carried = memory if clip_norm is None else (memory, clip_norm)
+        return Delivery(received, delivered, weights.astype(messages.dtype), carried, noise)
     memory = memory + received  # EF21: g_c <- g_c + C(m_c - g_c) on delivery, on both sides
     return Delivery(memory, delivered, jnp.full((N,), 1.0 / N, dtype), memory)
 

@@ -37,7 +37,8 @@ def _make_downlink(args) -> dict:
 
 def _make_privacy(args) -> dict:
     """``{"privacy": fj.channel.privacy(...)}`` from ``--clip-norm`` (and ``--noise-multiplier`` or
-    ``--target-epsilon``, ``--dp-mode``, ``--delta``, ``--no-clip``); ``{}`` without ``--clip-norm``."""
+    ``--target-epsilon``, ``--dp-mode``, ``--delta``, ``--no-clip``, adaptive clipping's
+    ``--target-quantile``, ``--clip-lr``, ``--count-noise``); ``{}`` without ``--clip-norm``."""
     C = getattr(args, "clip_norm", None)
     if C is None:
         for flag, dest, default in (
@@ -46,6 +47,9 @@ def _make_privacy(args) -> dict:
             ("--dp-mode", "dp_mode", "central"),
             ("--delta", "delta", 1e-5),
             ("--no-clip", "no_clip", False),
+            ("--target-quantile", "target_quantile", None),
+            ("--clip-lr", "clip_lr", 0.2),
+            ("--count-noise", "count_noise", None),
         ):
             if getattr(args, dest, default) != default:
                 raise ValueError(
@@ -61,7 +65,15 @@ def _make_privacy(args) -> dict:
         sigma = fj.accounting.noise_multiplier(
             target, args.rounds, args.agents, args.delta, args.dp_mode, args.clients_per_round
         )
-    return {"privacy": fj.channel.privacy(sigma, C, args.dp_mode, clip=not args.no_clip, delta=args.delta)}
+    adaptive = {}
+    if args.target_quantile is not None:
+        adaptive = dict(
+            target_quantile=args.target_quantile, clip_lr=args.clip_lr, count_noise=args.count_noise
+        )
+    elif args.clip_lr != 0.2 or args.count_noise is not None:
+        raise ValueError("--clip-lr/--count-noise is invalid without --target-quantile (adaptive clipping)")
+    privacy = fj.channel.privacy(sigma, C, args.dp_mode, clip=not args.no_clip, delta=args.delta, **adaptive)
+    return {"privacy": privacy}
 
 
 def _make_algorithm(name: str, args, option: str = "--algorithms", param_option: str = "--param"):

@@ -137,6 +137,9 @@ def _check_applicable(args) -> None:
         "dp_mode",
         "delta",
         "no_clip",
+        "target_quantile",
+        "clip_lr",
+        "count_noise",
     ):
         table[dest] = (options[dest].read_by, builtin, algorithms)  # pyright: ignore[reportArgumentType]
     for dest, (read_by, read, has) in table.items():

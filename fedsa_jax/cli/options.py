@@ -307,17 +307,62 @@ def _privacy() -> list[Option]:
             params=("delta",),
             read_by=BUILT_IN_CHANNEL,
         ),
+        _no_clip(),
+        *_adaptive_clipping(),
+    ]
+
+
+def _adaptive_clipping() -> list[Option]:
+    """Adaptive clipping of the uplink's privacy mechanism (Andrew et al. 2021)."""
+    return [
         Option(
-            ("--no-clip",),
-            "no_clip",
-            "the noise without the clipping: no privacy guarantee, but exact curves (--exact) apply",
-            action="store_true",
-            default=False,
+            ("--target-quantile",),
+            "target_quantile",
+            "adaptive clipping (central): the clipping norm follows this quantile of the messages' norms, "
+            "starting from --clip-norm (Andrew et al. 2021)",
+            positive_real,
+            None,
+            metavar="GAMMA",
             group="channel",
-            params=("clip",),
+            params=("target_quantile",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--clip-lr",),
+            "clip_lr",
+            "adaptive clipping: the geometric step of the norm, C <- C exp(-LR (fraction unclipped - GAMMA))",
+            positive_real,
+            0.2,
+            metavar="LR",
+            group="channel",
+            params=("clip_lr",),
+            read_by=BUILT_IN_CHANNEL,
+        ),
+        Option(
+            ("--count-noise",),
+            "count_noise",
+            "adaptive clipping: the noise on the count of unclipped messages (more than SIGMA / 2)",
+            nonnegative_real,
+            None,
+            metavar="SIGMA_B",
+            group="channel",
+            params=("count_noise",),
             read_by=BUILT_IN_CHANNEL,
         ),
     ]
+
+
+def _no_clip() -> Option:
+    return Option(
+        ("--no-clip",),
+        "no_clip",
+        "the noise without the clipping: no privacy guarantee, but exact curves (--exact) apply",
+        action="store_true",
+        default=False,
+        group="channel",
+        params=("clip",),
+        read_by=BUILT_IN_CHANNEL,
+    )
 
 
 def _schedule() -> list[Option]:

@@ -369,9 +369,16 @@ def _privacy_line(res, name: str, summary: dict) -> None:
     print(
         f"{name:9s} privacy: epsilon {spent['epsilon']:.4g} at delta {spent['delta']:g} after "
         f"{spent['releases']} releases ({m['mode']} noise, sigma {m['noise_multiplier']:.4g}, "
-        f"C {m['clip_norm']:g}; "
+        f"C {m['clip_norm']:g}{_adaptive(m)}; "
         f"{spent['relation'].replace('_', ' ')}, {spent['accountant'].upper()} accountant)"
     )
+
+
+def _adaptive(mechanism: dict) -> str:
+    """How the clipping norm adapts, if it does."""
+    if "target_quantile" not in mechanism:
+        return ""
+    return f" at start, adapting to the {mechanism['target_quantile']:g} quantile"
 
 
 def _growth_note(res) -> str:
