@@ -62,10 +62,9 @@ class PrivacyLoss:
 
 def _event(noise: float, releases: int, mode: str, num_agents: int, clients_per_round: int | None):
     """``(dp_accounting event, relation)`` of ``releases`` releases (module docstring)."""
-    if mode == "local":
-        return dp_accounting.SelfComposedDpEvent(
-            dp_accounting.GaussianDpEvent(noise / 2), releases
-        ), "replace_one"
+    if mode == "local":  # replace-one at sensitivity 2C, computed as add-or-remove at sigma / 2 (equal)
+        event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise / 2), releases)
+        return event, "replace_one"
     m = clients_per_round
     if m is None or m >= num_agents:
         return dp_accounting.SelfComposedDpEvent(
@@ -77,7 +76,10 @@ def _event(noise: float, releases: int, mode: str, num_agents: int, clients_per_
     return dp_accounting.SelfComposedDpEvent(sampled, releases), "replace_one"
 
 
-def _accountant(name: str, relation: str):
+def _accountant(name: str, relation: str, mode: str = "central"):
+    """The library's accountant; local noise is composed under add-or-remove at sigma / 2 (a Gaussian's
+    replace-one privacy loss at sensitivity 2C is that; PLD would otherwise double the shift again)."""
+    relation = "add_or_remove_one" if mode == "local" else relation
     if name == "rdp":
         return rdp.RdpAccountant(neighboring_relation=_RELATIONS[relation])
     return pld.PLDAccountant(neighboring_relation=_RELATIONS[relation])
@@ -91,7 +93,7 @@ def _epsilon(
     if releases == 0:
         return 0.0
     event, relation = _event(noise, releases, mode, num_agents, clients_per_round)
-    accountant = _accountant(name, relation)
+    accountant = _accountant(name, relation, mode)
     if not accountant.supports(event):
         _validate.fail(
             "accountant",
@@ -169,12 +171,13 @@ def noise_multiplier(
         return _event(sigma, T, mode, num_agents, clients_per_round)[0]
 
     relation = _event(1.0, T, mode, num_agents, clients_per_round)[1]
+    low = 1e-3 if accountant == "rdp" else 0.1  # PLD's discretisation explodes for tiny sigma
     sigma = dp_accounting.calibrate_dp_mechanism(
-        lambda: _accountant(accountant, relation),
+        lambda: _accountant(accountant, relation, mode),
         event,
         target,
         d,
-        dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+        dp_accounting.LowerEndpointAndGuess(low, 1.0),
     )
     return float(sigma)
 
@@ -190,7 +193,8 @@ def report(algorithm, num_agents: int, communications: float) -> dict[str, Any] 
     m = algorithm.clients_per_round
     senders = num_agents if m is None else min(m, num_agents)
     releases = math.ceil(float(communications) / senders - 1e-9)
-    if not privacy.clip:
-        return {"mechanism": privacy.describe(), "epsilon": None, "releases": releases,
-                "reason": "no guarantee without clipping"}  # fmt: skip
+    reason = None if privacy.clip else "no guarantee without clipping"
+    reason = reason if privacy.noise_multiplier > 0 else "no noise (sigma = 0): no guarantee"
+    if reason is not None:
+        return {"mechanism": privacy.describe(), "epsilon": None, "releases": releases, "reason": reason}
     return epsilon(privacy, releases, num_agents, privacy.delta, m).describe()

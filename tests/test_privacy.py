@@ -116,7 +116,14 @@ def test_epsilon_is_monotone_and_the_target_is_met():
 
 @pytest.mark.parametrize("mode", ["local", "central"])
 @pytest.mark.parametrize(
-    "extra", [{}, dict(success_prob=0.6), dict(clients_per_round=2), dict(quantizer="rand_k")]
+    "extra",
+    [
+        {},
+        dict(success_prob=0.3),  # rounds where nothing arrives: no noise then
+        dict(success_prob=0.6, aggregation="divide_by_received"),
+        dict(clients_per_round=2),
+        dict(quantizer="rand_k"),
+    ],
 )
 def test_monte_carlo_matches_exact_mse_without_clipping(het_gaussian, mode, extra):
     extra = dict(extra)
@@ -261,3 +268,50 @@ def test_bad_adaptive_clipping_is_one_line(kwargs, name):
     with pytest.raises(ValueError, match=name) as err:
         fj.channel.privacy(1.0, 1.0, **kwargs)
     assert "\n" not in str(err.value)
+
+
+def test_what_the_wrappers_and_the_downlink_refuse(het_gaussian):
+    p = fj.channel.privacy(1.0, 0.5)
+    alg = fj.fedlsa(0.05, 3, privacy=p)
+    for wrap, match in (
+        (fj.richardson, "Richardson"),
+        (lambda a: fj.bootstrap(a, 5), "bootstrap"),
+        (fj.plug_in, "plug-in"),
+    ):
+        with pytest.raises(ValueError, match=match) as err:
+            wrap(alg)
+        assert "\n" not in str(err.value)
+    res = fj.simulate(1, het_gaussian, fj.averaged(alg), 10, 4)  # averaging is post-processing: kept
+    assert res.privacy["releases"] == 10
+    with pytest.raises(ValueError, match="downlink.privacy"):
+        fj.fedlsa(0.05, 3, downlink=fj.channel.channel(fj.channel.top_k(1), privacy=p))
+
+
+def test_releases_with_a_cohort_and_scaffnew(het_gaussian):
+    """A cohort releases once a round (its m messages); Scaffnew once per communication (the mean
+    count, rounded up); sigma = 0 reports no epsilon, with the reason, and survives a file."""
+    cohort = fj.simulate(
+        1, het_gaussian, fj.fedlsa(0.05, 3, clients_per_round=2, privacy=fj.channel.privacy(1.0, 0.5)), 12, 4
+    )
+    assert cohort.privacy["releases"] == 12 and cohort.privacy["event"] == "SampledWithoutReplacementDpEvent"
+    alg = fj.scaffnew(0.05, 0.3, 4, privacy=fj.channel.privacy(1.0, 0.5, "local"))
+    res = fj.simulate(1, het_gaussian, alg, 12, 16)
+    assert res.privacy["releases"] == int(np.ceil(res.communications[-1] / 3 - 1e-9)) > 0
+    none = fj.simulate(1, het_gaussian, fj.fedlsa(0.05, 3, privacy=fj.channel.privacy(0.0, 0.5)), 5, 4)
+    assert none.privacy["epsilon"] is None and "no noise" in none.privacy["reason"]
+
+
+def test_pld_local_is_the_replace_one_gaussian():
+    """Local noise: replace-one at sensitivity 2C, i.e. the library's PLD under replace-one at sigma, and
+    RDP's add-or-remove at sigma / 2; the PLD calibration runs (few releases: PLD is slow)."""
+    from dp_accounting import pld
+
+    acc = pld.PLDAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 20))
+    ours = fj.accounting.epsilon(fj.channel.privacy(2.0, 1.0, "local"), 20, 10, accountant="pld")
+    assert ours.epsilon == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+    rdp_eps = fj.accounting.epsilon(fj.channel.privacy(2.0, 1.0, "local"), 20, 10).epsilon
+    assert ours.epsilon < rdp_eps  # PLD is tighter
+    sigma = fj.accounting.noise_multiplier(4.0, 2, 10, accountant="pld")
+    spent = fj.accounting.epsilon(fj.channel.privacy(sigma, 1.0), 2, 10, accountant="pld").epsilon
+    assert spent == pytest.approx(4.0, rel=1e-2)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from fedsa_jax import _validate, moments
 from fedsa_jax.algorithms._base import Algorithm, RoundRandomness
+from fedsa_jax.channel.dp import refuse_privacy
 
 __all__ = ["AveragedState", "RichardsonState", "averaged", "richardson"]
 
@@ -244,6 +245,12 @@ def richardson(algorithm: Algorithm) -> Algorithm:
     (module docstring), named ``"richardson_<name>"``; the counts reported are those of both runs."""
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm")
+    refuse_privacy(
+        algorithm,
+        "Richardson extrapolation",
+        "its two runs share their random numbers, the privacy noise included, so their difference "
+        "carries none (and each round releases twice)",
+    )
     return Algorithm(
         RichardsonConfig(algorithm, scale_step_size(algorithm, 2.0)),
         f"richardson_{algorithm.name}",

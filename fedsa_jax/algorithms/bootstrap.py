@@ -65,6 +65,7 @@ from fedsa_jax import _prng, _validate, moments
 from fedsa_jax._digest import code_digest
 from fedsa_jax.algorithms._base import Algorithm, RoundRandomness
 from fedsa_jax.algorithms.averaged import _Wrapper
+from fedsa_jax.channel.dp import refuse_privacy
 
 __all__ = ["WEIGHT_LAWS", "BootstrapState", "bootstrap", "replicate_weights"]
 
@@ -240,6 +241,12 @@ def bootstrap(algorithm: Algorithm, num_replicates: int = 100, weights: Any = "b
     """
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm to bootstrap")
+    refuse_privacy(
+        algorithm,
+        "the multiplier bootstrap",
+        "its replicates reuse the main trajectory's random numbers, the privacy noise included, so "
+        "their spread leaves the noise out (and they are releases of their own)",
+    )
     if not algorithm.weighted:
         _validate.fail(
             "algorithm",

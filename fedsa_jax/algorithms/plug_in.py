@@ -58,6 +58,7 @@ from fedsa_jax.algorithms._base import (
     stepwise_observations,
 )
 from fedsa_jax.algorithms.averaged import _error, _Wrapper
+from fedsa_jax.channel.dp import refuse_privacy
 
 __all__ = ["PlugInMoments", "PlugInState", "lyapunov", "plug_in"]
 
@@ -289,6 +290,11 @@ def plug_in(algorithm: Algorithm) -> Algorithm:
     """
     if not isinstance(algorithm, Algorithm):
         _validate.fail("algorithm", type(algorithm).__name__, "expected an fj.Algorithm")
+    refuse_privacy(
+        algorithm,
+        "the plug-in",
+        "its moments are read from the raw observations and leave the privacy noise out",
+    )
     inner = _step_size_config(algorithm.config, algorithm.name)
     if getattr(inner, "cohort_per_step", False):
         _validate.fail(

@@ -133,6 +133,12 @@ class ScaffnewConfig:
     clients_per_round: int | None = dataclasses.field(default=None, metadata=dict(static=True))  # m
 
     @property
+    def releases_per_round(self) -> None:
+        """Uplink releases per round: random (a communication ends each local step with probability
+        p), so a privacy budget cannot be spread over rounds in advance (``--target-epsilon``)."""
+        return None
+
+    @property
     def cohort_per_step(self) -> bool:
         """Whether each local step draws its observations as its own cohort's (``m < N``, the
         module's "Partial participation"), not from the round's one block."""

@@ -54,6 +54,12 @@ def downlink_arg(downlink: Any) -> Channel | None:
         _validate.fail(
             "downlink", downlink, "expected None or fj.channel.channel(quantizer=..., error_feedback=...)"
         )
+    if downlink.privacy is not None:
+        _validate.fail(
+            "downlink.privacy",
+            downlink.privacy.describe(),
+            "expected None (the privacy mechanism belongs to the uplink: fj.fedlsa(..., privacy=...))",
+        )
     if downlink.erasures:
         _validate.fail(
             "downlink.success_prob",

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 
 from fedsa_jax import _prng, _validate
 
-__all__ = ["MODES", "Privacy", "clip", "privacy"]
+__all__ = ["MODES", "Privacy", "clip", "privacy", "refuse_privacy"]
 
 MODES = ("local", "central")
 PRIVACY_STREAM = 0x647021  # fold_in tag of the round's privacy noise ("dp!")
@@ -227,3 +227,11 @@ def next_clip(key: jax.Array, quantized: jax.Array, delivered: jax.Array, sender
     return clip_norm * jnp.exp(
         -jnp.asarray(privacy_.clip_lr, clip_norm.dtype) * (fraction - privacy_.target_quantile)
     )
+
+
+def refuse_privacy(algorithm, wrapper: str, why: str) -> None:
+    """A one-line error when ``algorithm`` has a privacy mechanism on its uplink that ``wrapper``
+    cannot keep (``why``)."""
+    privacy_ = getattr(algorithm.channel, "privacy", None)
+    if privacy_ is not None:
+        _validate.fail("algorithm", algorithm.name, f"{wrapper} with a privacy mechanism is refused: {why}")

@@ -105,6 +105,14 @@ def _make_algorithm(name: str, args, option: str = "--algorithms", param_option:
             **_make_privacy(args),
             server_optimizer=_make_server_optimizer(args),
         )
+    if (
+        getattr(args, "target_epsilon", None) is not None
+        and getattr(getattr(alg, "config", None), "releases_per_round", 1) is None
+    ):
+        raise ValueError(
+            f"--target-epsilon={args.target_epsilon!r} is invalid with {name}: its releases per round are "
+            "random (a communication per local step with probability p): give --noise-multiplier"
+        )
     if args.average is not None:
         alg = fj.averaged(alg, burn_in=args.average)  # pyright: ignore[reportArgumentType]
     alg = fj.richardson(alg) if args.richardson else alg  # pyright: ignore[reportArgumentType]
