@@ -6,6 +6,51 @@ import json
 import time
 
 
+def bootstrap_garnet(
+    sampling: str = "generative",
+    dtype=None,
+    seed=10,
+    num_agents=5,
+    num_states=30,
+    dim=5,
+    gamma=0.95,
+    kernel=0.02,
+    reward=0.001,
+):
+    """The Garnet of the experiment of Levin, Shuklin, Moulines, Mangold, Samsonov ("Gaussian
+    Approximation and Multiplier Bootstrap for Federated Linear Stochastic Approximation", 2026):
+    their code's generator (``Garnet(gen_seed=10)``, 30 states, 2 actions, branching 2, 5 features,
+    gamma 0.95, 5 agents, kernel heterogeneity 0.02, reward heterogeneity 0.001), rewritten here draw
+    for draw from one ``numpy.random.default_rng(seed)``: for each (s, a) in order, a row with
+    ``branching`` ones shuffled; per-agent weights ``1 + U(0, kernel)`` on those entries, normalised;
+    rewards ``U(0, 1)`` per state plus ``U(0, reward)`` per agent and state; features ``U(0, 1)`` with
+    rows summing to 1; a policy playing one of the 2 actions in each state (a shuffled row). Its
+    ``theta*`` is the authors' (first coordinate 8.397; ``tests`` do not depend on it, the benchmarks
+    print it). The one builder of ``confidence_sets.py``, ``bootstrap.py`` and ``local_steps.py``."""
+    import numpy as np
+
+    import fedsa_jax as fj
+
+    rng = np.random.default_rng(seed)
+    S, A, N, branching = num_states, 2, num_agents, 2
+    base = np.zeros((S, A, S))
+    for s in range(S):
+        for a in range(A):
+            base[s, a, :branching] = 1.0
+            rng.shuffle(base[s, a])
+    kernels = base + rng.uniform(0.0, kernel, (N, S, A, S)) * (base != 0)
+    kernels /= kernels.sum(-1, keepdims=True)
+    rewards = rng.uniform(0.0, 1.0, S) + rng.uniform(0.0, reward, (N, S))
+    features = rng.uniform(0.0, 1.0, (S, dim))
+    features /= features.sum(1, keepdims=True)
+    policy = np.zeros((S, A))
+    for s in range(S):
+        policy[s, : A - 1] = 1.0 / (A - 1)
+        rng.shuffle(policy[s])
+    P = np.einsum("sa,nsat->nst", policy, kernels)
+    return fj.problems.federated_td(P, rewards, features, gamma, sampling=sampling, dtype=dtype)
+
+
 def best_of(fn, repeats: int = 3) -> float:
     """Smallest wall time of ``repeats`` calls of ``fn()``, in seconds."""
     times = []

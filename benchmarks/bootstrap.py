@@ -2,7 +2,8 @@
 
 ``fj.bootstrap(alg, B)`` runs, per seed, the main trajectory and B weighted replicates on the same
 observations (one vmapped axis more). Side by side in one run, on the Garnet of the FedLSA
-multiplier-bootstrap paper (30 states, 2 actions, branching 2, 5 features, gamma 0.95, N = 5),
+multiplier-bootstrap paper (30 states, 2 actions, branching 2, 5 features, gamma 0.95, N = 5; the
+authors' instance, rebuilt by ``_bench.bootstrap_garnet``),
 FedLSA TD(0) with H = 5 and the step sizes of the round ``eta_t = (t + 100)^-0.6``, float32,
 T = ``--rounds``:
 
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 import argparse
 
-from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
-from local_steps import draws_only, paper_garnet
+from _bench import add_cpu_devices_option, best_of, bootstrap_garnet, use_cpu_devices, write_json
+from local_steps import draws_only
 
 import fedsa_jax as fj
 
@@ -43,11 +44,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     devices = use_cpu_devices(args.cpu_devices)
     sampling = "markov" if args.markov else "generative"
-    problem = paper_garnet(sampling)
+    problem = bootstrap_garnet(sampling, dtype="float32")
     eta = fj.schedule(fj.optim.inverse_power, eta0=1.0, t0=100.0, power=0.6, per_round=True)
     alg, H, T, n, N = fj.fedlsa(eta, 5), 5, args.rounds, args.seeds, problem.num_agents
     print(
-        f"FedLSA TD(0) bootstrap, paper Garnet (S=30, d=5, N={N}), {sampling}, H={H}, T={T}, "
+        f"FedLSA TD(0) bootstrap, the paper's Garnet (S=30, d=5, N={N}), {sampling}, H={H}, T={T}, "
         f"{n} seeds, weights {args.weights}, float32, {devices}"
     )
     rows = []

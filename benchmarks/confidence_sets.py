@@ -3,13 +3,12 @@ and what it could not run.
 
 **The paper's experiment** (``--part paper``): Levin, Shuklin, Moulines, Mangold, Samsonov,
 "Gaussian Approximation and Multiplier Bootstrap for Federated Linear Stochastic Approximation"
-(arXiv:2605.19629, 2026). Their Garnet (30 states, 2 actions, branching 2, 5 features, gamma 0.95,
-N = 5 agents, kernel heterogeneity 0.02, reward heterogeneity 0.001, written here from its
-description: each (s, a) reaches 2 states with weights 1 + U(0, 0.02) per agent, rewards
-r + U(0, 0.001) per agent, a policy that plays one of the 2 actions in each state, features U(0, 1)
-with rows summing to 1), generative sampling, FedLSA with ``eta_t = (t + 100)^-0.6`` and
+(arXiv:2605.19629, 2026), on their Garnet (30 states, 2 actions, branching 2, 5 features, gamma
+0.95, N = 5 agents, kernel heterogeneity 0.02, reward heterogeneity 0.001: the authors' instance
+``Garnet(gen_seed=10)``, rebuilt draw for draw by ``_bench.bootstrap_garnet`` from the same
+generation seed), generative sampling, FedLSA with ``eta_t = (t + 100)^-0.6`` and
 ``H_t = ceil(5 (t + 1)^gamma_H)``, gamma_H in {0, 0.2}, a fixed random unit direction u, levels
-0.80, 0.90, 0.95, started at ``theta*`` (from 0 the mean is still 39 sd from ``theta*`` at T = 2000
+0.80, 0.90, 0.95, started at ``theta*`` (from 0 the mean is still 26 sd from ``theta*`` at T = 2000
 on this problem: no interval covers). For every seed and recorded round: the bootstrap's quantile
 and normal intervals (B replicates, standardized Beta(1/2, 2) weights), the plug-in interval
 (running estimates of A_bar and the noise covariance through the Lyapunov equation, the paper's
@@ -21,7 +20,7 @@ over its exact variance, against T (the approach to 1).
 
 **Beyond it** (``--part beyond``), level 0.90, figure ``confidence_sets_beyond.png``:
 
-* SCAFFLSA on the paper's problem and schedule (gamma_H = 0.2);
+* SCAFFLSA on that Garnet with the paper's schedule (gamma_H = 0.2);
 * QFedTD (one TD step per round, ``alpha_t = (t + 100)^-0.6``) through an unbiased random-2
   sparsifier (2 of the 5 coordinates, rescaled) and erasures with delivery probability 0.8: a
   lossy, finite-rate uplink whose exact second moments fedsa_jax has (a stochastic uniform
@@ -49,7 +48,7 @@ from pathlib import Path
 import jax
 import matplotlib
 import numpy as np
-from _bench import write_json
+from _bench import bootstrap_garnet, write_json
 from scipy.stats import norm
 
 import fedsa_jax as fj
@@ -61,35 +60,6 @@ LEVELS = (0.8, 0.9, 0.95)
 METHODS = ("quantile", "normal", "plug_in", "exact")
 COLORS = {"quantile": "C0", "normal": "C1", "plug_in": "C3", "exact": "C2"}
 TAG = {0.8: "8", 0.9: "9", 0.95: "95"}
-
-
-def paper_garnet(
-    seed=10,
-    num_agents=5,
-    num_states=30,
-    num_actions=2,
-    branching=2,
-    dim=5,
-    gamma=0.95,
-    kernel=0.02,
-    reward=0.001,
-):
-    """The paper's Garnet: per-agent kernel weights 1 + U(0, kernel), rewards r + U(0, reward)."""
-    rng = np.random.default_rng(seed)
-    S, A, N, branching = num_states, 2, num_agents, 2
-    base = np.zeros((S, A, S))
-    for s in range(S):
-        for a in range(A):
-            base[s, a, rng.choice(S, branching, replace=False)] = 1.0
-    kernels = base + rng.uniform(0.0, kernel, (N, S, A, S)) * (base != 0)
-    kernels /= kernels.sum(-1, keepdims=True)
-    rewards = rng.uniform(size=S) + rng.uniform(0.0, reward, (N, S))
-    features = rng.uniform(size=(S, dim))
-    features /= features.sum(1, keepdims=True)
-    policy = np.zeros((S, A))
-    policy[np.arange(S), rng.integers(0, A, S)] = 1.0  # one of the A actions in each state
-    P = np.einsum("sa,nsat->nst", policy, kernels)
-    return fj.problems.federated_td(P, rewards, features, gamma, sampling="generative")
 
 
 def unit_direction(dim):
@@ -156,14 +126,15 @@ def draw(ax, run, level):
 
 
 def paper(args, report):
-    problem = paper_garnet()
+    problem = bootstrap_garnet()
     u = unit_direction(problem.dim)
     T, n, B = args.rounds, args.seeds, args.replicates
     theta0 = np.asarray(problem.theta_star)
     every = max(1, T // args.records)
     eta = fj.schedule(fj.optim.inverse_power, eta0=1.0, t0=100.0, power=0.6, per_round=True)
     print(
-        f"paper Garnet (S=30, A=2, d=5, N=5), FedLSA eta_t=(t+100)^-0.6, H_t=ceil(5 (t+1)^gamma_H), T={T}, "
+        "the paper's Garnet (S=30, A=2, d=5, N=5), FedLSA eta_t=(t+100)^-0.6, "
+        f"H_t=ceil(5 (t+1)^gamma_H), T={T}, "
         f"{n} seeds, B={B}, theta_0 = theta*, float64"
     )
     report["paper"] = dict(seeds=n, replicates=B, rounds=T, direction=u.tolist(), runs=[])
@@ -205,7 +176,8 @@ def variance_figure(report, figures):
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set(xlabel="round T", ylabel="bootstrap variance / exact variance ($\\pm$2 s.e.)")
     ax.set_title(
-        f"FedLSA, the paper's Garnet: B={report['replicates']}, {report['seeds']} seeds", fontsize=10
+        f"FedLSA, the paper's Garnet: B={report['replicates']}, {report['seeds']} seeds",
+        fontsize=10,
     )
     ax.legend()
     fig.tight_layout()
@@ -218,7 +190,7 @@ def beyond(args, report):
     every = max(1, T // args.records)
     eta = fj.schedule(fj.optim.inverse_power, eta0=1.0, t0=100.0, power=0.6, per_round=True)
     report["beyond"] = dict(seeds=n, replicates=B, rounds=T, level=level, runs=[])
-    garnet = paper_garnet()
+    garnet = bootstrap_garnet()
     small = fj.problems.garnet(
         jax.random.key(0), num_agents=3, heterogeneity="homogeneous", num_states=6, dim=3, sampling="markov"
     )
@@ -233,14 +205,14 @@ def beyond(args, report):
             "SCAFFLSA",
             garnet,
             fj.scafflsa(eta, fj.growing_local_steps(5, 0.2, T)),
-            "paper Garnet, $\\gamma_H$=0.2",
+            "the paper's Garnet, $\\gamma_H$=0.2",
             None,
         ),
         (
             "QFedTD",
             garnet,
             fj.qfedtd(eta, fj.channel.rand_k(2), success_prob=0.8),
-            "paper Garnet, random-2 of 5 coordinates, delivery 0.8",
+            "the paper's Garnet, random-2 of 5, delivery 0.8",
             None,
         ),
         ("FedLSA Markov", small, fj.fedlsa(eta, 5), "Markov sampling, 6 states, N=3, H=5", None),

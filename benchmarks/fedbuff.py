@@ -1,7 +1,8 @@
 """Buffered asynchronous aggregation (FedBuff) against synchronous FedLSA at equal wall-clock.
 
 Garnet TD (generative, S = 10, d = 4, N = 10), float64, started at ``theta = 0``, H = 5 local steps,
-eta = 0.5, on the simulated clock of ``fj.clock`` (integer ticks). Three panels:
+eta = 0.5, on the simulated clock of ``fj.clock`` (integer ticks). Three panels, stacked (readable at
+a column's width; panels 1 and 2 share one legend):
 
 1. **Stragglers, homogeneous agents.** Every job takes 1 tick, except with probability 0.1 it takes
    20 (``fj.clock.straggler(1, 0.1, 20)``). Synchronous FedLSA waits for its slowest agent: a round
@@ -124,7 +125,10 @@ def main(argv=None):
             dtype="float64",
         )
 
-    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), dpi=110)
+    plt.rcParams.update({"font.size": 11})
+    fig = plt.figure(figsize=(7.5, 15), dpi=110)
+    grid = fig.add_gridspec(4, 1, height_ratios=[1, 1, 0.16, 1])  # (a), (b), their legend, (c)
+    axes, key = [fig.add_subplot(grid[i]) for i in (0, 1, 3)], fig.add_subplot(grid[2])
     report: dict = {"homogeneous": [], "heterogeneous": [], "speeds": {}}
     law = fj.clock.straggler(1, 0.1, 20.0)
     runs = [(1, 0.5, None, "C0"), (5, 0.5, None, "C2"), (10, 0.5, None, "C3"), (5, 0.0, None, "C1")]
@@ -152,8 +156,11 @@ def main(argv=None):
                 f"{row['diverged']} diverged, {row['seconds']:.1f} s"
             )
         ax.set(yscale="log", xlabel="simulated wall-clock (ticks)", ylabel=r"$E|\theta - \theta^\star|^2$")
-        ax.set_title(f"{kind} TD(0), H={H}, eta={ETA:g}, stragglers: asynchronous vs synchronous", fontsize=9)
-        ax.legend(fontsize=7)
+        letter = "a" if kind == "homogeneous" else "b"
+        ax.set_title(f"({letter}) {kind} agents, stragglers: H={H}, $\\eta$={ETA:g}", fontsize=12)
+    # one legend for (a) and (b), below (b): (b) draws every run of (a) and one more
+    key.axis("off")
+    key.legend(*axes[1].get_legend_handles_labels(), loc="upper center", ncol=2, fontsize=9.5, frameon=False)
 
     star = np.asarray(problem.theta_star)
     N = problem.num_agents
@@ -184,9 +191,9 @@ def main(argv=None):
     ax.axhline(fedlsa_limit, color="k", ls=":", lw=1, label="synchronous FedLSA's exact limit MSE")
     ax.set(yscale="log", xlabel="simulated wall-clock (ticks)", ylabel=r"$E|\theta - \theta^\star|^2$")
     ax.set_title(
-        f"agents of mean job times 1..{N} ticks (eta={eta:g}): the limit moves to theta_r", fontsize=9
+        f"(c) mean job times 1..{N} ticks ($\\eta$={eta:g}): the limit moves to $\\theta_r$", fontsize=12
     )
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9.5, loc="center right")
     print(
         f"speeds 1..{N}: FedBuff K=5 MSE {row['mse']:.4g} +- {row['sem']:.2g} by tick {row['ticks']:.0f}; "
         f"|theta_r - theta*|^2 = {bias_r:.4g}; |E theta - theta_r| = "

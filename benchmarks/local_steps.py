@@ -2,8 +2,9 @@
 
 A table ``H_t = ceil(5 (t + 1)^gamma_H)`` runs in one compiled program whose rounds all have
 ``H_max`` local steps, those past ``H_t`` with step size 0 (``fedsa_jax.optim``). This script
-measures what the padding costs, on the Garnet of the FedLSA multiplier-bootstrap paper (30
-states, 2 actions, branching 2, 5 features, gamma 0.95, 5 agents), federated TD(0) FedLSA with
+measures what the padding costs, on the Garnet of the FedLSA multiplier-bootstrap paper (30 states,
+2 actions, branching 2, 5 features, gamma 0.95, 5 agents; the authors' instance, rebuilt by
+``_bench.bootstrap_garnet``), federated TD(0) FedLSA with
 the step sizes of the round ``eta_t = (t + 100)^-0.6``, float32, ``--seeds`` seeds, for
 ``gamma_H`` in {0, 0.2, 0.5, 1}, side by side in one run:
 
@@ -30,7 +31,7 @@ import platform
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
+from _bench import add_cpu_devices_option, best_of, bootstrap_garnet, use_cpu_devices, write_json
 from throughput import numpy_fedlsa_td
 
 import fedsa_jax as fj
@@ -38,20 +39,6 @@ from fedsa_jax._kernel import seed_keys
 
 POWERS = (0.0, 0.2, 0.5, 1.0)
 H0 = 5
-
-
-def paper_garnet(sampling: str):
-    return fj.problems.garnet(
-        jax.random.key(0),
-        num_agents=5,
-        num_states=30,
-        num_actions=2,
-        branching=2,
-        dim=5,
-        gamma=0.95,
-        sampling=sampling,
-        dtype="float32",
-    )
 
 
 def draws_only(problem, H: int, T: int, n: int):
@@ -85,11 +72,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     devices = use_cpu_devices(args.cpu_devices)
     sampling = "markov" if args.markov else "generative"
-    problem = paper_garnet(sampling)
+    problem = bootstrap_garnet(sampling, dtype="float32")
     n, T, N = args.seeds, args.rounds, problem.num_agents
     eta = fj.schedule(fj.optim.inverse_power, eta0=1.0, t0=100.0, power=0.6, per_round=True)
     print(
-        f"FedLSA TD(0), paper Garnet (S=30, A=2, d=5, N={N}), {sampling}, eta_t=(t+100)^-0.6, "
+        f"FedLSA TD(0), the paper's Garnet (S=30, A=2, d=5, N={N}), {sampling}, eta_t=(t+100)^-0.6, "
         f"H_t=ceil({H0}(t+1)^g), T={T}, {n} seeds, float32, {devices}, {platform.processor() or 'cpu'}"
     )
     rows = []

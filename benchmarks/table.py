@@ -76,9 +76,10 @@ def extra_rows(H: int, N: int) -> dict:
     lossy = dict(quantizer=fj.channel.stochastic_uniform(4), success_prob=0.6)
     m = N // 2  # partial participation: the cohort's steps are the work done
     uniform = fj.local_work.uniform(1, H)
+    shared = fj.local_work.uniform(1, H, shared=True)
     counts = [1 + c * (H - 1) // max(1, N - 1) for c in range(N)]  # 1..H over the agents
     spread = fj.local_work.fixed(counts, normalization="fednova")
-    slow = fj.local_work.straggler(H, 0.3, 0.5)
+    slow = fj.local_work.straggler(H, 0.3, 0.5, normalization="fednova")  # SCAFFLSA refuses plain
     late = fj.delays.uniform(8)
     clock = fj.clock.straggler(1, 0.1, 20.0)
     return {
@@ -99,8 +100,8 @@ def extra_rows(H: int, N: int) -> dict:
         "local-work": {  # the rate counts the steps done, sum_c E[H_c] a round (the kernel runs H_max)
             "FedLSA uniform": (fj.fedlsa(0.05, uniform), N * (1 + H) / 2, f"H_c ~ U{{1..{H}}}"),
             "FedLSA fixed": (fj.fedlsa(0.05, spread), sum(spread.mean_steps(N)), "H_c fixed, FedNova"),
-            "SCAFFLSA straggler": (fj.scafflsa(0.05, slow), N * slow.tau(N), "straggler 0.3, 1/2"),
-            "SCAFFLSA lossy": (fj.scafflsa(0.05, uniform, **lossy), N * (1 + H) / 2, "U, 4-bit, p=0.6"),
+            "SCAFFLSA straggler": (fj.scafflsa(0.05, slow), N * slow.tau(N), "straggler 0.3, 1/2, FedNova"),
+            "SCAFFLSA lossy": (fj.scafflsa(0.05, shared, **lossy), N * (1 + H) / 2, "U shared, 4-bit, p=0.6"),
         },
         "delays": {
             "FedLSA fixed": (fj.fedlsa(0.05, H, delays=fj.delays.fixed(4)), N * H, "delay 4"),

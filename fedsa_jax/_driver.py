@@ -22,6 +22,8 @@ import contextlib
 import dataclasses
 import functools
 import math
+import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +44,16 @@ from fedsa_jax.algorithms._base import Algorithm
 from fedsa_jax.result import MetricStats, SimulationResult, count_arrays, recorded_rounds
 from fedsa_jax.stats import Moments, finalize, merge
 
-__all__ = ["GROWTH_FACTOR", "Growth", "execute", "execute_joint", "mse_growth", "simulate", "simulation_run"]
+__all__ = [
+    "GROWTH_FACTOR",
+    "SETTLED_FACTOR",
+    "Growth",
+    "execute",
+    "execute_joint",
+    "mse_growth",
+    "simulate",
+    "simulation_run",
+]
 
 STEPS_PER_CHUNK = 5e7  # default chunk: about this many agent-local steps (seconds on a CPU)
 MAX_BLOCKS_PER_CHUNK = 256  # recorded rounds per chunk at most (the kernel's statistics buffer)
@@ -102,7 +113,8 @@ def simulate(
     Returns:
       :class:`~fedsa_jax.result.SimulationResult`. A ``RuntimeWarning`` says when seeds diverged,
       and when the MSE grew by orders of magnitude without any seed diverging (:func:`mse_growth`:
-      the last recorded MSE over 100 times the first and 10 times the midpoint's).
+      the last recorded MSE over 100 times the first and 10 times the midpoint's) or settled far
+      above its start with no seed diverged (5 times the larger of the first and ``|theta_star|^2``).
 
     Before anything compiles, one seed's ``init`` and one round are traced
     abstractly: a state without ``theta (d,)``, a step that does not return
@@ -347,19 +359,49 @@ def _run_batches(setup: _Setup, session: _CheckpointSession | None) -> _Tally:
     tally = _Tally() if session is None else session.tally()
     label = setup.algorithms[0].name + (f" x{len(setup.algorithms)}" if len(setup.algorithms) > 1 else "")
     progress = setup.run.execution.progress
-    bar = tqdm(
-        total=num_rounds * plan.num_batches,
-        unit="round",
-        desc=label,
-        dynamic_ncols=True,
-        disable=None if progress is None else not progress,
-    )  # None: off unless a terminal
+    total = num_rounds * plan.num_batches
+    if progress == "lines":
+        bar = _Lines(total, label)
+    else:
+        bar = tqdm(
+            total=total,
+            unit="round",
+            desc=label,
+            dynamic_ncols=True,
+            disable=None if progress is None else not progress,
+        )  # None: off unless a terminal
     for batch in range(tally.first_batch, plan.num_batches):
         if _target_met(setup, tally, batch):
             break
         _run_batch(setup, session, tally, batch, bar)
     bar.close()
     return tally
+
+
+class _Lines:
+    """Progress as one line per chunk on standard error (``progress="lines"``: a log or a pipe, where a
+    bar's carriage returns would pile up): rounds done of all batches, rate and time left."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.label, self.n = total, label, 0
+        self.start = time.perf_counter()
+
+    def update(self, k: int) -> None:
+        self.n += k
+        if k <= 0 or self.n <= 0:
+            return
+        elapsed = time.perf_counter() - self.start
+        rate = self.n / max(elapsed, 1e-9)
+        left = (self.total - self.n) / rate
+        print(
+            f"{self.label}: {self.n}/{self.total} rounds ({100 * self.n / self.total:.0f} %), "
+            f"{elapsed:.1f} s, {rate:.3g} rounds/s, about {left:.0f} s left",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        pass
 
 
 def _target_met(setup: _Setup, tally: _Tally, batch: int) -> bool:
@@ -624,14 +666,15 @@ def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
         if worst:
             first_round = int(result.rounds[np.argmax(result.num_diverged > 0)])
             warnings.warn(
-                f"{algorithm.name} ({algorithm.describe()}): up to {worst} of {setup.run.num_seeds} seeds "
+                f"{settings(algorithm)}: up to {worst} of {setup.run.num_seeds} seeds "
                 f"diverged (first at round {first_round}); they are counted in "
                 "result.num_diverged and left out of mse_mean, mse_sem, theta_mean and the metrics. "
                 "A smaller step_size usually fixes this.",
                 RuntimeWarning,
                 stacklevel=4,  # the caller of execute: simulate, or the sweep
             )
-        growth = mse_growth(result.rounds, result.mse_mean)
+        star = np.asarray(setup.problem.theta_star, np.float64)  # settled too high: said if no seed diverged
+        growth = mse_growth(result.rounds, result.mse_mean, reference=None if worst else float(star @ star))
         if growth is not None:
             warnings.warn(growth.message(algorithm), RuntimeWarning, stacklevel=4)
         results.append(result)
@@ -639,6 +682,8 @@ def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
 
 
 GROWTH_FACTOR = 100.0  # a final MSE this many times its start, and sqrt(this) times its midpoint: growing
+# a final MSE this many times the larger of its start and |theta_star|^2 (the estimate 0's): settled too high
+SETTLED_FACTOR = 5.0
 
 
 class Growth(NamedTuple):
@@ -650,6 +695,9 @@ class Growth(NamedTuple):
     middle: float
     end_round: int
     end: float
+    settled: float | None = None  # not blowing up: the second half's median, far above the start
+    base: float = math.nan  # ... and what it is far above: the start, or |theta_star|^2 if larger
+    reference: float = math.nan  # |theta_star|^2
 
     @property
     def factor(self) -> float:
@@ -657,12 +705,32 @@ class Growth(NamedTuple):
         return _ratio(self.end, self.start)
 
     def summary(self) -> str:
-        """``"grew 3.4e+03x from round 0 to 60"``: what the command line's console line adds."""
+        """``"grew 3.4e+03x from round 0 to 60"`` (settled: ``"stayed at 13x its start from round 30
+        to 60"``): what the command line's console line adds."""
+        if self.settled is not None:
+            return (
+                f"stayed at {self.settled / self.base:.2g}x {self._base_name()} from round "
+                f"{self.middle_round} to {self.end_round}"
+            )
         return f"grew {self.factor:.2g}x from round {self.start_round} to {self.end_round}"
+
+    def _base_name(self) -> str:
+        return "its start" if self.start >= 0.999 * self.base else "|theta_star|^2"  # (equal from 0)
+
+    def note(self) -> str:
+        """What the console line adds: ``"the MSE grew ...: blowing up"`` (or ``": settled too high"``)."""
+        return f"the MSE {self.summary()}: " + ("too high" if self.settled is not None else "blowing up")
 
     def message(self, algorithm: Algorithm) -> str:
         """The warning, one line of at most about 500 characters."""
-        name = _validate._clip(f"{algorithm.name} ({algorithm.describe()})", 110)
+        name = settings(algorithm)
+        if self.settled is not None:
+            return (
+                f"{name}: the MSE {self.summary()} (median {self.settled:.3g}; start {self.start:.3g}, "
+                f"|theta_star|^2 {self.reference:.3g}): settled far from theta_star, worse than its start "
+                "and the estimate 0. The step size or the local steps H are too large for this problem "
+                "(FedBuff: or the staleness damping too weak; privacy: or the noise); no seed diverged."
+            )
         return (
             f"{name}: the MSE {self.summary()} ({self.start:.3g} -> {self.end:.3g}, "
             f"{_ratio(self.end, self.middle):.2g}x since round {self.middle_round}): the iterates are "
@@ -672,12 +740,49 @@ class Growth(NamedTuple):
         )
 
 
+def settings(algorithm: Algorithm, width: int = 160) -> str:
+    """``"fedbuff (step_size=0.05, num_local_steps=1000, buffer_size=5, durations=straggler, ...)"``: the
+    algorithm's name and its settings in a few words for a warning (a law by its name, a quantizer by
+    its kind, a table by its length; the exact channel and defaults left out), at most ``width``
+    characters. The full description is in the result's ``config``."""
+    described = dict(algorithm.describe())
+    described.pop("algorithm", None)
+    channel = described.pop("channel", None) or {}
+    parts = [f"{key}={_brief(value)}" for key, value in described.items() if value not in (None, 1, {})]
+    quantizer = (channel.get("quantizer") or {}).get("kind", "identity")
+    if quantizer != "identity":
+        parts.append(f"quantizer={quantizer}")
+    for key in ("error_feedback", "success_prob"):
+        if channel.get(key) not in (None, 1.0):
+            parts.append(f"{key}={channel[key]}")
+    return _validate._clip(f"{algorithm.name} ({', '.join(parts)})", width)
+
+
+def _brief(value: Any) -> str:
+    """A setting in a few characters: a law or quantizer by its name (``straggler shared fednova``), a
+    list by its length beyond 4 entries, a nested description by its keys' short forms."""
+    if isinstance(value, dict):
+        head = next((str(value[k]) for k in ("algorithm", "law", "kind", "name") if k in value), None)
+        if head is not None:
+            extras = [k for k in ("shared",) if value.get(k)] + [
+                str(value[k]) for k in ("normalization",) if value.get(k) not in (None, "none")
+            ]
+            return " ".join([head, *extras])
+        return "{" + ", ".join(f"{k}={_brief(v)}" for k, v in list(value.items())[:3]) + "}"
+    if isinstance(value, list | tuple) and len(value) > 4:
+        return f"[{len(value)} values]"
+    return str(value)
+
+
 def _ratio(end: float, start: float) -> float:
     return end / start if start > 0 else math.inf
 
 
-def mse_growth(rounds, mse_mean, factor: float = GROWTH_FACTOR) -> Growth | None:
-    """The growth of a recorded MSE curve, or None where it did not grow by orders of magnitude.
+def mse_growth(
+    rounds, mse_mean, factor: float = GROWTH_FACTOR, reference: float | None = None
+) -> Growth | None:
+    """The growth of a recorded MSE curve, or None where it neither grew by orders of magnitude nor
+    settled far above its start.
 
     A curve grows when its last value exceeds ``factor`` times its first (round 0 of the record) and
     ``sqrt(factor)`` times its value at the recorded round nearest the middle of the recorded span.
@@ -686,6 +791,14 @@ def mse_growth(rounds, mse_mean, factor: float = GROWTH_FACTOR) -> Growth | None
     rounds is at most about twice what it accumulates over ``t``, while a blow-up at rate ``rho > 1``
     multiplies it by ``rho^t`` over the second half. Needs a recorded round strictly inside the span;
     non-finite values (every seed diverged) never count as growth.
+
+    With ``reference`` (``|theta_star|^2``, the MSE of the estimate 0), a curve that does not blow up
+    but whose median over the second half (the records from the middle one on) is ``SETTLED_FACTOR``
+    times or more the larger of its first value and ``reference`` (``> 0``) has settled too high
+    (``settled``: that median): the run leaves the iterates farther from
+    ``theta_star`` than its start and than the estimate 0 (a step or H too large, a FedBuff whose
+    stale updates overshoot). A run started at or near ``theta_star`` rises to its noise floor; the
+    reference keeps it from counting unless that floor is itself far above ``|theta_star|^2``.
     """
     rounds = np.asarray(rounds, np.float64)
     mse = np.asarray(mse_mean, np.float64)
@@ -695,9 +808,14 @@ def mse_growth(rounds, mse_mean, factor: float = GROWTH_FACTOR) -> Growth | None
     if not 0 < middle < mse.size - 1:
         return None
     start, mid, end = float(mse[0]), float(mse[middle]), float(mse[-1])
-    if not (end > factor * start and end > math.sqrt(factor) * mid):  # False on NaN
-        return None
-    return Growth(int(rounds[0]), start, int(rounds[middle]), mid, int(rounds[-1]), end)
+    found = (int(rounds[0]), start, int(rounds[middle]), mid, int(rounds[-1]), end)
+    if end > factor * start and end > math.sqrt(factor) * mid:  # False on NaN
+        return Growth(*found)
+    base = max(start, reference or 0.0)
+    level = float(np.median(mse[middle:]))  # the second half: robust to a heavy-tailed last record
+    if reference is not None and base > 0 and level >= SETTLED_FACTOR * base:  # False on NaN
+        return Growth(*found, settled=level, base=base, reference=reference)
+    return None
 
 
 def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:

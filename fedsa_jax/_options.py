@@ -75,7 +75,8 @@ class Execution:
         code. ``result.config["execution"]`` says where the run resumed (``resumed_from``) and how
         many seed-rounds it computed (``seed_rounds_run``). :func:`fedsa_jax.simulate` only: a sweep
         resumes from its ``out_dir``.
-      progress: show a progress bar (default: only on a terminal).
+      progress: show a progress bar (default: only on a terminal); ``"lines"``: one line per chunk on
+        standard error instead (for a log file or a pipe; the command line's default off a terminal).
       memory_budget: bytes of per-seed states (about 4 copies of the kernel's carry) that the
         default seed batch fills on each device (default 2 GiB); raise it on a large accelerator.
       local_unroll: local steps per iteration of the compiled local-step scans (default: the
@@ -88,7 +89,7 @@ class Execution:
     seed_batch_size: int | None = None
     chunk_rounds: int | None = None
     checkpoint_dir: str | os.PathLike | None = None
-    progress: bool | None = None
+    progress: bool | str | None = None
     memory_budget: int = MEMORY_BUDGET
     local_unroll: int | None = None
 

@@ -90,12 +90,13 @@ def validate_run(
     quantiles = _check_quantiles(recording.quantiles, num_records(num_rounds, record_every))
     theta0 = _check_theta0(theta0, problem.dim)
     algorithm.channel.quantizer.check_dim(problem.dim)
-    check_clients_per_round(algorithm.config, problem.num_agents)
+    check_clients_per_round(algorithm.config, problem.num_agents, num_rounds)
     if getattr(algorithm.config, "downlink", None) is not None:  # a compressed downlink
         algorithm.config.downlink.quantizer.check_dim(problem.dim)
     _check_underflow(algorithm, problem.dtype)
     optim.check_run(algorithm, num_rounds, problem.dtype)
     metrics = metrics_mod.resolve(recording.metrics)
+    metrics_mod.check_run(recording.metrics, problem, num_rounds)
     keep_seeds = _check_keep_seeds(
         recording.keep_seeds, num_seeds, num_records(num_rounds, record_every), len(metrics)
     )
@@ -170,8 +171,10 @@ def _check_execution(execution: Execution) -> None:
         _validate.integer("seed_batch_size", execution.seed_batch_size)
     if execution.chunk_rounds is not None:
         _validate.integer("chunk_rounds", execution.chunk_rounds)
-    if execution.progress not in (None, True, False):
-        _validate.fail("progress", execution.progress, "expected True, False or None (on a terminal only)")
+    if execution.progress not in (None, True, False, "lines"):
+        _validate.fail(
+            "progress", execution.progress, "expected True, False, None (on a terminal only) or 'lines'"
+        )
     _validate.integer("memory_budget", execution.memory_budget, maximum=2**63 - 1)  # bytes
     if execution.local_unroll is not None:
         _validate.integer("local_unroll", execution.local_unroll)
@@ -288,7 +291,7 @@ def _check_algorithm(problem, algorithm: Algorithm, theta0: np.ndarray, metrics)
             f"{where}: step_fn must return a state with the "
             f"structure, shapes and dtypes of its input; got {got} for {expected}",
         )
-    bad = [f for f in RoundInfo._fields if getattr(info, f).shape != ()]
+    bad = [f for f in RoundInfo._fields if getattr(info, f) is not None and getattr(info, f).shape != ()]
     if bad:
         _validate.fail(
             "algorithm", algorithm.name, f"{where}: RoundInfo fields {bad} must be scalars (one seed)"

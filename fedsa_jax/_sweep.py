@@ -270,7 +270,7 @@ def sweep(
     divergence_threshold: float = 1e10,
     seed_batch_size: int | None = None,
     chunk_rounds: int | None = None,
-    progress: bool | None = None,
+    progress: bool | str | None = None,
     quantiles: bool | None = None,
     *,
     shard: tuple[int, int] | None = None,

@@ -69,15 +69,19 @@ def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None)
     return int(value)
 
 
-def table_size(name: str, value: Any, count: int, what: str) -> None:
-    """Refuse a table of ``count > INDEX_MAX`` values (``what`` says which product of sizes it is):
-    its flat int32 indices would wrap around, and it would not fit in memory anyway."""
-    if count > INDEX_MAX:
-        fail(
-            name,
-            value,
-            f"{what} = {count} values, more than 2^31 - 1 = {INDEX_MAX} (tables are indexed with int32)",
-        )
+def table_size(
+    name: str,
+    value: Any,
+    count: int,
+    what: str,
+    limit: int = INDEX_MAX,
+    why: str = f"2^31 - 1 = {INDEX_MAX} (tables are indexed with int32)",
+) -> None:
+    """Refuse a table of ``count > limit`` values (``what`` says which product of sizes it is;
+    ``why`` the limit and its reason), before it is allocated: by default ``INDEX_MAX``, where flat
+    int32 indices would wrap around (and the table would not fit in memory anyway)."""
+    if count > limit:
+        fail(name, value, f"{what} = {count} values, more than {why}")
 
 
 def real(

@@ -13,7 +13,12 @@ release per communication (a round for FedLSA, SCAFFLSA and QFedTD; a communicat
   mechanism on a subsample; the library's amplification by sampling without replacement (Wang,
   Balle, Kasiviswanathan, AISTATS 2019) holds for the relation *replace one* (the dataset of N agents
   keeps its size), under which the sum's sensitivity is 2C: noise multiplier ``sigma / 2`` inside
-  ``SampledWithoutReplacementDpEvent(N, m, .)`` (RDP only: the PLD accountant does not take it);
+  ``SampledWithoutReplacementDpEvent(N, m, .)`` (RDP only: the PLD accountant does not take it).
+  Each release is also at most a Gaussian of sensitivity 2C whether or not the agent was drawn (no
+  amplification: ``GaussianDpEvent(sigma / 2)``, composed as add-or-remove at sigma / 2), a valid
+  bound for the same relation and the smaller one at large cohorts or small sigma: the smaller of
+  the two is reported, and ``PrivacyLoss.event`` names it. ``clients_per_round = N`` is the row
+  above;
 * **local**: each agent's own message, clipped and noised before it leaves, seen by the server with
   the agent's identity: no amplification; any two data sets of the agent change its clipped message
   by at most 2C: noise multiplier ``sigma / 2``, composed over every round (an upper bound when a
@@ -38,6 +43,7 @@ __all__ = ["ACCOUNTANTS", "PrivacyLoss", "epsilon", "noise_multiplier", "report"
 
 ACCOUNTANTS = ("rdp", "pld")
 MAX_NOISE_MULTIPLIER = 1e4  # --target-epsilon searches sigma in (0, MAX_NOISE_MULTIPLIER]
+PLD_MAX_LOAD = 400.0  # the PLD accountant's largest releases / sigma^2 (measured: 1.4 GB, 15 s)
 _RELATIONS = {
     "add_or_remove_one": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
     "replace_one": dp_accounting.NeighboringRelation.REPLACE_ONE,
@@ -60,48 +66,68 @@ class PrivacyLoss:
         return dataclasses.asdict(self)
 
 
-def _event(noise: float, releases: int, mode: str, num_agents: int, clients_per_round: int | None):
-    """``(dp_accounting event, relation)`` of ``releases`` releases (module docstring)."""
-    if mode == "local":  # replace-one at sensitivity 2C, computed as add-or-remove at sigma / 2 (equal)
+def _bounds(noise: float, releases: int, mode: str, num_agents: int, clients_per_round: int | None):
+    """The valid bounds of ``releases`` releases (module docstring): ``[(event, relation, scale)]``,
+    ``scale`` the divisor of sigma in each release's Gaussian (1, or 2 at sensitivity 2C, composed as
+    add-or-remove at sigma / 2, equal to replace-one at 2C)."""
+    if mode == "local":
         event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise / 2), releases)
-        return event, "replace_one"
+        return [(event, "replace_one", 2)]
     m = clients_per_round
-    if m is None or m >= num_agents:
-        return dp_accounting.SelfComposedDpEvent(
-            dp_accounting.GaussianDpEvent(noise), releases
-        ), "add_or_remove_one"
+    if m is None or m >= num_agents:  # every agent every round: no sampling
+        event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise), releases)
+        return [(event, "add_or_remove_one", 1)]
     sampled = dp_accounting.SampledWithoutReplacementDpEvent(
         num_agents, m, dp_accounting.GaussianDpEvent(noise / 2)
     )
-    return dp_accounting.SelfComposedDpEvent(sampled, releases), "replace_one"
+    unsampled = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise / 2), releases)
+    return [
+        (dp_accounting.SelfComposedDpEvent(sampled, releases), "replace_one", 0),
+        (unsampled, "replace_one", 2),
+    ]
 
 
-def _accountant(name: str, relation: str, mode: str = "central"):
-    """The library's accountant; local noise is composed under add-or-remove at sigma / 2 (a Gaussian's
-    replace-one privacy loss at sensitivity 2C is that; PLD would otherwise double the shift again)."""
-    relation = "add_or_remove_one" if mode == "local" else relation
+def _accountant(name: str, relation: str, scale: int):
+    """The library's accountant; a Gaussian of sensitivity 2C (``scale`` 2) is composed under
+    add-or-remove at sigma / 2 (its replace-one privacy loss is that; PLD would otherwise double the
+    shift again)."""
+    relation = "add_or_remove_one" if scale == 2 else relation
     if name == "rdp":
         return rdp.RdpAccountant(neighboring_relation=_RELATIONS[relation])
     return pld.PLDAccountant(neighboring_relation=_RELATIONS[relation])
 
 
-def _epsilon(
-    noise: float, releases: int, delta: float, mode: str, num_agents, clients_per_round, name
-) -> float:
-    if noise == 0.0:
-        return math.inf
-    if releases == 0:
-        return 0.0
-    event, relation = _event(noise, releases, mode, num_agents, clients_per_round)
-    accountant = _accountant(name, relation, mode)
-    if not accountant.supports(event):
-        _validate.fail(
-            "accountant",
-            name,
-            f"dp-accounting's {name.upper()} accountant does not take {type(event.event).__name__} "
-            "(a cohort sampled without replacement): use accountant='rdp'",
-        )
-    return float(accountant.compose(event).get_epsilon(delta))
+def _pld_load(noise: float, releases: int, scale: int) -> float:
+    """``releases / (sigma / scale)^2``: the squared mu of the composed Gaussian, which sets the size of
+    the PLD accountant's grid."""
+    return releases * (max(scale, 1) / noise) ** 2
+
+
+def _epsilon(noise: float, releases: int, delta: float, mode: str, num_agents, clients_per_round, name):
+    """``(epsilon, event, relation)``: the smallest of the valid bounds the accountant takes. A noise
+    multiplier above ``MAX_NOISE_MULTIPLIER`` is accounted at it (epsilon falls with sigma: an upper
+    bound, about 0, where the library's arithmetic would overflow)."""
+    noise = min(noise, MAX_NOISE_MULTIPLIER)
+    bounds = _bounds(max(noise, 1e-300), max(releases, 1), mode, num_agents, clients_per_round)
+    taken = [b for b in bounds if _accountant(name, b[1], b[2]).supports(b[0])]
+    if noise == 0.0 or releases == 0:
+        return (math.inf if noise == 0.0 else 0.0), type(taken[0][0].event).__name__, taken[0][1]
+    best = None
+    for event, relation, scale in taken:
+        load = _pld_load(noise, releases, scale)
+        if name == "pld" and load > PLD_MAX_LOAD:
+            _validate.fail(
+                "accountant",
+                name,
+                f"the PLD accountant's grid grows with releases / (sigma/{max(scale, 1)})^2 = {load:.3g} > "
+                f"{PLD_MAX_LOAD:g} ({releases} releases at sigma = {noise:g}; 1.4 GB and 15 s at 400, "
+                "9 GB at 1000): use accountant='rdp'",
+            )
+        eps = float(_accountant(name, relation, scale).compose(event).get_epsilon(delta))
+        if best is None or eps < best[0]:
+            best = (eps, type(event.event).__name__, relation)
+    assert best is not None
+    return best
 
 
 def _check(delta, num_agents, clients_per_round, accountant) -> float:
@@ -132,11 +158,10 @@ def epsilon(
             privacy.describe(),
             "no privacy guarantee without clipping (clip=False): the sensitivity is unbounded",
         )
-    eps = _epsilon(privacy.noise_multiplier, T, d, privacy.mode, num_agents, clients_per_round, accountant)
-    event, relation = _event(
-        max(privacy.noise_multiplier, 1.0), max(T, 1), privacy.mode, num_agents, clients_per_round
+    eps, event, relation = _epsilon(
+        privacy.noise_multiplier, T, d, privacy.mode, num_agents, clients_per_round, accountant
     )
-    return PrivacyLoss(eps, d, T, privacy.describe(), relation, type(event.event).__name__, accountant)
+    return PrivacyLoss(eps, d, T, privacy.describe(), relation, event, accountant)
 
 
 def noise_multiplier(
@@ -149,15 +174,16 @@ def noise_multiplier(
     accountant: str = "rdp",
 ) -> float:
     """The smallest noise multiplier ``sigma`` whose ``releases`` releases cost at most
-    ``target_epsilon`` at ``delta`` (dp-accounting's ``calibrate_dp_mechanism``); a one-line error if
-    none up to ``MAX_NOISE_MULTIPLIER`` does."""
+    ``target_epsilon`` at ``delta`` (a bisection on :func:`epsilon`'s number, the smaller of the valid
+    bounds); a one-line error if none up to ``MAX_NOISE_MULTIPLIER`` does, or if every sigma down to the
+    search's lower end does (1e-3; for PLD, where its grid reaches ``PLD_MAX_LOAD``)."""
     d = _check(delta, num_agents, clients_per_round, accountant)
     target = _validate.real("target_epsilon", target_epsilon, 0.0, math.inf, low_open=True)
     T = _validate.integer("releases", releases)
     _validate.choice("mode", mode, ("local", "central"))
 
     def cost(sigma: float) -> float:
-        return _epsilon(sigma, T, d, mode, num_agents, clients_per_round, accountant)
+        return _epsilon(sigma, T, d, mode, num_agents, clients_per_round, accountant)[0]
 
     if cost(MAX_NOISE_MULTIPLIER) > target:
         _validate.fail(
@@ -166,20 +192,36 @@ def noise_multiplier(
             f"cannot be met in {T} releases at delta={d:g}: even sigma = {MAX_NOISE_MULTIPLIER:g} "
             f"costs epsilon = {cost(MAX_NOISE_MULTIPLIER):.3g}",
         )
+    scale = max(_bounds(1.0, 1, mode, num_agents, clients_per_round)[-1][2], 1)
+    # the search's lower end: RDP 1e-3; PLD where its grid stays within PLD_MAX_LOAD
+    low = 1e-3 if accountant == "rdp" else max(0.1, scale * math.sqrt(T / PLD_MAX_LOAD) * (1 + 1e-9))
+    return _smallest_sigma(cost, target, low, T)
 
-    def event(sigma: float):
-        return _event(sigma, T, mode, num_agents, clients_per_round)[0]
 
-    relation = _event(1.0, T, mode, num_agents, clients_per_round)[1]
-    low = 1e-3 if accountant == "rdp" else 0.1  # PLD's discretisation explodes for tiny sigma
-    sigma = dp_accounting.calibrate_dp_mechanism(
-        lambda: _accountant(accountant, relation, mode),
-        event,
-        target,
-        d,
-        dp_accounting.LowerEndpointAndGuess(low, 1.0),
-    )
-    return float(sigma)
+def _smallest_sigma(cost, target: float, low: float, releases: int) -> float:
+    """Bisection in log sigma on the reported epsilon (the smaller of the valid bounds), bracketed from
+    sigma = 1 outwards, so that the search goes down to ``low`` only when the target needs it; returns
+    the bracket's upper end (it meets the target), within a relative 1e-5 of the smallest sigma."""
+    hi = max(1.0, low)
+    while cost(hi) > target:  # cost(MAX_NOISE_MULTIPLIER) <= target: this stops
+        hi = min(2 * hi, MAX_NOISE_MULTIPLIER)
+    lo = hi
+    while True:
+        if lo <= low:
+            _validate.fail(
+                "target_epsilon",
+                target,
+                f"every noise multiplier the search covers meets it (sigma = {low:g} costs epsilon = "
+                f"{cost(low):.3g} in {releases} releases): give a smaller target or a noise multiplier",
+            )
+        lo = max(lo / 2, low)
+        if cost(lo) > target:
+            break
+        hi = lo
+    while hi / lo > 1 + 1e-5:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if cost(mid) <= target else (mid, hi)
+    return hi
 
 
 def report(algorithm, num_agents: int, communications: float) -> dict[str, Any] | None:

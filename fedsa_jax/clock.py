@@ -26,13 +26,16 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
 import numpy as np
 
 from fedsa_jax import _validate
 from fedsa_jax.local_work import (
     CountLaw,
+    check_table,
     counts_law,
     fixed_pmf,
+    from_option,
     geometric_pmf,
     probability,
     two_point_pmf,
@@ -68,6 +71,24 @@ class Durations(CountLaw):
         below = np.concatenate([np.zeros(1), np.prod(cdf, axis=0)[:-1]])  # P(max < k)
         return float(np.sum(1.0 - below))
 
+    def check_ticks(self, num_rounds: int, x64: bool | None = None) -> None:
+        """Refuse a run of ``num_rounds`` server steps whose ticks could pass ``2^31 - 1`` in int32
+        (JAX without x64; ``x64`` None: JAX's setting). Every agent is always busy, so each finishes a
+        job at least every ``D_max`` ticks: the n-th arrival comes by tick ``ceil(n / N) D_max``, the
+        ``T K <= T N`` arrivals of T server steps by ``T D_max``, and the jobs then running end by
+        ``(T + 1) D_max``. With x64 the ticks are int64."""
+        if x64 is None:
+            x64 = bool(jax.config.jax_enable_x64)  # pyright: ignore[reportAttributeAccessIssue]
+        ticks = (num_rounds + 1) * self.max
+        if not x64 and ticks > _validate.INDEX_MAX:
+            _validate.fail(
+                "durations",
+                self.name,
+                f"(num_rounds + 1) x D_max = ({num_rounds} + 1) x {self.max} = {ticks} ticks may pass "
+                f"2^31 - 1, the int32 clock's largest tick: enable int64 ticks with "
+                "jax.config.update('jax_enable_x64', True), or run fewer rounds or shorter jobs",
+            )
+
     def throughput(self, num_agents: int) -> float:
         """Jobs finished per tick in the long run, every agent always busy: ``sum_c 1 / E[D_c]``
         (renewal theorem); FedBuff with buffer K makes ``throughput / K`` server updates per tick."""
@@ -78,17 +99,20 @@ def _make(pmf, name: str) -> Durations:
     return counts_law(Durations, pmf, name, False)
 
 
-def from_text(text: str) -> Durations:
-    """The law of the command line's ``--durations LAW:NUMBERS``."""
-    name, _, rest = text.partition(":")
-    values: list[Any] = [int(float(v)) if float(v).is_integer() else float(v) for v in rest.split(",")]
-    if name == "fixed":
-        return fixed(values if len(values) > 1 else values[0])
-    if name == "uniform":
-        return uniform(values[0], values[1])
-    if name == "geometric":
-        return geometric(float(values[0]), values[1])
-    return straggler(values[0], float(values[1]), float(values[2]))
+def from_text(text: str, num_agents: int | None = None) -> Durations:
+    """The law of the command line's ``--durations LAW:NUMBERS``, for ``num_agents`` agents where
+    given; refusals name ``durations``."""
+
+    def build(name: str, values: list[Any]) -> Durations:
+        if name == "fixed":
+            return fixed(values if len(values) > 1 else values[0])
+        if name == "uniform":
+            return uniform(values[0], values[1])
+        if name == "geometric":
+            return geometric(float(values[0]), values[1])
+        return straggler(values[0], float(values[1]), float(values[2]))
+
+    return from_option("durations", text, build, num_agents)
 
 
 def law(pmf) -> Durations:
@@ -121,4 +145,6 @@ def straggler(duration: int, prob: float, slowdown: float) -> Durations:
     p = probability("prob", prob)
     if not isinstance(slowdown, (int, float)) or not math.isfinite(slowdown) or slowdown < 1:
         _validate.fail("slowdown", slowdown, "expected a real number >= 1")
-    return _make(two_point_pmf(D, math.ceil(slowdown * D), p), "straggler")
+    slow = math.ceil(slowdown * D)  # an exact Python int, however large
+    check_table("duration" if slowdown == 1 else "slowdown", duration if slowdown == 1 else slowdown, 1, slow)
+    return _make(two_point_pmf(D, slow, p), "straggler")

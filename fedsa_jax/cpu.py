@@ -48,6 +48,20 @@ __all__ = ["XLA_FLAG", "use_cpu_cores"]
 _XLA_FLAG_RE = re.compile(rf"(?:^|\s)--?{XLA_FLAG}=(\S*)")
 _ours: int | None = None  # the jax_num_cpu_devices value use_cpu_cores set (not the user's own)
 
+# With several CPU devices the seeds' moments are summed across them (an all-reduce at each recorded
+# round). A device thread that reaches it first waits for the others: past 20 s XLA logs "This thread has
+# been waiting for `all reduce ...` for 20 seconds and may be stuck", and 40 s later it aborts the
+# process (exit status 134). On a loaded machine the scheduler can leave one device's thread that far
+# behind the other over a long chunk (a suspended laptop too): nothing is stuck, the run would finish
+# with the same numbers. Measured (JAX 0.10, two CPU devices, one held back in a callback before a
+# psum): a 25 s or 45 s stall logs the line and finishes, a 130 s stall aborts at 60 s; with these
+# flags at STUCK_SECONDS and TERMINATE_SECONDS the 25 s stall logs nothing.
+STUCK_FLAG = "xla_cpu_collective_call_warn_stuck_timeout_seconds"
+TERMINATE_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
+STUCK_SECONDS = 600
+TERMINATE_SECONDS = 86400
+STUCK_FLAG_SINCE = (0, 9, 0)  # jaxlib knows the flags (XLA, October 2025); an unknown flag aborts XLA
+
 
 def usable_cores() -> int:
     """Number of cores this process may run on: its CPU affinity where the platform has one
@@ -138,6 +152,8 @@ def use_cpu_cores(num_devices: int | None = None) -> int:
         )
     if explicit is not None:
         _warn_unused(num_devices, explicit, explicit[1])
+        if explicit[1] > 1:
+            quiet_collectives()
         return explicit[1]
     cores = usable_cores()
     if wanted > cores:  # XLA gives each CPU device a thread: 999 of them made it abort (exit status 134)
@@ -152,7 +168,26 @@ def use_cpu_cores(num_devices: int | None = None) -> int:
     global _ours
     jax.config.update("jax_num_cpu_devices", wanted)
     _ours = wanted
+    if wanted > 1:
+        quiet_collectives()
     return wanted
+
+
+def quiet_collectives() -> None:
+    """Raise XLA's thresholds on a CPU device waiting for another at a collective: "may be stuck"
+    logged after ``STUCK_SECONDS``, the process aborted after ``TERMINATE_SECONDS`` (``--{STUCK_FLAG}``
+    and ``--{TERMINATE_FLAG}`` added to ``XLA_FLAGS``, read when the backends start): a loaded
+    machine's scheduler, not a deadlock, keeps one device waiting for another (see ``STUCK_FLAG``). A
+    value the user set in ``XLA_FLAGS`` stays; a jaxlib older than ``STUCK_FLAG_SINCE`` is left alone."""
+    import jaxlib
+
+    version = tuple(int(p) for p in re.findall(r"\d+", jaxlib.__version__)[:3])
+    if version < STUCK_FLAG_SINCE:
+        return
+    for flag, seconds in ((STUCK_FLAG, STUCK_SECONDS), (TERMINATE_FLAG, TERMINATE_SECONDS)):
+        flags = os.environ.get("XLA_FLAGS", "")
+        if flag not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} --{flag}={seconds}".strip()
 
 
 def _warn_unused(num_devices: int | None, explicit: tuple[str, int] | None, count: int) -> None:

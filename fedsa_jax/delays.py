@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from fedsa_jax import _validate
-from fedsa_jax.local_work import CountLaw, counts_law
+from fedsa_jax.local_work import CountLaw, check_table, counts_law, from_option
 
 __all__ = ["Delays", "fixed", "from_text", "geometric", "law", "uniform"]
 
@@ -66,17 +66,20 @@ def _make(pmf, name: str, shared: bool) -> Delays | None:
     return None if out.tau_max == 0 else out
 
 
-def from_text(text: str, shared: bool = False) -> Delays | None:
-    """The law of the command line's ``--delays LAW:NUMBERS`` (``none``: None)."""
+def from_text(text: str, shared: bool = False, num_agents: int | None = None) -> Delays | None:
+    """The law of the command line's ``--delays LAW:NUMBERS`` (``none``: None), for ``num_agents``
+    agents where given; refusals name ``delays``."""
     if text == "none":
         return None
-    name, _, rest = text.partition(":")
-    values: list[Any] = [int(float(v)) if float(v).is_integer() else float(v) for v in rest.split(",")]
-    if name == "fixed":
-        return fixed(values[0])
-    if name == "uniform":
-        return uniform(values[0], shared)
-    return geometric(float(values[0]), values[1], shared)
+
+    def build(name: str, values: list[Any]) -> Delays | None:
+        if name == "fixed":
+            return fixed(values[0])
+        if name == "uniform":
+            return uniform(values[0], shared)
+        return geometric(float(values[0]), values[1], shared)
+
+    return from_option("delays", text, build, num_agents)
 
 
 def law(pmf, shared: bool = False) -> Delays | None:
@@ -87,6 +90,7 @@ def law(pmf, shared: bool = False) -> Delays | None:
 def fixed(tau: int) -> Delays | None:
     """Every update ``tau >= 0`` rounds old (``fixed(0)``: no delay, None)."""
     t = _validate.integer("tau", tau, minimum=0)
+    check_table("tau", tau, 1, t + 1)
     pmf = np.zeros(t + 1)
     pmf[t] = 1.0
     return _make(pmf, "fixed", False)
@@ -95,6 +99,7 @@ def fixed(tau: int) -> Delays | None:
 def uniform(tau_max: int, shared: bool = False) -> Delays | None:
     """Delays uniform on ``{0, ..., tau_max}`` each round."""
     t = _validate.integer("tau_max", tau_max, minimum=0)
+    check_table("tau_max", tau_max, 1, t + 1)
     return _make(np.ones(t + 1), "uniform", shared)
 
 
@@ -110,5 +115,6 @@ def geometric(mean: float, tau_max: int | None = None, shared: bool = False) -> 
             "keeps the last tau_max iterates, and the exact theory one block per lag)",
         )
     t = _validate.integer("tau_max", tau_max, minimum=0)
+    check_table("tau_max", tau_max, 1, t + 1)
     q = 1.0 / (1.0 + float(mean))  # P(tau = k) = q (1 - q)^k has mean (1 - q) / q
     return _make(q * (1 - q) ** np.arange(t + 1), "geometric", shared)

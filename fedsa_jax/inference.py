@@ -8,7 +8,8 @@ are functions of one seed's state (``fj.simulate(..., metrics={...})``): recorde
 round, their mean and standard error over seeds, and per seed with ``keep_seeds``.
 
 **Confidence intervals for** ``u^T theta*`` at level ``1 - alpha``, for every seed and recorded
-round t, with ``v = u^T theta_t`` and ``v_b = u^T theta^b_t``:
+round t, with ``v = u^T theta_t`` and ``v_b = u^T theta^b_t`` (``u`` normalised to ``|u| = 1``: the
+coverage does not depend on the scale of the direction given, in float32 as in float64):
 
 * ``"quantile"``: the bootstrap's quantiles ``[q_{alpha/2}(v_b), q_{1-alpha/2}(v_b)]`` (the paper's
   percentile interval; ``jnp.quantile``'s linear interpolation);
@@ -80,33 +81,66 @@ class BootstrapVariance:
 
     direction: tuple[float, ...]
 
+    def check_run(self, problem, num_rounds: int) -> None:
+        _check_dim(self.direction, problem.dim)
+
     def __call__(self, state, problem) -> jax.Array:
         del problem
+        _check_dim(self.direction, state.theta.shape[-1])
         u = jnp.asarray(self.direction, state.theta.dtype)
         spread = (_replicates(state).theta - state.theta) @ u
         return jnp.mean(spread**2)
 
 
 def _direction(direction, name: str = "direction") -> tuple[float, ...]:
-    u = np.asarray(direction, np.float64)
+    """``direction / |direction|``, normalised in float64 (scaled by its largest entry first, so that
+    neither 1e200 nor 1e-300 overflows or underflows): the intervals and their coverage do not depend
+    on u's scale, in any dtype."""
+    try:
+        u = np.asarray(direction, np.float64)
+    except (TypeError, ValueError):
+        _validate.fail(name, direction, "expected a nonzero finite vector u of the iterate's dimension")
     if u.ndim != 1 or u.size == 0 or not np.all(np.isfinite(u)) or not np.any(u != 0):
         _validate.fail(name, direction, "expected a nonzero finite vector u of the iterate's dimension")
-    return tuple(float(x) for x in u)
+    u = u / np.max(np.abs(u))
+    return tuple(float(x) for x in u / np.linalg.norm(u))
+
+
+def _check_dim(direction: tuple[float, ...], dim: int) -> None:
+    """Refuse, before compiling, a direction of another length than the iterate's ``dim``."""
+    if len(direction) != dim:
+        _validate.fail(
+            "direction",
+            list(direction),
+            f"expected {dim} entries (the iterate's dimension d = {dim}), got {len(direction)}",
+        )
+
+
+def _check_table(name: str, table, num_rounds: int, what: str) -> None:
+    """Refuse, before compiling, a per-round table with fewer than ``num_rounds + 1`` rows."""
+    if len(table) < num_rounds + 1:
+        _validate.fail(
+            name,
+            f"{len(table)} rows",
+            f"it has {len(table)} rows (rounds t = 0..{len(table) - 1}), fewer than the run's "
+            f"{num_rounds + 1} (num_rounds = {num_rounds}: t = 0..{num_rounds}); compute it for the "
+            f"run's rounds, {what}",
+        )
 
 
 def bootstrap_variance(direction) -> BootstrapVariance:
-    """The bootstrap's variance of ``u^T theta_t`` (``direction`` u), as a metric:
+    """The bootstrap's variance of ``u^T theta_t`` (``direction`` u, normalised to ``|u| = 1``), as a metric:
     ``fj.simulate(..., metrics={"boot_var": fj.inference.bootstrap_variance(u)})``."""
     return BootstrapVariance(_direction(direction))
 
 
 def exact_sd(problem, algorithm, num_rounds: int, direction, theta0=None) -> np.ndarray:
     """``sqrt(u^T Cov(theta_t) u)`` for ``t = 0..num_rounds`` (:func:`fedsa_jax.theory.exact_covariance`
-    of ``algorithm``, the main trajectory of a bootstrap): what the ``"exact"`` interval uses."""
+    of ``algorithm``, the main trajectory of a bootstrap), ``u`` normalised to ``|u| = 1`` as
+    :func:`intervals` normalises it: what the ``"exact"`` interval uses."""
     u = np.asarray(_direction(direction))
+    _check_dim(tuple(u), problem.dim)
     cov = theory.exact_covariance(problem, algorithm, num_rounds, theta0)
-    if cov.shape[-1] != u.size:
-        _validate.fail("direction", list(u), f"expected {cov.shape[-1]} entries (the iterate's dimension)")
     return np.sqrt(np.maximum(np.einsum("i,tij,j->t", u, cov, u), 0.0))
 
 
@@ -121,7 +155,14 @@ class Interval:
     part: str
     sd: Any = None  # (T+1,) exact standard deviations of u^T theta_t ("exact")
 
+    def check_run(self, problem, num_rounds: int) -> None:
+        """Before compiling (:func:`fedsa_jax.simulate`): the direction's length, the table's rounds."""
+        _check_dim(self.direction, problem.dim)
+        if self.sd is not None:
+            _check_table("exact_sd", self.sd, num_rounds, "fj.inference.exact_sd(problem, algorithm, T, u)")
+
     def bounds(self, state, problem):
+        _check_dim(self.direction, state.theta.shape[-1])
         u = jnp.asarray(self.direction, state.theta.dtype)
         v = state.theta @ u
         alpha = 1.0 - self.level
@@ -152,7 +193,8 @@ class Interval:
 
 
 def _levels_methods(levels, methods, allowed: tuple[str, ...]) -> tuple[tuple[float, ...], tuple[str, ...]]:
-    """Validated ``levels`` (one or a sequence, each in ``(0, 1)``) and ``methods`` (from ``allowed``)."""
+    """Validated ``levels`` (one or a sequence, each in ``(0, 1)``, of distinct metric names) and
+    ``methods`` (from ``allowed``)."""
     levels = tuple(levels) if isinstance(levels, (list, tuple)) else (levels,)
     methods = (methods,) if isinstance(methods, str) else tuple(methods)
     if not methods:
@@ -164,6 +206,17 @@ def _levels_methods(levels, methods, allowed: tuple[str, ...]) -> tuple[tuple[fl
     levels = tuple(
         _validate.real("level", level, 0.0, 1.0, low_open=True, high_open=True) for level in levels
     )
+    named: dict[str, float] = {}
+    for level in levels:
+        other = named.get(level_name(level))
+        named[level_name(level)] = level
+        if other is not None:
+            _validate.fail(
+                "levels",
+                levels,
+                f"levels {other!r} and {level!r} share the metric name {level_name(level)!r} (a level is "
+                "named by its 6 significant digits): give each level once, distinct to 6 digits",
+            )
     return levels, methods
 
 
@@ -180,11 +233,14 @@ def intervals(
     ``"exact"`` method alone needs no replicates).
 
     Args:
-      direction: u, a nonzero vector of the iterate's dimension (``e_i`` for coordinate i).
-      levels: confidence levels in ``(0, 1)``.
+      direction: u, a nonzero finite vector of the iterate's dimension (``e_i`` for coordinate i),
+        normalised to ``|u| = 1`` (the intervals are for ``(u / |u|)^T theta*``: their coverage does
+        not depend on u's scale, in float32 too).
+      levels: confidence levels in ``(0, 1)``, distinct to 6 significant digits (their names).
       methods: from :data:`METHODS`.
       exact_sd: ``(T+1,)`` the exact ``sqrt(u^T Cov(theta_t) u)`` of every round
-        (:func:`exact_sd`), needed by ``"exact"``.
+        (:func:`exact_sd`), needed by ``"exact"``; a run of more than T rounds is refused before
+        compiling.
       bounds: also record each interval's ``lower_`` and ``upper_`` bound (else only ``covers_``).
 
     Returns ``{"covers_<method>_<level>": metric, ...}`` (level 0.9 is named ``9``, 0.95 ``95``).
@@ -221,6 +277,14 @@ class JointSet:
     chi2: float  # the chi-square quantile with d degrees of freedom at the level
     dim: int  # d
     cov: Any = None  # (T+1, d, d) the exact covariances ("exact")
+
+    def check_run(self, problem, num_rounds: int) -> None:
+        """Before compiling (:func:`fedsa_jax.simulate`): the exact table's rounds."""
+        del problem
+        if self.cov is not None:
+            _check_table(
+                "exact_cov", self.cov, num_rounds, "fj.theory.exact_covariance(problem, algorithm, T)"
+            )
 
     def _covariance(self, state, problem):
         dtype = state.theta.dtype
@@ -277,7 +341,8 @@ def joint(
       dim: d, the iterate's dimension.
       levels: confidence levels in ``(0, 1)``.
       methods: from :data:`METHODS`.
-      exact_cov: ``(T+1, d, d)`` covariances, needed by ``"exact"``.
+      exact_cov: ``(T+1, d, d)`` covariances, needed by ``"exact"``; a run of more than T rounds is
+        refused before compiling.
 
     Returns ``{"covers_joint_<method>_<level>": metric, "distance_joint_<method>": metric, ...}``:
     the mean over seeds of ``covers_`` is the coverage of ``theta*``. Where the covariance is

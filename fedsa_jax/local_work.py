@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -59,10 +60,27 @@ import numpy as np
 
 from fedsa_jax import _validate
 
-__all__ = ["CountLaw", "LocalWork", "fixed", "geometric", "law", "straggler", "uniform"]
+__all__ = ["CountLaw", "LocalWork", "fixed", "from_text", "geometric", "law", "straggler", "uniform"]
 
 NORMALIZATIONS = ("none", "fednova")
 WORK_STREAM = 0x776B  # fold_in tag of the round's local-work key ("wk"): a stream of its own
+# The most probabilities a law's table may hold (agents' rows x counts): 2^24, 128 MiB in float64. The
+# compiled round runs H_max steps, the state keeps tau_max iterates, the clock a table of D_max: a
+# larger support is a typo (or a law no run could use), refused before the table is allocated.
+MAX_LAW_TABLE = 2**24
+
+
+def check_table(name: str, value: Any, rows: int, largest: int) -> None:
+    """Refuse a law whose table of ``rows x largest`` probabilities exceeds :data:`MAX_LAW_TABLE`,
+    naming the parameter ``name`` that set it (shown as ``value``), before anything is allocated."""
+    _validate.table_size(
+        name,
+        value,
+        rows * largest,
+        "the law's table (rows x counts)",
+        MAX_LAW_TABLE,
+        f"2^24 = {MAX_LAW_TABLE} (one probability per count: a support this long is no law a run can use)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +124,7 @@ class CountLaw:
                 f"{self.name} with {len(self.pmf)} agents' laws",
                 f"expected one law, or one per agent ({num_agents})",
             )
+        check_table(self.argument, self.name, num_agents, len(self.pmf[0]))
 
     def draw(self, key: jax.Array, num_agents: int) -> jax.Array:
         """``(N,) int32``: this round's counts (inverse CDF of one uniform per agent, or of one shared
@@ -140,6 +159,7 @@ def counts_law(cls, pmf, name: str, shared: bool, **fields):
     if p.ndim not in (1, 2) or p.size == 0:
         _validate.fail("pmf", pmf, "expected a table of probabilities, one row or one per agent")
     p = np.atleast_2d(p)
+    check_table("pmf", pmf, p.shape[0], p.shape[1])
     if not np.all(np.isfinite(p)) or np.any(p < 0) or np.any(p.sum(axis=1) <= 0):
         _validate.fail("pmf", pmf, "expected finite probabilities >= 0, each row with a positive sum")
     p = p / p.sum(axis=1, keepdims=True)
@@ -191,6 +211,7 @@ def fixed_pmf(values, name: str = "steps") -> np.ndarray:
     if np.ndim(values) != 1 or len(values) == 0:
         _validate.fail(name, values, "expected one integer >= 1 per agent")
     H = [_validate.integer(f"{name}[{c}]", h) for c, h in enumerate(values)]
+    check_table(name, values, len(H), max(H))
     pmf = np.zeros((len(H), max(H)))
     pmf[np.arange(len(H)), np.asarray(H) - 1] = 1.0
     return pmf
@@ -200,6 +221,7 @@ def uniform_pmf(low: int, high: int) -> np.ndarray:
     """Uniform on ``{low, ..., high}`` (``1 <= low <= high``), as a row ``P(count = 1..high)``."""
     lo = _validate.integer("low", low)
     hi = _validate.integer("high", high, minimum=lo)
+    check_table("high", high, 1, hi)
     pmf = np.zeros(hi)
     pmf[lo - 1 :] = 1.0
     return pmf
@@ -216,6 +238,7 @@ def geometric_pmf(mean, max: int) -> np.ndarray:
     ):
         _validate.fail("mean", mean, "expected a real number >= 1 (or one per agent)")
     H = _validate.integer("max", max)
+    check_table("max", max, means.size, H)
     h = np.arange(1, H + 1)
     rows = [(1.0 / float(m)) * (1 - 1.0 / float(m)) ** (h - 1) for m in means]
     return rows[0] if np.ndim(mean) == 0 else np.asarray(rows)
@@ -234,6 +257,51 @@ def two_point_pmf(usual: int, other: int, prob: float) -> np.ndarray:
     pmf[usual - 1] += 1 - prob
     pmf[other - 1] += prob
     return pmf
+
+
+_Law = TypeVar("_Law")
+
+
+def from_option(
+    option: str, text: str, build: Callable[[str, list], _Law], num_agents: int | None = None
+) -> _Law:
+    """The law ``build(name, numbers)`` of a command-line text ``NAME:NUMBERS`` (its form checked by
+    the parser), checked for ``num_agents`` agents where given. Any refusal of its numbers is one
+    line under ``option``, the parameter the command line reports under its flag or grid key, with
+    the text and the law's own reason: ``delays='fixed:-1' is invalid: tau=-1: expected ...``."""
+    name, _, rest = text.partition(":")
+    try:
+        out = build(name, [int(x) if x.is_integer() else x for x in (float(v) for v in rest.split(","))])
+        if isinstance(out, CountLaw) and num_agents is not None:
+            out.check(num_agents)
+        return out
+    except ValueError as err:
+        _validate.fail(option, text, str(err).replace(" is invalid: ", ": ", 1))
+
+
+def from_text(
+    text: str, steps: int, shared: bool = False, normalization: str = "none", num_agents: int | None = None
+) -> LocalWork | int:
+    """The law of the command line's ``--local-work LAW:NUMBERS`` (``straggler:PROB,FRACTION`` of
+    ``steps``), for ``num_agents`` agents where given: ``fixed:H1,...,HN`` has one count, or one per
+    agent. Refusals name ``local_work``."""
+
+    def build(name: str, values: list):
+        if name == "fixed":
+            if num_agents is not None and len(values) not in (1, num_agents):
+                _validate.fail(
+                    "steps",
+                    text.partition(":")[2],
+                    f"expected one count, or one per agent (N = {num_agents})",
+                )
+            return fixed(values, normalization)
+        if name == "uniform":
+            return uniform(*values, shared=shared, normalization=normalization)
+        if name == "geometric":
+            return geometric(float(values[0]), values[1], shared, normalization)
+        return straggler(steps, values[0], values[1], shared, normalization)
+
+    return from_option("local_work", text, build, num_agents)
 
 
 def law(pmf, shared: bool = False, normalization: str = "none") -> LocalWork | int:
@@ -269,5 +337,6 @@ def straggler(
     p = probability("prob", prob)
     if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         _validate.fail("fraction", fraction, "expected a real number in (0, 1]")
+    check_table("steps", steps, 1, H)
     slow = max(1, math.ceil(fraction * H))
     return _make(two_point_pmf(H, slow, p), "straggler", shared, normalization)

@@ -24,7 +24,13 @@ Built in, by name:
   clock (:func:`fedsa_jax.fedbuff`, whose state has ``clock``), through wrappers;
 * ``"staleness"``: the mean staleness of the contributions of the round's server step (FedBuff);
 * ``"clip_norm"``: the adaptive clipping norm ``C_t`` of the uplink's privacy mechanism
-  (:func:`fedsa_jax.channel.privacy` with ``target_quantile``), carried in the channel's memory.
+  (:func:`fedsa_jax.channel.privacy` with ``target_quantile``), carried in the channel's memory;
+* ``"clipped_fraction"``: the fraction of the round's sent messages whose norm exceeds the privacy
+  mechanism's clipping norm (``C``, or the round's ``C_t``), which the clipping shortens (at the
+  agent in local mode; at the server, on arrival, in central mode); 0 without clipping. Near 1,
+  every message is cut to norm C, whatever the step size: a bias, and a slow run (from
+  :class:`~fedsa_jax.algorithms.RoundInfo`, counted by the channel; Scaffnew: over the round's
+  communications; 0 at round 0).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from fedsa_jax import _validate
 __all__ = [
     "client_drift",
     "clip_norm",
+    "clipped_fraction",
     "control_variate_error",
     "last_iterate_mse",
     "resolve",
@@ -92,6 +99,18 @@ def clip_norm(state, problem, info) -> jax.Array:
     return _innermost(state).memory[1]
 
 
+def clipped_fraction(state, problem, info) -> jax.Array:
+    """The fraction of the round's sent messages that the privacy clipping shortened
+    (``info.clipped_fraction``, counted by :func:`fedsa_jax.channel.transmit`)."""
+    del state, problem
+    if info.clipped_fraction is None:
+        raise ValueError(
+            "this algorithm's rounds do not report it (RoundInfo.clipped_fraction: build the info with "
+            "fj.algorithms.round_info)"
+        )
+    return info.clipped_fraction
+
+
 _BUILTIN: dict[str, Callable] = {
     "client_drift": client_drift,
     "control_variate_error": control_variate_error,
@@ -99,6 +118,7 @@ _BUILTIN: dict[str, Callable] = {
     "wall_clock": wall_clock,
     "staleness": staleness,
     "clip_norm": clip_norm,
+    "clipped_fraction": clipped_fraction,
 }
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}\Z")  # any of these round-trips through result files
 _RESERVED = ("mse", "theta", "round", "rounds")
@@ -161,6 +181,17 @@ def resolve(metrics: Mapping[str, Any] | Sequence[str] | None) -> tuple[tuple[st
                 f"or a built-in name ({', '.join(_BUILTIN)})",
             )
     return tuple(out)
+
+
+def check_run(metrics, problem, num_rounds: int) -> None:
+    """Before compiling: a metric object with a method ``check_run(problem, num_rounds)`` (the
+    intervals of :mod:`fedsa_jax.inference`: a direction's length, a per-round table's rows) refuses a
+    run it cannot describe, in one line."""
+    fns = metrics.values() if isinstance(metrics, Mapping) else ()
+    for fn in fns:
+        check = getattr(fn, "check_run", None)
+        if callable(check):
+            check(problem, num_rounds)
 
 
 class _NotAnArray(Exception):

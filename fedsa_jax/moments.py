@@ -774,7 +774,8 @@ class RandomStop:
             M, acc = np.eye(y.D), np.zeros(rows.shape + (y.D,))
             for k, stage in enumerate(self.stages):
                 M = stage.mean() @ M
-                acc += self.pmf[:, k, None, None] * self._ended(k, M, True)[rows]
+                if self.pmf[:, k].any():  # outcomes of probability 0 (a straggler's other counts) skipped
+                    acc += self.pmf[:, k, None, None] * self._ended(k, M, True)[rows]
             out = np.eye(y.D)
             out[rows.reshape(-1)] = acc.reshape(-1, y.D)
             return out
@@ -795,6 +796,8 @@ class RandomStop:
         acc = np.zeros_like(S) if self.shared else np.zeros(rows.shape + rows.shape[1:])
         for k, stage in enumerate(self.stages):
             X = stage.second(X, conjugate)
+            if not self.pmf[:, k].any():  # an outcome of probability 0: its finish never runs
+                continue
             Z = self._ended(k, X, False, conjugate)
             acc += self.pmf[0, k] * Z if self.shared else self.pmf[:, k, None, None] * Z[diag]
         if self.shared:

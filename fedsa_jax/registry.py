@@ -163,7 +163,9 @@ class Option:
     (problem, algorithms, schedule, channel, simulation); ``params``: the library parameters it
     feeds; ``grid``: whether a sweep's ``[grid]`` may vary it; ``read_by``: who reads it, for the
     message refusing it where nothing does (default: the entries that list it); ``plugins``: a
-    ``module:factory`` algorithm may read it too."""
+    ``module:factory`` algorithm may read it too; ``needs``: ``(dest, laws)``, read only where the
+    option ``dest`` names one of these laws (the text before its ``:``), as ``--local-work-shared``
+    needs a random ``--local-work``."""
 
     flags: tuple[str, ...]
     dest: str
@@ -178,6 +180,7 @@ class Option:
     grid: bool = True
     read_by: str | None = None
     plugins: bool = False
+    needs: tuple[str, tuple[str, ...]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,13 +289,13 @@ LOCAL_WORK = Option(
     "none",
     metavar="LAW",
     group="algorithms",
-    params=("num_local_steps",),
+    params=("local_work",),
     read_by="fedlsa and scafflsa",
 )
 
 
-def _shared_flag(name: str, what: str, read_by: str) -> Option:
-    """``--NAME-shared``: one random count drawn each round for every agent."""
+def _shared_flag(name: str, what: str, read_by: str, laws: tuple[str, ...]) -> Option:
+    """``--NAME-shared``: one random count drawn each round for every agent (read with a random law)."""
     return Option(
         (f"--{name.replace('_', '-')}-shared",),
         f"{name}_shared",
@@ -303,10 +306,13 @@ def _shared_flag(name: str, what: str, read_by: str) -> Option:
         params=("shared",),
         grid=False,
         read_by=read_by,
+        needs=(name, laws),
     )
 
 
-LOCAL_WORK_SHARED = _shared_flag("local_work", "H", "fedlsa and scafflsa")
+LOCAL_WORK_SHARED = _shared_flag(
+    "local_work", "H", "fedlsa and scafflsa", ("uniform", "geometric", "straggler")
+)
 WORK_NORMALIZATION = Option(
     ("--work-normalization",),
     "work_normalization",
@@ -318,6 +324,7 @@ WORK_NORMALIZATION = Option(
     group="algorithms",
     params=("normalization",),
     read_by="fedlsa and scafflsa",
+    needs=("local_work", tuple(LOCAL_WORK_LAWS)),
 )
 LOCAL_WORK_OPTIONS = (LOCAL_WORK, LOCAL_WORK_SHARED, WORK_NORMALIZATION)  # what fj.local_work's laws read
 DELAYS = Option(
@@ -332,7 +339,7 @@ DELAYS = Option(
     params=("delays",),
     read_by="fedlsa and scafflsa",
 )
-DELAYS_SHARED = _shared_flag("delays", "delay", "fedlsa and scafflsa")
+DELAYS_SHARED = _shared_flag("delays", "delay", "fedlsa and scafflsa", ("uniform", "geometric"))
 BUFFER_SIZE = Option(
     ("--buffer-size",),
     "buffer_size",

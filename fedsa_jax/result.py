@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import reprlib
 from typing import Any
 
@@ -316,6 +317,7 @@ def load(path) -> SimulationResult:
         arrays.update(_counts(arrays, config))
         _check_directions(arrays)
         _check_values(arrays, config["num_seeds"])
+        _check_privacy(config.get("privacy"))
     except ValueError as err:
         raise DamagedFileError(
             f"{str(path)!r} is damaged or not a fedsa_jax result file ({err}); {_DAMAGED}"
@@ -504,6 +506,30 @@ def _check_values(arrays: dict[str, np.ndarray], num_seeds: int) -> None:
             bad = ~(np.asarray(arrays[key]) >= 0)
         if np.any(bad):
             raise ValueError(f"{key} is {arrays[key][bad][0]} at round {first(bad)}, expected a count >= 0")
+
+
+def _check_privacy(spent: Any) -> None:
+    """The privacy record (``config["privacy"]``, :func:`fedsa_jax.accounting.report`) as a run writes
+    it: a table whose epsilon is a number >= 0 (or None, with the reason), whose delta is in (0, 1) and
+    whose releases are a count."""
+    if spent is None:
+        return
+
+    def number(value: Any, low: float, high: float = math.inf) -> bool:
+        real = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return real and low <= value <= high  # NaN fails both
+
+    if not isinstance(spent, dict):
+        raise ValueError(f"config_json's 'privacy' is {reprlib.repr(spent)}, expected a table")
+    eps, delta, releases = spent.get("epsilon"), spent.get("delta", 0.5), spent.get("releases")
+    if eps is None and isinstance(spent.get("reason"), str):
+        pass
+    elif not number(eps, 0.0):
+        raise ValueError(f"config_json's privacy.epsilon is {reprlib.repr(eps)}, expected a number >= 0")
+    if not number(delta, 1e-300, 1.0 - 1e-16):
+        raise ValueError(f"config_json's privacy.delta is {reprlib.repr(delta)}, expected a number in (0, 1)")
+    if not (isinstance(releases, int) and not isinstance(releases, bool) and releases >= 0):
+        raise ValueError(f"config_json's privacy.releases is {reprlib.repr(releases)}, expected a count >= 0")
 
 
 def _counts(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray]:

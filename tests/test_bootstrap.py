@@ -197,6 +197,11 @@ def unweighted_algorithm():
         ),
         (lambda: fj.bootstrap(unweighted_algorithm(), 10), r"algorithm='mine' is invalid: .*weighted=True"),
         (lambda: fj.bootstrap("fedlsa", 10), r"algorithm='str' is invalid"),
+        (
+            lambda: fj.bootstrap(fj.plug_in(fj.fedlsa(0.1, 2)), 10),
+            r"algorithm='plug_in_fedlsa' is invalid: .* wrap the other way, "
+            r"fj.plug_in\(fj.bootstrap\(fedlsa, B\)\)",
+        ),
         (lambda: fj.inference.bootstrap_variance([0.0, 0.0]), r"direction=.* is invalid"),
     ],
 )
@@ -260,8 +265,10 @@ def test_command_line_prints_the_coverage(tmp_path, capsys):
         str(out),
     ]
     assert main(run) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if "coverage" in line]
+    out_text = capsys.readouterr().out
+    lines = [line for line in out_text.splitlines() if "coverage" in line]
     assert len(lines) == 1 and "at level 0.8 (u: --direction 1,-1)" in lines[0], lines
+    assert "agent-steps/s warm (" in out_text and "counting the 20 replicates' steps)" in out_text
     res = fj.load(out / "result_plug_in_bootstrap_fedlsa.npz")
     summary = json.loads((out / "summary.json").read_text())["runs"]["plug_in_bootstrap_fedlsa"]["coverage"]
     for method in ("quantile", "normal", "plug_in"):
@@ -285,3 +292,39 @@ def test_command_line_prints_the_coverage(tmp_path, capsys):
         captured = capsys.readouterr()
         assert match in captured.err and captured.out == "", (bad, captured.err)
         assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_the_command_line_says_when_the_intervals_are_centred_off_their_target():
+    """``_centre_note``: no note where the seeds' mean ``u^T theta_T`` lies within the widest interval's
+    mean half-width of ``u^T theta*``; beyond it, "has not reached its limit" where the MSE still falls
+    or the mean still moves (from the recorded round nearest T/2 to T, beyond 4.5 s.e.), "its limit is
+    biased" where both have settled, and either with rounds 0 and T alone recorded."""
+    from types import SimpleNamespace
+
+    from fedsa_jax.cli.run import _centre_note
+
+    def result(theta_along_u, mse, rounds=(0, 5, 10)):
+        R = len(rounds)
+        return SimpleNamespace(
+            rounds=np.array(rounds),
+            theta_mean=np.array([[x, 7.0] for x in theta_along_u]),
+            theta_sem=np.full((R, 2), 0.01),
+            mse_mean=np.array(mse, float),
+            mse_sem=np.full(R, 0.01),
+            metrics={
+                "lower_normal_9": SimpleNamespace(mean=np.array([-0.5])),
+                "upper_normal_9": SimpleNamespace(mean=np.array([1.5])),
+            },
+        )  # the interval's mean half-width is 1
+
+    args, problem = SimpleNamespace(direction="0"), SimpleNamespace(dim=2, theta_star=np.zeros(2))
+    note = lambda res: _centre_note(args, res, problem, ["normal_9"])  # noqa: E731
+    assert note(result([5.0, 0.9, 0.9], [9.0, 1.0, 1.0])) is None  # within the half-width
+    assert note(result([5.0, -0.9, -0.9], [9.0, 1.0, 1.0])) is None
+    transient = note(result([9.0, 4.0, 3.0], [9.0, 5.0, 4.9]))  # the mean moves by 1 (s.e. 0.014)
+    assert "off u^T theta* by 3, 3 times the widest interval's mean half-width 1" in transient
+    assert "has not reached its limit (from round 5 to 10 the MSE went from 5 to 4.9" in transient
+    assert "has not reached its limit" in note(result([9.0, 3.0, 3.0], [9.0, 6.0, 4.0]))  # MSE falls
+    biased = note(result([9.0, 3.0, 3.02], [9.0, 4.0, 4.0]))  # settled within 4.5 s.e.
+    assert "stopped moving (MSE 4): its limit is biased" in biased
+    assert "record more rounds to tell" in note(result([9.0, 3.0], [9.0, 4.0], rounds=(0, 10)))

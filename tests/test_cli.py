@@ -690,6 +690,7 @@ def test_diverged_run_writes_strict_json(tmp_path, capsys):
                     "--dtype",
                     "float64",
                     "--no-plot",
+                    "--no-progress",
                     "--out",
                     str(tmp_path),
                 ]

@@ -48,7 +48,7 @@ def test_run_refuses_record_every_above_rounds(tmp_path, capsys):
     clamped to 2."""
     assert cli.main(_run(tmp_path, "--record-every", "5")) == 2
     assert _one_error_line(capsys) == (
-        "fedsa-jax: error: --record-every=5 is invalid: expected an integer in [1, num_rounds=2]"
+        "fedsa-jax: error: --record-every=5 is invalid: expected an integer in [1, --rounds=2]"
     )
 
 

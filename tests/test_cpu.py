@@ -225,3 +225,69 @@ def test_more_devices_than_usable_cores_are_refused_before_jax_starts(tmp_path):
         f"from 1 to {cores}, the cores this process may use"
     ), proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+STALL = """
+    import os, sys, time
+    import numpy as np
+    import jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+    from fedsa_jax import cpu
+    cpu.STUCK_SECONDS, cpu.TERMINATE_SECONDS = int(sys.argv[1]), int(sys.argv[2])
+    cpu.use_cpu_cores(2)
+    print(os.environ.get("XLA_FLAGS", ""), flush=True)
+
+    def held(i, x):  # device 0 reaches the all-reduce 4 s after device 1
+        if int(i) == 0:
+            time.sleep(4)
+        return x
+
+    def body(x):
+        x = jax.pure_callback(held, jax.ShapeDtypeStruct(x.shape, x.dtype), jax.lax.axis_index("s"), x)
+        return jax.lax.psum(x, "s")
+
+    mesh = Mesh(np.array(jax.devices()), ("s",))
+    print(jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("s"), out_specs=P()))(jnp.arange(2.0)))
+"""
+
+
+@pytest.mark.skipif(cpu.usable_cores() < 2, reason="two CPU devices need two usable cores")
+def test_two_devices_raise_xlas_stuck_thresholds_and_xla_reads_them():
+    """With two CPU devices one device's thread waits for the other at the seeds' all-reduce; XLA logs
+    "may be stuck" past 20 s and aborts the process 40 s later, which ``use_cpu_cores`` raises to
+    ``STUCK_SECONDS`` and ``TERMINATE_SECONDS`` through ``XLA_FLAGS``. Shown read by XLA with the
+    thresholds at 1 s and 2 s: a 4 s stall logs the line and aborts (exit status 134); at the defaults
+    the same stall logs nothing and finishes."""
+
+    def stalled(*seconds):
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(STALL), *map(str, seconds)],
+            env=fresh_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return proc.returncode, proc.stdout, proc.stderr
+
+    code, out, err = stalled(1, 2)
+    assert f"--{cpu.STUCK_FLAG}=1 --{cpu.TERMINATE_FLAG}=2" in out and "may be stuck" in err, (
+        out,
+        err[-2000:],
+    )
+    assert code == -6 or code == 134, (code, err[-2000:])  # SIGABRT
+    code, out, err = stalled(cpu.STUCK_SECONDS, cpu.TERMINATE_SECONDS)
+    assert code == 0 and f"--{cpu.STUCK_FLAG}=600 --{cpu.TERMINATE_FLAG}=86400" in out, (out, err[-2000:])
+    assert "may be stuck" not in err and "[2.]" not in out and "[1.]" in out, (out, err[-2000:])
+
+
+@pytest.mark.skipif(cpu.usable_cores() < 2, reason="two CPU devices need two usable cores")
+def test_one_device_adds_no_flag_and_a_users_own_threshold_stays():
+    code = """
+        import os
+        from fedsa_jax import cpu
+        cpu.use_cpu_cores({})
+        print(repr(os.environ.get("XLA_FLAGS")))
+    """
+    assert run_python(code.format(1)).strip() == "None"  # one device: no collective to wait at
+    own = f"--{cpu.STUCK_FLAG}=5"
+    assert run_python(code.format(2), XLA_FLAGS=own).strip() == repr(f"{own} --{cpu.TERMINATE_FLAG}=86400")

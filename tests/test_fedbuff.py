@@ -257,3 +257,90 @@ def test_with_the_wrappers(het_gaussian):
     with pytest.raises(ValueError, match="simulated clock") as err:
         fj.plug_in(alg)
     assert "\n" not in str(err.value)
+
+
+def test_the_clock_runs_past_int32(het_gaussian):
+    """With x64 the ticks are int64: a clock started 10 ticks below 2^31 (every agent's job and the
+    clock shifted) runs the same server steps, in the same arrival order, its ticks shifted by the
+    same amount past 2^31 (int32 ticks wrapped to -2^31 and broke the order, silently)."""
+    alg = fj.fedbuff(0.05, 1, buffer_size=1, durations=fj.clock.fixed([1, 2, 3]))
+    shift = 2**31 - 10
+    init = alg.init(KEY, het_gaussian, jnp.zeros(het_gaussian.dim))
+    assert init.clock.dtype == jnp.int64 and init.finish.dtype == jnp.int64
+    moved = init._replace(clock=init.clock + shift, finish=init.finish + shift)
+    step = jax.jit(lambda key, state: alg.step(key, state, het_gaussian)[0])
+    a, b = init, moved
+    for t in range(40):
+        a, b = step(jax.random.key(t), a), step(jax.random.key(t), b)
+        np.testing.assert_array_equal(b.theta, a.theta)
+        assert int(b.clock) == int(a.clock) + shift
+    assert int(b.clock) > 2**31  # the test crossed the int32 boundary
+
+
+def test_int32_ticks_are_refused_where_they_could_wrap():
+    """Without x64 (ticks int32) a run whose ticks could pass 2^31 - 1 is refused before compiling:
+    the jobs running after T server steps end by (T + 1) D_max; at the boundary exactly."""
+    law = fj.clock.fixed([1, 2**16])  # D_max = 65536: (T + 1) D_max <= 2^31 - 1 for T <= 32766
+    law.check_ticks(32766, x64=False)
+    with pytest.raises(ValueError, match=r"^durations='fixed' is invalid: \(num_rounds \+ 1\) x D_max = "):
+        law.check_ticks(32767, x64=False)
+    law.check_ticks(10**9, x64=True)  # int64 ticks
+
+
+def _linear_weight(tau):
+    return 1.0 - tau / 61.5  # > 0 up to the reachable staleness 61 of the law below, <= 0 past it
+
+
+def _reversing_weight(tau):
+    return 1.0 - tau / 30.0  # > 0 on 0..3: the old check passed it, a run then reversed updates
+
+
+def test_a_staleness_function_is_checked_where_staleness_can_reach(het_gaussian):
+    """Jobs of 1, 1 and 30 ticks, K = 1: agent 2's contributions are 60 server steps stale (reached;
+    the bound is 61). A weight > 0 there runs; one <= 0 at a reachable staleness (s(30) = 0, s(60) =
+    -1) is refused before compiling, naming the staleness and the bound; at construction 0..3."""
+    law = fj.clock.fixed([1, 1, 30])
+    res = fj.simulate(
+        KEY, het_gaussian, fj.fedbuff(0.05, 1, 1, law, staleness=0.0), 200, 1, metrics=["staleness"]
+    )
+    assert res.metrics["staleness"].mean.max() == 60.0
+    fj.simulate(KEY, het_gaussian, fj.fedbuff(0.05, 1, 1, law, staleness=_linear_weight), 3, 1)
+    with pytest.raises(
+        ValueError,
+        match=r"^staleness=.* is invalid: s\(30\) = 0.0, at a staleness this run can reach \(up to 61",
+    ) as e:
+        fj.simulate(KEY, het_gaussian, fj.fedbuff(0.05, 1, 1, law, staleness=_reversing_weight), 3, 1)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"^staleness=.* is invalid: s\(3\) = 0.0, at staleness 0..3"):
+        fj.fedbuff(0.1, 1, 1, staleness=lambda tau: 3.0 - tau)
+
+
+def test_client_drift_is_against_the_new_iterate_over_agents():
+    """``client_drift`` is ``mean_k |theta^{c_k}_H - theta_{t+1}|^2`` over the buffer's contributions,
+    the new server iterate, as FedLSA's (over agents): noise-free, K = N = 4, jobs of one tick (each
+    round FedLSA's), d = 2, against numpy written from the definition (power: against theta_t, or a
+    mean over coordinates, is far)."""
+    base = fj.problems.random_gaussian_lsa(jax.random.key(7), num_agents=4, dim=2, heterogeneity=1.0)
+    problem = fj.problems.expected(base)
+    A, b = np.asarray(base.A_bar), np.asarray(base.b_bar)
+    eta, H, T = 0.1, 3, 3
+    theta0 = np.array([1.0, -2.0])
+    theta, want, old = theta0, [], []
+    for _ in range(T):
+        local = []
+        for c in range(4):
+            x = theta.copy()
+            for _ in range(H):
+                x = x - eta * (A[c] @ x - b[c])
+            local.append(x)
+        local = np.array(local)
+        new = theta + np.mean(local - theta, axis=0)
+        want.append(np.mean(np.sum((local - new) ** 2, axis=1)))
+        old.append(np.mean(np.sum((local - theta) ** 2, axis=1)))
+        theta = new
+    for alg in (fj.fedbuff(eta, H, buffer_size=4), fj.fedlsa(eta, H)):
+        res = fj.simulate(KEY, problem, alg, T, 1, theta0, metrics=["client_drift"])
+        got = res.metrics["client_drift"].mean[1:]
+        np.testing.assert_allclose(got, want, rtol=1e-10)
+        assert np.all(np.abs(np.array(old) - want) > 1e-3 * np.array(want))  # power: theta_t is far
+        assert np.all(np.abs(np.array(want) / 2 - want) > 1e-3 * np.array(want))  # per coordinate is far

@@ -237,7 +237,7 @@ def test_server_optimizer_that_ascends_is_refused(make):
         ),
         (
             ["--states", "5"],
-            "--dim=8 (its default with --problem garnet) is invalid: expected dim <= num_states=5",
+            "--dim=8 (its default with --problem garnet) is invalid: expected dim <= --states=5",
         ),
         (
             ["--schedule", "inverse-time", "--decay-steps", "1e-300"],
@@ -310,3 +310,158 @@ def test_sweep_errors_name_the_grid_key(tmp_path, capsys):
     cfg.write_text("[run]\nrounds = 2\nseeds = 2\n[grid]\nagents = 2\nstates = 1\ndim = 1\n")
     err = cli_error(capsys, "sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-plot")
     assert "error: grid.states=1 is invalid: expected branching <= num_states" in err, err
+
+
+# ------------------------------------------------------------------------------------------------
+# the count laws' options: named, bounded, read
+
+
+LAW_CASES = [  # (argv, the line's start after "error: ") for the values the parser lets through
+    (["--delays", "fixed:-1"], "--delays='fixed:-1' is invalid: tau=-1: expected an integer >= 0"),
+    (["--delays", "uniform:-2"], "--delays='uniform:-2' is invalid: tau_max=-2: expected an integer >= 0"),
+    (["--delays", "fixed:1.5"], "--delays='fixed:1.5' is invalid: tau=1.5: expected an integer >= 0"),
+    (["--delays", "geometric:-1,3"], "--delays='geometric:-1,3' is invalid: mean=-1.0: expected a real"),
+    (["--delays", "geometric:nan,3"], "--delays='geometric:nan,3' is invalid: mean=nan: expected a real"),
+    (["--delays", "geometric:1,-1"], "--delays='geometric:1,-1' is invalid: tau_max=-1: expected an integer"),
+    (["--delays", "uniform:1e12"], "--delays='uniform:1e12' is invalid: tau_max=1000000000000: expected"),
+    (
+        ["--local-work", "fixed:1,0"],
+        "--local-work='fixed:1,0' is invalid: steps[1]=0: expected an integer >= 1",
+    ),
+    (["--local-work", "fixed:2.5,1"], "--local-work='fixed:2.5,1' is invalid: steps[0]=2.5: expected an"),
+    (
+        ["--local-work", "uniform:3,2"],
+        "--local-work='uniform:3,2' is invalid: high=2: expected an integer >= 3",
+    ),
+    (
+        ["--local-work", "uniform:0,2"],
+        "--local-work='uniform:0,2' is invalid: low=0: expected an integer >= 1",
+    ),
+    (["--local-work", "geometric:0.5,4"], "--local-work='geometric:0.5,4' is invalid: mean=0.5: expected a"),
+    (
+        ["--local-work", "geometric:2,0"],
+        "--local-work='geometric:2,0' is invalid: max=0: expected an integer",
+    ),
+    (
+        ["--local-work", "straggler:1.5,0.5"],
+        "--local-work='straggler:1.5,0.5' is invalid: prob=1.5: expected",
+    ),
+    (["--local-work", "straggler:0.5,0"], "--local-work='straggler:0.5,0' is invalid: fraction=0: expected"),
+    (["--local-work", "straggler:0.5,inf"], "--local-work='straggler:0.5,inf' is invalid: fraction=inf:"),
+    (
+        ["--algorithms", "fedbuff", "--durations", "fixed:0"],
+        "--durations='fixed:0' is invalid: durations[0]=0",
+    ),
+    (
+        ["--algorithms", "fedbuff", "--durations", "uniform:2,1"],
+        "--durations='uniform:2,1' is invalid: high=1",
+    ),
+    (
+        ["--algorithms", "fedbuff", "--durations", "geometric:0,3"],
+        "--durations='geometric:0,3' is invalid: mean=0",
+    ),
+    (
+        ["--algorithms", "fedbuff", "--durations", "straggler:1,2,3"],
+        "--durations='straggler:1,2,3' is invalid: prob",
+    ),
+    (
+        ["--algorithms", "fedbuff", "--durations", "straggler:1,0.5,0.5"],
+        "--durations='straggler:1,0.5,0.5' is invalid: slowdown",
+    ),
+    (
+        ["--algorithms", "fedbuff", "--durations", "fixed:1,2,3"],
+        "--durations='fixed:1,2,3' is invalid: durations=",
+    ),
+    (["--algorithms", "fedbuff", "--buffer-size", "3"], "--buffer-size=3 is invalid: expected at most N = 2"),
+    (
+        ["--local-work", "fixed:1,1,1"],
+        "--local-work='fixed:1,1,1' is invalid: steps='1,1,1': expected one count, or one per agent (N = 2)",
+    ),
+    (
+        ["--local-work", "uniform:1,2000000000"],
+        "--local-work='uniform:1,2000000000' is invalid: high=2000000000: the law's table",
+    ),
+    (
+        ["--algorithms", "fedbuff", "--durations", "straggler:1,0.5,1e12"],
+        "--durations='straggler:1,0.5,1e12' is invalid: slowdown=1000000000000.0: the law's table",
+    ),
+    (
+        ["--local-steps", "3000000000"],
+        "--local-steps=3000000000 is invalid: expected an integer in [1, 2**31 - 1]",
+    ),
+]
+
+
+@pytest.mark.parametrize("argv,says", LAW_CASES, ids=[" ".join(a) for a, _ in LAW_CASES])
+def test_cli_law_errors_name_the_option_and_its_text(tmp_path, capsys, argv, says):
+    """A bad law on the command line is one line naming the flag and its text, then the law's own
+    parameter and reason (the library alone said ``tau=-1 is invalid``, naming no option); a law or
+    buffer for other agents than --agents, and a table beyond 2^24, too, before anything runs."""
+    err = cli_error(capsys, "run", *argv, "--out", str(tmp_path))
+    assert err.startswith(f"fedsa-jax: error: {says}"), err
+    assert not list(tmp_path.glob("*.npz"))
+
+
+@pytest.mark.parametrize(
+    "grid,says",
+    [
+        ('delays = "fixed:-1"', "grid.delays='fixed:-1' is invalid: tau=-1: expected"),
+        (
+            'local_work = ["none", "uniform:3,2"]',
+            "grid.local_work='uniform:3,2' is invalid: high=2: expected",
+        ),
+        ('algorithm = "fedbuff"\nbuffer_size = 4', "grid.buffer_size=4 is invalid: expected at most N = 2"),
+        (
+            'algorithm = "fedbuff"\ndurations = "fixed:0"',
+            "grid.durations='fixed:0' is invalid: durations[0]=0",
+        ),
+    ],
+)
+def test_sweep_law_errors_name_the_grid_key(tmp_path, capsys, grid, says):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f"[run]\nrounds = 2\nseeds = 2\n[grid]\nagents = 2\nstates = 4\ndim = 2\n{grid}\n")
+    err = cli_error(capsys, "sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-plot")
+    assert f"error: {says}" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv,option,has",
+    [
+        (["--local-work-shared"], "--local-work-shared", "--local-work none"),
+        (
+            ["--local-work", "fixed:1,2", "--local-work-shared"],
+            "--local-work-shared",
+            "--local-work fixed:1,2",
+        ),
+        (["--delays-shared"], "--delays-shared", "--delays none"),
+        (["--delays", "fixed:1", "--delays-shared"], "--delays-shared", "--delays fixed:1"),
+        (["--work-normalization", "fednova"], "--work-normalization", "--local-work none"),
+    ],
+)
+def test_cli_law_options_without_their_law_are_refused(tmp_path, capsys, argv, option, has):
+    err = cli_error(capsys, "run", *argv, "--out", str(tmp_path))
+    read_only = rf"error: {option}=\S+ is invalid: it is read only with --\S+ .+"
+    assert re.search(rf"{read_only}, and this run has {has}; drop {option}$", err.strip()), err
+
+
+def test_sweep_leaves_out_the_keys_an_algorithm_does_not_read(tmp_path, capsys):
+    """``delays`` beside FedBuff (which has no delays) and ``work_normalization`` without a local work
+    law are out of that configuration's file name and record, as they are out of its run; the
+    FedLSA configuration keeps its delays."""
+    import json
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(
+        "[run]\nrounds = 2\nseeds = 2\n[grid]\nagents = 2\nstates = 4\ndim = 2\nlocal_steps = 2\n"
+        'algorithm = ["fedlsa", "fedbuff"]\ndelays = "fixed:1"\nwork_normalization = ["none", "fednova"]\n'
+    )
+    assert cli.main(["sweep", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--no-progress"]) == 0
+    capsys.readouterr()
+    records = json.loads((tmp_path / "o" / "sweep.json").read_text())
+    configs = {r["config"]["algorithm"]: r for r in records}
+    assert len(records) == 2 and set(configs) == {"fedlsa", "fedbuff"}
+    assert configs["fedlsa"]["config"]["delays"] == "fixed:1" and "delays" in configs["fedlsa"]["file"]
+    assert "delays" not in configs["fedbuff"]["config"] and "delays" not in configs["fedbuff"]["file"]
+    assert all("work_normalization" not in r["config"] for r in records)
+    res = fj.load(tmp_path / "o" / configs["fedlsa"]["file"])
+    assert res.config["algorithm"]["delays"]["law"] == "fixed"

@@ -194,12 +194,14 @@ def test_command_line(tmp_path, capsys):
     assert e.value.code == 2 and "--local-work: expected none, fixed:H1" in capsys.readouterr().err
     assert main([*args, "--local-work", "fixed:1,0,2"]) == 2  # its values: by fj.local_work
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "steps[1]=0 is invalid" in err, err
+    assert (
+        len(err.splitlines()) == 1 and "--local-work='fixed:1,0,2' is invalid: steps[1]=0: expected" in err
+    ), err
 
 
 SCAFFLSA_LAWS = {
     "fixed": lambda: fj.local_work.fixed([1, 3, 5]),
-    "uniform": lambda: fj.local_work.uniform(1, 4),
+    "uniform-shared": lambda: fj.local_work.uniform(1, 4, shared=True),
     "fixed-fednova": lambda: fj.local_work.fixed([1, 3, 5], normalization="fednova"),
     "uniform-fednova": lambda: fj.local_work.uniform(1, 4, normalization="fednova"),
 }
@@ -239,7 +241,7 @@ def test_scafflsa_limits(het_gaussian):
     with pytest.raises(
         ValueError, match=r"^algorithm='scafflsa with uniform local work' is invalid: no exact"
     ):
-        fj.theory.exact_mse(het_gaussian, fj.scafflsa(0.05, fj.local_work.uniform(1, 4)), 3)
+        fj.theory.exact_mse(het_gaussian, fj.scafflsa(0.05, fj.local_work.uniform(1, 4, shared=True)), 3)
 
 
 def test_with_the_bootstrap_and_the_plug_in(het_gaussian):
@@ -275,3 +277,141 @@ def test_scafflsa_plain_stability_on_the_subspace_it_keeps(het_gaussian):
     assert fj.theory.mean_spectral_radius(het_gaussian, alg) < 1.0
     bias = np.sum((theta_H - np.asarray(het_gaussian.theta_star)) ** 2)
     assert long[-1] > bias  # the MSE is above its squared bias
+
+
+# --- each law against its pmf written from its documented definition (not the library's table) ---------
+
+
+def _geometric_from_one(mean, largest):
+    """Geometric on {1, 2, ...} with success probability p = 1 / mean (mean ``mean``), conditioned on
+    ``<= largest``: ``P(k) ~ p (1 - p)^(k - 1)``."""
+    p = 1.0 / mean
+    pmf = {k: p * (1 - p) ** (k - 1) for k in range(1, largest + 1)}
+    total = sum(pmf.values())
+    return {k: v / total for k, v in pmf.items()}
+
+
+def _delay_geometric(mean, largest):
+    """Geometric on {0, 1, ...} with mean ``mean``: ``P(k) ~ q (1 - q)^k``, q = 1 / (1 + mean)."""
+    q = 1.0 / (1.0 + mean)
+    pmf = {k: q * (1 - q) ** k for k in range(largest + 1)}
+    total = sum(pmf.values())
+    return {k: v / total for k, v in pmf.items()}
+
+
+INDEPENDENT_PMFS = {  # law -> (the library's, its pmf from the definition {count: probability})
+    "work-uniform": (lambda: fj.local_work.uniform(2, 5), {h: 0.25 for h in (2, 3, 4, 5)}),
+    "work-geometric": (lambda: fj.local_work.geometric(4.0, 30), _geometric_from_one(4.0, 30)),
+    "work-straggler": (lambda: fj.local_work.straggler(5, 0.3, 0.5), {5: 0.7, 3: 0.3}),  # ceil(2.5) = 3
+    "delays-uniform": (lambda: fj.delays.uniform(3), {k: 0.25 for k in range(4)}),
+    "delays-geometric": (lambda: fj.delays.geometric(1.0, 12), _delay_geometric(1.0, 12)),
+    "delays-fixed": (lambda: fj.delays.fixed(2), {2: 1.0}),
+    "clock-uniform": (lambda: fj.clock.uniform(1, 3), {1: 1 / 3, 2: 1 / 3, 3: 1 / 3}),
+    "clock-geometric": (lambda: fj.clock.geometric(4.0, 30), _geometric_from_one(4.0, 30)),
+    "clock-straggler": (lambda: fj.clock.straggler(2, 0.2, 2.5), {2: 0.8, 5: 0.2}),  # ceil(5.0) = 5
+}
+
+
+@pytest.mark.parametrize("name", list(INDEPENDENT_PMFS))
+def test_each_law_is_its_definition(name):
+    """The law's table equals its pmf written here from the documented definition, and 200000 draws
+    of ``draw`` (one per agent) follow it: a chi-square test within Z_TOL of its df, each cell's
+    frequency within Z_TOL binomial s.e. (power: a geometric with success probability 1 - p, mean
+    1.33 for 4, or a straggler's floor instead of its ceiling is far outside)."""
+    law, want = INDEPENDENT_PMFS[name][0](), INDEPENDENT_PMFS[name][1]
+    counts = np.arange(law.first, law.largest + 1)
+    table = dict(zip(counts.tolist(), law.table(1)[0]))
+    assert set(k for k, v in table.items() if v > 0) == set(want)
+    np.testing.assert_allclose([table[k] for k in want], list(want.values()), rtol=1e-12, atol=0)
+    n = 200_000
+    drawn = np.asarray(law.draw(jax.random.key(5), n))
+    assert set(np.unique(drawn).tolist()) <= set(want)
+    p = np.array(list(want.values()))
+    seen = np.array([np.sum(drawn == k) for k in want])
+    z = (seen / n - p) / np.sqrt(np.maximum(p * (1 - p), 1e-300) / n)
+    assert np.all(np.abs(z[p > 0]) < Z_TOL), z
+    cells = p * n >= 5
+    if cells.sum() > 1:
+        chi2 = np.sum((seen[cells] - n * p[cells]) ** 2 / (n * p[cells]))
+        df = cells.sum() - 1
+        assert (chi2 - df) / np.sqrt(2 * df) < Z_TOL, (chi2, df)
+    mean = sum(k * v for k, v in want.items())
+    assert abs(drawn.mean() - mean) <= Z_TOL * np.sqrt(sum((k - mean) ** 2 * v for k, v in want.items()) / n)
+
+
+def test_the_geometric_laws_have_their_means():
+    """``geometric(4, max)`` of the local work and the clock has mean 4 (to its truncation), not
+    1.33; ``fj.delays.geometric(1.0, max)`` mean 1, not 0 (no delay)."""
+    for law in (fj.local_work.geometric(4.0, 200), fj.clock.geometric(4.0, 200)):
+        assert law.mean_counts(1)[0] == pytest.approx(4.0, rel=1e-12)
+    delays = fj.delays.geometric(1.0, 200)
+    assert delays is not None and delays.mean_counts(1)[0] == pytest.approx(1.0, rel=1e-12)
+    assert fj.delays.geometric(3.0, 400).mean_counts(1)[0] == pytest.approx(3.0, rel=1e-12)
+
+
+def test_fednova_tau_is_the_mean_expected_work(het_gaussian):
+    """One noise-free FedNova round from theta_0 against numpy written from Wang et al.'s Eq. (6):
+    agent c's update after its H_c steps, divided by H_c, averaged, times tau = mean_c E[H_c]
+    (3 for H = 1, 3, 5; H_max = 5 would move the iterate 5/3 as far)."""
+    from reference import step_trajectories
+
+    problem = fj.problems.expected(het_gaussian)
+    A, b = np.asarray(het_gaussian.A_bar), np.asarray(het_gaussian.b_bar)
+    law, eta = fj.local_work.fixed([1, 3, 5], normalization="fednova"), 0.05
+    assert law.tau(3) == 3.0 and fj.local_work.uniform(1, 4, normalization="fednova").tau(3) == 2.5
+    theta0 = np.linspace(-1.0, 1.0, problem.dim)
+    updates = []
+    for c, H in enumerate([1, 3, 5]):
+        theta = theta0.copy()
+        for _ in range(H):
+            theta = theta - eta * (A[c] @ theta - b[c])
+        updates.append((theta - theta0) / H)
+    want = theta0 + 3.0 * np.mean(updates, axis=0)
+    got = step_trajectories(problem, fj.fedlsa(eta, law), jax.random.key(0), 1, 1, theta0)[0, 1]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    assert np.linalg.norm(got - (theta0 + 5.0 * np.mean(updates, axis=0))) > 1e-3  # power
+
+
+# --- a law's table is bounded before it is allocated -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (lambda: fj.delays.uniform(10**9), "tau_max"),
+        (lambda: fj.delays.fixed(10**8), "tau"),
+        (lambda: fj.delays.geometric(2.0, 2**31 - 1), "tau_max"),
+        (lambda: fj.local_work.uniform(1, 2**31 - 1), "high"),
+        (lambda: fj.local_work.geometric(2.0, 10**9), "max"),
+        (lambda: fj.local_work.straggler(2**30, 0.5, 0.5), "steps"),
+        (lambda: fj.local_work.fixed([1, 2**25]), "steps"),
+        (lambda: fj.clock.straggler(2**30, 0.5, 4.0), "slowdown"),
+        (lambda: fj.clock.straggler(1, 0.5, 1e12), "slowdown"),
+        (lambda: fj.clock.geometric([2.0] * 64, 2**19), "max"),
+        (lambda: fj.clock.law(np.ones((2, 2**23 + 1))), "pmf"),
+    ],
+)
+def test_huge_laws_are_refused_before_allocating(build, name):
+    """A law whose table exceeds 2^24 probabilities is one line naming its parameter, refused before
+    the table exists (peak traced memory under 1 MiB beyond the argument; the old code allocated
+    up to 7 TiB and ended in MemoryError)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(
+            ValueError, match=rf"^{name}=.* is invalid: the law's table .* more than 2\^24"
+        ) as e:
+            build()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(e.value)
+    assert peak < (2**23 + 1) * 2 * 8 + 2**20 if name == "pmf" else peak < 2**20, peak
+
+
+def test_a_law_too_large_for_its_agents_is_refused_before_compiling(het_gaussian):
+    """One row of 2^23 counts is a law; for 3 agents its (N, H_max) table is 3 x 2^23 > 2^24."""
+    law = fj.delays.law(np.ones(2**23))
+    with pytest.raises(ValueError, match=r"^delays='law' is invalid: the law's table .* = 25165824 values"):
+        fj.simulate(0, het_gaussian, fj.fedlsa(0.1, 2, delays=law), 2, 2)

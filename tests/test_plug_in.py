@@ -208,3 +208,17 @@ def test_a_plug_in_metric_without_the_wrapper_names_it():
     metrics = fj.inference.intervals([1.0, 0.0], levels=0.9, methods="plug_in")
     with pytest.raises(ValueError, match=r"fj.plug_in\(algorithm\)"):
         fj.simulate(0, garnet("generative"), fj.fedlsa(0.1, 2), 3, 4, metrics=metrics)
+
+
+@pytest.mark.parametrize("local_steps", [3, [1, 3, 2, 2]])
+def test_the_step_size_is_the_rounds_last_local_step(local_steps):
+    """Under a schedule of the local step, ``eta_t`` recorded after round t is the schedule at the
+    round's last local step ``K_t + H_t - 1`` (not its first, nor ``H_max - 1`` when H_t < H_max)."""
+    schedule = fj.schedule(fj.optim.inverse_time, eta0=0.3, k0=2.0)
+    states = stepped(garnet("generative"), fj.plug_in(fj.fedlsa(schedule, local_steps)), 4)
+    H = local_steps if isinstance(local_steps, list) else [local_steps] * 4
+    etas = fj.optim.schedule_values(schedule, sum(H))
+    last = np.cumsum(H) - 1  # K_t + H_t - 1
+    got = [float(s.plug_in.step_size) for s in states[1:]]
+    np.testing.assert_allclose(got, etas[last], rtol=1e-14)
+    assert np.all(np.abs(etas[last] - etas[last - np.array(H) + 1])[np.array(H) > 1] > 1e-3)  # power

@@ -354,7 +354,7 @@ def test_a_sweep_file_naming_a_plugin_needs_allow_plugins(plugin_folder, capsys)
         (
             ["run", "--algorithms", "plugins_ri:exits"],
             "--algorithms='plugins_ri:exits' is invalid: "
-            "plugins_ri:exits(step_size=0.05, num_local_steps=1000) "
+            "plugins_ri:exits(--step-size=0.05, --local-steps=1000) "
             "raised SystemExit: 0",
         ),
         (
@@ -370,3 +370,71 @@ def test_a_plugin_that_exits_is_an_error_not_a_silent_exit(plugin_folder, capsys
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
     assert not list((plugin_folder / "o").glob("*.npz"))
+
+
+@pytest.fixture(scope="module")
+def two_seeds(problem, tmp_path_factory):
+    """A 2-seed run with a privacy record, and a 2-seed run where every seed diverged: their arrays."""
+    private = fj.fedlsa(0.1, 2, privacy=fj.channel.privacy(1.0, 1.0))
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        blown = fj.simulate(1, problem, fj.fedlsa(50.0, 2), 4, 2)
+    out = []
+    for res in (fj.simulate(1, problem, private, 3, 2), blown):
+        path = tmp_path_factory.mktemp("two") / "r.npz"
+        res.save(path)
+        with np.load(path) as f:
+            out.append({k: f[k] for k in f.files})
+    return out
+
+
+def _edit(key, round_, value):
+    def damage(a):
+        arr = a[key].astype(np.float64).copy()
+        arr[round_] = value
+        return {**a, key: arr}
+
+    return damage
+
+
+def _privacy(**changes):
+    return lambda a: _with_config(a, privacy={**_config(a)["privacy"], **changes})
+
+
+TWO_SEED_DAMAGES = {
+    "negative theta_sem": (_edit("theta_sem", 1, -0.5), "theta_sem is negative at round 1"),
+    "NaN theta_sem, two seeds left": (_edit("theta_sem", 2, np.nan), "theta_sem is NaN at round 2, where 2"),
+    "NaN mse_sem, two seeds left": (_edit("mse_sem", 3, np.nan), "mse_sem is NaN at round 3, where 2"),
+    "negative epsilon": (_privacy(epsilon=-3), "privacy.epsilon is -3"),
+    "text epsilon": (_privacy(epsilon="3"), "privacy.epsilon is '3'"),
+    "NaN epsilon": (_privacy(epsilon=float("nan")), "privacy.epsilon is nan"),
+    "delta 1": (_privacy(delta=1.0), "privacy.delta is 1.0"),
+    "fractional releases": (_privacy(releases=2.5), "privacy.releases is 2.5"),
+    "privacy a list": (lambda a: _with_config(a, privacy=[1]), "'privacy' is [1]"),
+}
+
+
+@pytest.mark.parametrize("label", list(TWO_SEED_DAMAGES))
+def test_load_refuses_edited_two_seed_files_and_privacy_records(two_seeds, tmp_path, label):
+    """Two seeds, none diverged: a standard error is defined (NaN refused), never negative; the privacy
+    record as a run writes it (epsilon a number >= 0, delta in (0, 1), releases a count)."""
+    damage, field = TWO_SEED_DAMAGES[label]
+    path = tmp_path / "bad.npz"
+    assert int(two_seeds[0]["num_diverged"].max()) == 0  # two seeds left at every round
+    np.savez(path, **damage(two_seeds[0]))
+    with pytest.raises(DamagedFileError, match=r"is damaged or not a fedsa_jax result file \(") as err:
+        fj.load(path)
+    assert field in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_load_accepts_runs_where_every_seed_diverged_and_names_a_folder(two_seeds, tmp_path):
+    """A run whose every seed diverged (NaN standard errors there) is a result, loaded as saved; the
+    unedited privacy record loads; a folder where a file is expected is reported as a folder."""
+    ok, blown = two_seeds
+    assert int(blown["num_diverged"][-1]) == 2 and np.isnan(blown["mse_sem"][-1])
+    for arrays in (ok, blown):
+        np.savez(tmp_path / "r.npz", **arrays)
+        assert int(fj.load(tmp_path / "r.npz").num_diverged[-1]) == int(arrays["num_diverged"][-1])
+    assert fj.load(tmp_path / "r.npz").num_seeds == 2
+    (tmp_path / "folder.npz").mkdir()
+    with pytest.raises(IsADirectoryError):
+        fj.load(tmp_path / "folder.npz")

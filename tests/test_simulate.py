@@ -4,6 +4,8 @@ divergence accounting, result files."""
 import importlib
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -169,3 +171,39 @@ def test_progress_bar(garnet, capsys):
         jax.random.key(0), garnet, fj.fedlsa(0.5, 2), 30, 4, chunk_rounds=10
     )  # not a terminal: silent
     assert capsys.readouterr().err == ""
+
+
+def test_progress_lines_one_per_chunk(garnet, capsys):
+    """``progress="lines"`` (the command line's default off a terminal): one line per chunk, with the
+    rounds done of all seed batches, and nothing else."""
+    fj.simulate(
+        jax.random.key(0),
+        garnet,
+        fj.fedlsa(0.5, 2),
+        30,
+        6,
+        chunk_rounds=10,
+        seed_batch_size=3,
+        progress="lines",
+    )
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" rounds")[0] for line in lines] == [f"fedlsa: {n}/60" for n in range(10, 61, 10)]
+    assert all("rounds/s" in line and "s left" in line for line in lines)
+    with pytest.raises(ValueError, match="progress='bar' is invalid"):
+        fj.simulate(jax.random.key(0), garnet, fj.fedlsa(0.5, 2), 30, 4, progress="bar")
+
+
+def test_command_line_reports_progress_on_a_pipe(tmp_path):
+    """Off a terminal, ``fedsa-jax run`` prints a line per chunk on standard error; ``--no-progress``
+    none."""
+    base = [sys.executable, "-m", "fedsa_jax.cli", "run", "--algorithms", "fedlsa", "--rounds", "20"]
+    base += ["--seeds", "4", "--local-steps", "2", "--chunk-rounds", "10", "--no-plot"]
+    for flag, expected in ((None, 2), ("--no-progress", 0)):
+        out = subprocess.run(
+            base + ["--out", str(tmp_path / str(flag))] + ([flag] if flag else []),
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        )
+        assert sum("rounds/s" in line for line in out.stderr.splitlines()) == expected, out.stderr

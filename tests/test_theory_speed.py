@@ -337,3 +337,32 @@ def test_monte_carlo_matches_the_factored_recursion_at_100_agents(make):
     z = (res.mse_mean[1:] - exact[res.rounds[1:]]) / res.mse_sem[1:]
     assert np.all(np.abs(z) < Z_TOL), z
     assert exact[T] < 0.8 * exact[5]  # the curve moves over the horizon: the check has power
+
+
+# ------------------------------------------------------------------ the exact theory's time
+
+
+def test_a_random_stop_finishes_only_its_possible_outcomes(het_gaussian, monkeypatch):
+    """A straggler's law puts its mass on two counts of 10: SCAFFLSA's control-variate update (a dense
+    map of the whole moment) runs for those two outcomes only, not for all ten (five times the rounds'
+    cost at H = 20, hours at H = 1000), and ``round_operations`` counts what runs."""
+    from fedsa_jax import moments
+    from fedsa_jax.moments import recursion_of
+
+    ended = []
+    original = moments.RandomStop._ended
+    monkeypatch.setattr(
+        moments.RandomStop, "_ended", lambda self, k, *a, **kw: ended.append(k) or original(self, k, *a, **kw)
+    )
+    alg = fj.scafflsa(0.05, fj.local_work.straggler(10, 0.3, 0.5, normalization="fednova"))
+    fj.theory.exact_mse(het_gaussian, alg, 2)
+    assert set(ended) == {4, 9}, sorted(set(ended))
+    rec, etas = _rounds._recursion(recursion_of(alg, het_gaussian), alg, 1)
+    assert _rounds.round_operations(rec, 0, etas[0]) == (10, 5)  # a broadcast, the stop, 2 finishes, the sum
+    cost = engine.exact_cost(het_gaussian, alg, 60)
+    assert cost is not None and (cost.dim, cost.local_steps, cost.maps, cost.rounds) == (
+        rec.state.D,
+        10,
+        5,
+        60,
+    )

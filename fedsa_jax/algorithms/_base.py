@@ -209,7 +209,8 @@ class RoundInfo(NamedTuple):
     ``downlink_bits_sent`` and ``downlink_bits_delivered`` (``result.bits_sent`` and
     ``bits_delivered`` are uplink plus downlink): an algorithm that communicates at random reports
     what it actually sent. The downlink counts default to 0 (a model broadcast uncompressed is not
-    counted); a compressed downlink counts one message per receiving agent.
+    counted); a compressed downlink counts one message per receiving agent. ``clipped_fraction``
+    (the metric ``"clipped_fraction"``, not summed) is None where an algorithm does not report it.
     """
 
     client_drift: jax.Array  # () mean_c |theta^c_{t,H} - theta_{t+1}|^2 (0 without local steps)
@@ -220,9 +221,11 @@ class RoundInfo(NamedTuple):
     observations: jax.Array  # () int32, observations drawn by all agents this round
     downlink_bits_sent: Any = 0  # () int32, downlink bits sent this round (to every receiving agent)
     downlink_bits_delivered: Any = 0  # () int32, downlink bits delivered this round
+    # () the fraction of the round's sent messages that the privacy clipping shortened (None: not reported)
+    clipped_fraction: Any = None
 
 
-COUNT_FIELDS = RoundInfo._fields[1:]  # what the driver sums
+COUNT_FIELDS = RoundInfo._fields[1:-1]  # what the driver sums
 
 
 def local_steps_config(
@@ -321,10 +324,11 @@ def with_clients_per_round(config, clients_per_round):
     return dataclasses.replace(config, clients_per_round=m)
 
 
-def check_clients_per_round(config, num_agents: int) -> None:
+def check_clients_per_round(config, num_agents: int, num_rounds: int | None = None) -> None:
     """Refuses ``clients_per_round = m > N`` or ``buffer_size = K > N``, and a law with one row per
     agent (local work, delays, durations) for another N (needs the problem's N; called before
-    compiling)."""
+    compiling); then the config's own ``check_run(num_agents, num_rounds)`` where it has one
+    (FedBuff: its staleness weights over the reachable staleness, its clock's ticks)."""
     for name in ("clients_per_round", "buffer_size"):
         m = getattr(config, name, None)
         if m is not None and m > num_agents:
@@ -332,6 +336,9 @@ def check_clients_per_round(config, num_agents: int) -> None:
     for law in (getattr(config, n, None) for n in ("local_work", "delays", "durations")):
         if law is not None:
             law.check(num_agents)
+    own = getattr(config, "check_run", None)
+    if callable(own):
+        own(num_agents, num_rounds)
 
 
 def round_work(rand: RoundRandomness, config, problem) -> jax.Array | None:
@@ -622,6 +629,7 @@ def round_info(
         * (jnp.int32(N) * H if counts is None else jnp.sum(counts)),
         downlink_bits_sent=down,
         downlink_bits_delivered=down,
+        clipped_fraction=jnp.asarray(getattr(delivery, "clipped", 0), drift.dtype) / N,
     )
 
 

@@ -65,6 +65,7 @@ from fedsa_jax import _prng, _validate, moments
 from fedsa_jax._digest import code_digest
 from fedsa_jax.algorithms._base import Algorithm, RoundRandomness
 from fedsa_jax.algorithms.averaged import _Wrapper
+from fedsa_jax.algorithms.plug_in import PlugInConfig
 from fedsa_jax.channel.dp import refuse_privacy
 
 __all__ = ["WEIGHT_LAWS", "BootstrapState", "bootstrap", "replicate_weights"]
@@ -247,6 +248,13 @@ def bootstrap(algorithm: Algorithm, num_replicates: int = 100, weights: Any = "b
         "its replicates reuse the main trajectory's random numbers, the privacy noise included, so "
         "their spread leaves the noise out (and they are releases of their own)",
     )
+    if isinstance(algorithm.config, PlugInConfig):
+        _validate.fail(
+            "algorithm",
+            algorithm.name,
+            "the plug-in's moments are not replicated: wrap the other way, "
+            f"fj.plug_in(fj.bootstrap({algorithm.config.inner.name}, B))",
+        )
     if not algorithm.weighted:
         _validate.fail(
             "algorithm",

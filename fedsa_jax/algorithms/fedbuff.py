@@ -91,6 +91,19 @@ class FedBuffConfig:
         obs = problem.randomness(k_obs, self.buffer_size, self.num_local_steps, self.skip)
         return RoundRandomness(obs, k_channel, clock=jax.random.fold_in(key, CLOCK_STREAM))
 
+    def check_run(self, num_agents: int, num_rounds: int | None = None) -> None:
+        """Checks with the problem's N, before compiling: a staleness function's weights are finite
+        and ``> 0`` at every staleness a contribution can have (:func:`staleness_bound`), and the
+        clock's int32 ticks (without x64) stay below ``2^31`` over ``num_rounds`` server steps."""
+        if callable(self.staleness):
+            bound = staleness_bound(self.durations, num_agents, self.buffer_size)
+            where = (
+                f"a staleness this run can reach (up to {bound}: N = {num_agents}, K = {self.buffer_size}, "
+            )
+            _check_weights(self.staleness, bound, where + f"D_max = {self.durations.max})")
+        if num_rounds is not None:
+            self.durations.check_ticks(num_rounds)
+
     def weight(self, staleness: jax.Array, dtype) -> jax.Array:
         """``s(tau)``: ``(1 + tau)^(-a)`` for an exponent a, else the given function's value."""
         tau = staleness.astype(dtype)
@@ -107,17 +120,23 @@ class FedBuffState(NamedTuple):
     opt_state: Any  # the server optimizer's state (() without one)
     start: jax.Array  # (N, d) each agent's start theta_{v_c} - theta_star (the iterate it downloaded)
     version: jax.Array  # (N,) int32 v_c, the server steps done when agent c downloaded
-    finish: jax.Array  # (N,) int32 the tick agent c's current job arrives
+    finish: jax.Array  # (N,) ticks (int64 with x64, else int32): when agent c's current job arrives
     pending: jax.Array  # (N,) bool: arrived at the current tick, downloads at its end
-    clock: jax.Array  # () int32 the current tick (that of the last arrival)
+    clock: jax.Array  # () ticks: the current tick (that of the last arrival)
     staleness: jax.Array  # () mean staleness of the last server step's K contributions
+
+
+def _tick_dtype():
+    """The clock's integer ticks: int64 where JAX has x64, else int32 (``fj.simulate`` then refuses a
+    run whose ticks could pass ``2^31 - 1``: :meth:`fedsa_jax.clock.Durations.check_ticks`)."""
+    return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def init(key: jax.Array, problem, theta0: jax.Array, config: FedBuffConfig) -> FedBuffState:
     """Every agent downloads ``theta_0`` at tick 0 and starts a job (the observation streams start as
     FedLSA's from ``key``; the first durations from ``fold_in(key, CLOCK_STREAM)``)."""
     error = initial_error(problem, theta0)
-    N = problem.num_agents
+    N, tick = problem.num_agents, _tick_dtype()
     return FedBuffState(
         problem.theta_star + error,
         error,
@@ -126,9 +145,9 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: FedBuffConfig) -> F
         optim.init_server(config, error),
         jnp.broadcast_to(error, (N, error.shape[0])),
         jnp.zeros((N,), jnp.int32),
-        config.durations.draw(jax.random.fold_in(key, CLOCK_STREAM), N),
+        config.durations.draw(jax.random.fold_in(key, CLOCK_STREAM), N).astype(tick),
         jnp.zeros((N,), bool),
-        jnp.int32(0),
+        jnp.zeros((), tick),
         jnp.zeros((), problem.dtype),
     )
 
@@ -233,18 +252,45 @@ def theory(config: FedBuffConfig, problem):
     )
 
 
+def staleness_bound(durations: Durations, num_agents: int, buffer_size: int) -> int:
+    """The largest staleness a contribution can have. Agent c downloads at the first arrival after
+    tick s and returns by tick ``s + D_max``; the arrivals between lie in ``[s + 1, s + D_max]``,
+    where agent j arrives at most ``floor((D_max - 1) / d_j) + 1`` times (``d_j`` its shortest
+    job): with A their sum the server steps at most ``ceil(A / K)`` times meanwhile."""
+    table = durations.table(num_agents)
+    shortest = np.argmax(table > 0, axis=1) + durations.first  # d_j
+    arrivals = int(np.sum((durations.max - 1) // shortest + 1))
+    return -(-arrivals // buffer_size)
+
+
+def _check_weights(staleness: Callable, largest: int, where: str) -> None:
+    """Refuse a staleness function whose weights on ``0..largest`` (float32, as in a run) are not one
+    finite value ``> 0`` each, naming the first bad staleness."""
+    tau = jnp.arange(largest + 1, dtype=jnp.float32)
+    try:
+        out = np.asarray(staleness(tau), np.float64)
+    except Exception as e:  # noqa: BLE001 (the user's function failed: say so in one line)
+        _validate.fail(
+            "staleness", staleness, f"the function raised {type(e).__name__} on an array of staleness"
+        )
+    if out.shape != tau.shape:
+        _validate.fail("staleness", staleness, "expected a function returning one weight per staleness")
+    bad = ~(np.isfinite(out) & (out > 0))
+    if np.any(bad):
+        k = int(np.argmax(bad))
+        _validate.fail(
+            "staleness",
+            staleness,
+            f"s({k}) = {float(out[k])!r}, at {where}; expected a finite weight > 0 at every staleness "
+            "(a weight <= 0 drops or reverses a contribution)",
+        )
+
+
 def _staleness_arg(staleness) -> float | Callable:
-    if callable(staleness):  # tried once on staleness 0..3: finite weights >= 0 of the same shape
-        try:
-            out = np.asarray(staleness(jnp.arange(4, dtype=jnp.float32)), np.float64)
-        except Exception as e:  # noqa: BLE001 (the user's function failed: say so in one line)
-            _validate.fail(
-                "staleness", staleness, f"the function raised {type(e).__name__} on an array of staleness"
-            )
-        if out.shape != (4,) or not np.all(np.isfinite(out)) or np.any(out < 0):
-            _validate.fail(
-                "staleness", staleness, "expected a function returning one finite weight >= 0 per staleness"
-            )
+    if callable(staleness):  # tried on staleness 0..3 here, on every reachable one before a run
+        _check_weights(
+            staleness, 3, "staleness 0..3, tried when FedBuff is built (a run tries all it can reach)"
+        )
         return staleness
     if isinstance(staleness, (bool, np.bool_)) or not isinstance(
         staleness, (int, float, np.integer, np.floating)
@@ -337,11 +383,16 @@ def _refuse(options: dict) -> None:
 
 
 def _from_options(step_size, args, **channel) -> Algorithm:
+    """FedBuff from the options, checked for the ``--agents`` N (``fj.simulate`` checks the same
+    with the problem): ``buffer_size`` at most N, a law with one row or N."""
+    N = getattr(args, "agents", None)
+    if N is not None and args.buffer_size > N:
+        _validate.fail("buffer_size", args.buffer_size, f"expected at most N = {N} (the problem's agents)")
     return fedbuff(
         step_size,
         args.local_steps,
         args.buffer_size,
-        durations_from_text(args.durations),
+        durations_from_text(args.durations, N),
         args.staleness,
         skip=args.skip,
         **channel,

@@ -222,6 +222,27 @@ def _denominator(config: LocalStepsConfig, etas, num_agents: int):
     return tuple(float(np.sum(etas[:h])) for h in counts)
 
 
+def _refuse_independent_random_work(config: LocalStepsConfig) -> None:
+    """Refuse counts drawn per agent and round with plain averaging: agent c's control variate then
+    moves by ``(theta_{t+1} - theta^c) / D_c`` with ``D_c`` its own random step sum, which keeps
+    neither ``sum_c xi_c`` nor any fixed weighting of it. For small ``eta H`` the common part of the
+    agents' corrections is multiplied each round by ``(1/N) sum_c H_{c,t+1} / H_{c,t}``, whose mean
+    ``E[H] E[1/H]`` exceeds 1 (1.105 for a straggler law with prob 0.3, fraction 0.5): the iterate
+    grows, faster with smaller steps, even on the noise-free mean system (a numpy loop of the
+    definition, ``tests/test_first_use.py``). Fixed counts, a shared count and FedNova's normalised
+    messages keep one weighting of the control variates and converge."""
+    work = config.local_work
+    if work is None or work.deterministic or work.shared or work.normalization != "none":
+        return
+    _validate.fail(
+        "local_work",
+        work.name,
+        "SCAFFLSA diverges with counts drawn per agent and plain averaging (its control variates "
+        "divide by each agent's random count), at every step size; use normalization='fednova' "
+        "(--work-normalization fednova), a shared count (--local-work-shared) or fixed counts",
+    )
+
+
 def scafflsa(
     step_size: float,
     num_local_steps: int | Sequence[int] | optim.LocalSteps,
@@ -287,6 +308,7 @@ def scafflsa(
         privacy,
     )
     refuse_central_privacy(config, "SCAFFLSA")
+    _refuse_independent_random_work(config)
     config = with_delays(with_clients_per_round(config, clients_per_round), delays)
     return Algorithm(config, "scafflsa", init, step, theory, weighted=True)
 

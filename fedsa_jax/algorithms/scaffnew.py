@@ -247,8 +247,9 @@ def _weighted(eta, w):
 
 def _sync_carry(state: ScaffnewState):
     """What a communication moves besides the iterates: ``(xi, x_sync, opt_state, delivered,
-    memory, hat)`` (``delivered``: the round's count of delivered messages, from 0)."""
-    return state.xi, state.x_sync, state.opt_state, jnp.int32(0), state.memory, state.hat
+    memory, hat)`` (``delivered``: the round's counts of delivered messages and of messages the
+    privacy clipping shortened, from 0)."""
+    return state.xi, state.x_sync, state.opt_state, jnp.zeros((2,), jnp.int32), state.memory, state.hat
 
 
 def _down_keys(rand: RoundRandomness, config, H: int):
@@ -268,7 +269,8 @@ def _coins(key, H: int, p, config, count):
 
 def _round_info(coins, delivered, senders: int, config, problem, client_drift, count) -> RoundInfo:
     """The round's counts: ``senders`` messages per communication (N, or m with a cohort); ``count``
-    the round's (rounds done before it)."""
+    the round's (rounds done before it); ``delivered``: the messages delivered and clipped."""
+    (delivered, clipped), dtype = delivered, client_drift.dtype
     d, H = problem.dim, optim.round_local_steps(config.num_local_steps, count)
     bits = config.channel.quantizer.bits(d)
     communications = jnp.sum(coins)
@@ -283,6 +285,7 @@ def _round_info(coins, delivered, senders: int, config, problem, client_drift, c
         observations=jnp.int32(senders * observations_per_step(problem, config.skip)) * H,
         downlink_bits_sent=down,
         downlink_bits_delivered=down,
+        clipped_fraction=clipped.astype(dtype) / jnp.maximum(sent, 1).astype(dtype),  # of all communications'
     )
 
 
@@ -309,7 +312,8 @@ def _communicate(coin, key, down_key, xh, sync, denominator, problem, config, co
         (opt_synced, delivery.memory, hat_synced),
         (opt_state, memory, hat),
     )
-    delivered = delivered + jnp.where(coin, jnp.sum(delivery.delivered), 0).astype(jnp.int32)
+    counts = jnp.stack([jnp.sum(delivery.delivered), jnp.asarray(delivery.clipped)]).astype(jnp.int32)
+    delivered = delivered + jnp.where(coin, counts, 0)
     return x, (xi, x_sync, opt_state, delivered, memory, hat)
 
 

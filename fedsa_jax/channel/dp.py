@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 import jax
@@ -120,14 +121,16 @@ def privacy(
     Adaptive clipping (``target_quantile = gamma`` in (0, 1), central mode; Andrew, Thakkar, McMahan,
     Ramaswamy, "Differentially private learning with adaptive clipping", NeurIPS 2021, Algorithm 1):
     ``clip_norm`` is the first round's ``C_0``; each round the server also sums the agents' bits
-    ``b_c = 1{|q(m_c)| <= C_t}`` with noise ``N(0, sigma_b^2)`` (``count_noise``, more than
-    ``sigma / 2``), ``b~ = (sum_c b_c + sigma_b z) / n`` over the n agents asked, and moves
-    ``C_{t+1} = C_t exp(-clip_lr (b~ - gamma))``; the sum's noise multiplier is then
-    ``sigma_Delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2)``, so that the pair is the Gaussian mechanism of
+    ``b_c = 1{|q(m_c)| <= C_t}``, centred, with noise ``N(0, sigma_b^2)`` (``count_noise``, more than
+    ``sigma / 2``): ``b~ = (sum_{c in R} (b_c - 1/2) + sigma_b z) / n + 1/2`` over the delivered
+    messages R, n the agents asked (a fixed offset, as in their reference implementation), and moves
+    ``C_{t+1} = C_t exp(-clip_lr (b~ - gamma))``. One agent moves the centred sum by at most 1/2 and
+    the clipped sum by at most ``C_t``; with the sum's noise multiplier
+    ``sigma_Delta = (sigma^-2 - (2 sigma_b)^-2)^(-1/2)`` the pair is the Gaussian mechanism of
     multiplier ``sigma`` and the accountant composes ``sigma`` (their Theorem 1). ``C_t`` is carried
     in the channel's memory, per seed."""
     sigma = _validate.real("noise_multiplier", noise_multiplier, 0.0, math.inf)
-    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real) or not clip_norm > 0:
         _validate.fail("clip_norm", clip_norm, "expected a real number > 0 (the L2 bound of a message)")
     if not math.isfinite(clip_norm) and sigma > 0:
         _validate.fail("clip_norm", clip_norm, "expected a finite bound: the noise's scale is sigma C")
@@ -164,6 +167,15 @@ def clip(messages: jax.Array, clip_norm: float) -> jax.Array:
     norms = jnp.sqrt(jnp.sum(messages * messages, axis=-1, keepdims=True))
     scale = jnp.minimum(1.0, clip_norm / jnp.maximum(norms, jnp.finfo(messages.dtype).tiny))
     return messages * scale
+
+
+def shortened(messages: jax.Array, privacy_: Privacy | None, mode: str, clip_norm=None) -> jax.Array | None:
+    """``(N,) bool``: the messages that :func:`clip` shortens (norm above ``C``, or the round's adaptive
+    ``C_t``) where the mechanism clips in ``mode``; None where it does not clip there."""
+    if privacy_ is None or privacy_.mode != mode or not privacy_.clip:
+        return None
+    bound = privacy_.clip_norm if clip_norm is None else clip_norm
+    return jnp.sqrt(jnp.sum(messages * messages, axis=-1)) > bound
 
 
 def noise(key: jax.Array, shape, privacy_: Privacy, dtype, clip_norm=None) -> jax.Array:
@@ -217,13 +229,17 @@ def init_clip(memory: Any, privacy_: Privacy | None, dtype) -> Any:
 
 def next_clip(key: jax.Array, quantized: jax.Array, delivered: jax.Array, senders, clip_norm, privacy_):
     """Andrew et al.'s geometric step: ``C_t exp(-eta_C (b~ - gamma))`` with ``b~ = (sum_{c in R}
-    1{|q(m_c)| <= C_t} + sigma_b z) / n``, n the agents asked."""
+    (1{|q(m_c)| <= C_t} - 1/2) + sigma_b z) / n + 1/2``, n the agents asked (a fixed offset, as in their
+    reference implementation): one agent's data moves the noised sum by at most 1/2, the sensitivity
+    their Theorem 1 composes (an uncentred count would move by 1). ``z`` is a stream of its own,
+    independent of the sum's noise."""
+    dtype = clip_norm.dtype
     norms = jnp.sqrt(jnp.sum(quantized * quantized, axis=-1))
-    below = jnp.sum(jnp.where(delivered, norms <= clip_norm, False)).astype(clip_norm.dtype)
-    z = _prng.normal(jax.random.fold_in(key, PRIVACY_STREAM + 1), (), clip_norm.dtype)
-    fraction = (below + jnp.asarray(privacy_.count_noise, clip_norm.dtype) * z) / jnp.asarray(
-        senders, clip_norm.dtype
-    )
+    centred = jnp.where(norms <= clip_norm, 0.5, -0.5).astype(dtype)  # b_c - 1/2
+    below = jnp.sum(jnp.where(delivered, centred, 0.0))
+    z = _prng.normal(jax.random.fold_in(key, PRIVACY_STREAM + 1), (), dtype)
+    noised = below + jnp.asarray(privacy_.count_noise, dtype) * z
+    fraction = noised / jnp.asarray(senders, dtype) + 0.5
     return clip_norm * jnp.exp(
         -jnp.asarray(privacy_.clip_lr, clip_norm.dtype) * (fraction - privacy_.target_quantile)
     )

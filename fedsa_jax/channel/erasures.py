@@ -48,6 +48,7 @@ from fedsa_jax.channel.dp import (
     init_clip,
     next_clip,
     privatize_local,
+    shortened,
     split_memory,
 )
 from fedsa_jax.channel.quantizers import Quantizer, identity
@@ -146,6 +147,7 @@ class Delivery(NamedTuple):
     weights: jax.Array  # (N,) aggregation weights: 1/N or 1/|R| on delivered, 0 elsewhere (EF21: 1/N)
     memory: Any = ()  # the senders' error-feedback memory after this round (() without error feedback)
     noise: Any = 0.0  # (d,) the central privacy noise on the sum of the delivered messages (0.0 without)
+    clipped: Any = 0  # () int32, the sent messages the privacy mechanism's clipping shortens (0 without)
 
 
 def transmit(
@@ -166,6 +168,7 @@ def transmit(
     N, d = messages.shape
     dtype = messages.dtype
     memory, clip_norm = split_memory(memory, ch.privacy)  # clip_norm: the adaptive C_t, or None
+    short = shortened(messages, ch.privacy, "local")  # local DP: clipped at the agent, before the noise
     messages = privatize_local(key, messages, ch.privacy)  # local DP: clipped and noised at the agent
     k_q, k_e = _prng.split(key)
     ef = ch.error_feedback
@@ -191,19 +194,22 @@ def transmit(
     else:
         weights = delivered / jnp.maximum(count, 1).astype(messages.dtype)
     received = jnp.where(delivered[:, None], clip_central(quantized, ch.privacy, clip_norm), 0.0)
+    if short is None:  # central DP: each quantized message clipped at the server (counted over those sent)
+        short = shortened(quantized, ch.privacy, "central", clip_norm)
+    clipped = 0 if short is None else jnp.sum(short if cohort is None else short & cohort).astype(jnp.int32)
     noise = central_noise(key, d, ch.privacy, dtype, clip_norm)  # central DP: once, on the sum
     if clip_norm is not None:  # adaptive clipping: the norm's step, carried beside the memory
         senders = N if cohort is None else jnp.sum(cohort)
         clip_norm = next_clip(key, quantized, delivered, senders, clip_norm, ch.privacy)
     if ef is None:
         carried = () if clip_norm is None else ((), clip_norm)
-        return Delivery(received, delivered, weights.astype(messages.dtype), carried, noise)
+        return Delivery(received, delivered, weights.astype(messages.dtype), carried, noise, clipped)
     if ef == "ef14":  # e_c <- m_c + e_c - v_c on delivery, unchanged when lost
         memory = jnp.where(delivered[:, None], payload - quantized, memory)
         carried = memory if clip_norm is None else (memory, clip_norm)
-        return Delivery(received, delivered, weights.astype(messages.dtype), carried, noise)
+        return Delivery(received, delivered, weights.astype(messages.dtype), carried, noise, clipped)
     memory = memory + received  # EF21: g_c <- g_c + C(m_c - g_c) on delivery, on both sides
-    return Delivery(memory, delivered, jnp.full((N,), 1.0 / N, dtype), memory)
+    return Delivery(memory, delivered, jnp.full((N,), 1.0 / N, dtype), memory, clipped=clipped)
 
 
 def aggregate(delivery: Delivery) -> jax.Array:

@@ -8,7 +8,6 @@ import inspect
 import os
 import sys
 from types import SimpleNamespace
-from typing import Any
 
 import fedsa_jax as fj
 from fedsa_jax import _validate, registry
@@ -62,8 +61,12 @@ def _make_privacy(args) -> dict:
             raise ValueError(
                 f"--target-epsilon={target!r} is invalid: it picks --noise-multiplier, given too"
             )
+        rounds = args.rounds
+        if rounds is None:  # a sweep at a total of local steps: the configuration's own rounds
+            plain = SimpleNamespace(**{**vars(args), "target_epsilon": None, "noise_multiplier": 0.0})
+            rounds = max(1, rounds_within(_make_algorithm(args.algorithm, plain), args.total_local_steps)[0])
         sigma = fj.accounting.noise_multiplier(
-            target, args.rounds, args.agents, args.delta, args.dp_mode, args.clients_per_round
+            target, rounds, args.agents, args.delta, args.dp_mode, args.clients_per_round
         )
     adaptive = {}
     if args.target_quantile is not None:
@@ -145,18 +148,11 @@ def local_steps(args):
 def local_work(args):
     """The law of ``--local-work LAW:NUMBERS`` (:mod:`fedsa_jax.local_work`), one count per agent or
     shared (``--local-work-shared``), plain or FedNova averaging (``--work-normalization``)."""
-    law, _, rest = args.local_work.partition(":")
-    values: list[Any] = [int(float(v)) if float(v).is_integer() else float(v) for v in rest.split(",")]
     shared = bool(getattr(args, "local_work_shared", False))
     norm = getattr(args, "work_normalization", "none") or "none"
-    if law == "fixed":
-        return fj.local_work.fixed(values, normalization=norm)
-    if law == "uniform":
-        return fj.local_work.uniform(*values, shared=shared, normalization=norm)
-    if law == "geometric":
-        return fj.local_work.geometric(float(values[0]), values[1], shared, norm)
-    prob, fraction = values
-    return fj.local_work.straggler(args.local_steps, prob, fraction, shared, norm)
+    return fj.local_work.from_text(
+        args.local_work, args.local_steps, shared, norm, getattr(args, "agents", None)
+    )
 
 
 def rounds_within(alg, total: int) -> tuple[int, int]:

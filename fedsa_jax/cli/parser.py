@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 from fedsa_jax._text import one_line
+from fedsa_jax._version import __version__
 from fedsa_jax.registry import GROUPS, XLA_FLAG, Option, positive_int
 
 
@@ -47,6 +49,14 @@ def add_option(group, option: Option) -> None:
     group.add_argument(*option.flags, **kwargs)
 
 
+def progress_mode(flag: bool | None) -> bool | str:
+    """``--progress`` / ``--no-progress`` as given; by default a bar on a terminal and one line per chunk
+    on standard error otherwise (a log or a pipe still shows how far a long run is)."""
+    if flag is not None:
+        return flag
+    return True if sys.stderr.isatty() else "lines"
+
+
 def build_parser(options: dict[str, Option] | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``options`` (default: :func:`~fedsa_jax.cli.options.run_options`,
     which imports the registered algorithms) are ``run``'s (the help's snapshot passes its own)."""
@@ -58,6 +68,7 @@ def build_parser(options: dict[str, Option] | None = None) -> argparse.ArgumentP
         prog="fedsa-jax",
         description="Monte Carlo simulation of federated linear stochastic approximation in JAX.",
     )
+    parser.add_argument("--version", action="version", version=f"fedsa-jax {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "run",

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from fedsa_jax import registry
 from fedsa_jax.cli.build import _make_algorithm, _make_problem, local_steps
-from fedsa_jax.cli.checks import options_checked
+from fedsa_jax.cli.checks import in_option_terms, options_checked
+from fedsa_jax.cli.parser import progress_mode
 from fedsa_jax.cli.titles import cohort_caption, run_title
 
 
@@ -119,6 +120,7 @@ def _timing(res, seconds: float, compile_s: float, problem, alg) -> dict:
         "compile_s": compile_s,
         "agent_steps_run": steps,
         "agent_steps_per_s": steps / warm if steps and warm > 0 else None,
+        "trajectories": alg.trajectories,  # per seed: 1, or 1 + B with the bootstrap's replicates
         "resumed": execution.get("resumed_from") is not None,
         "resumed_from": execution.get("resumed_from"),
     }
@@ -134,6 +136,9 @@ def _describe_timing(timing: dict, num_rounds: int) -> str:
     text += f": compile {timing['compile_s']:.1f} s"
     if timing["agent_steps_per_s"] is not None:
         text += f", {timing['agent_steps_per_s']:.3g} agent-steps/s warm"
+        if timing.get("trajectories", 1) > 1:  # the bootstrap's replicates run as many steps each
+            total = timing["agent_steps_per_s"] * timing["trajectories"]
+            text += f" ({total:.3g} counting the {timing['trajectories'] - 1} replicates' steps)"
     return text
 
 
@@ -163,14 +168,20 @@ def _run_options(args, checkpoint_name: str) -> dict:
         record_every=args.record_every,  # above --rounds refused, as fj.simulate refuses it
         chunk_rounds=args.chunk_rounds,
         checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / checkpoint_name,
-        progress=args.progress,
+        progress=progress_mode(args.progress),
         quantiles=True if args.band == "quantiles" else None,
         metrics={
             **({"last_iterate_mse": "last_iterate_mse"} if args.average is not None else {}),
+            **({"clipped_fraction": "clipped_fraction"} if _clips(args) else {}),
             **getattr(args, "intervals", {}),
         }
         or None,
     )
+
+
+def _clips(args) -> bool:
+    """Whether the run's privacy mechanism clips the messages (``--clip-norm`` without ``--no-clip``)."""
+    return getattr(args, "clip_norm", None) is not None and not getattr(args, "no_clip", False)
 
 
 def _interval_methods(args) -> list[str]:
@@ -212,8 +223,9 @@ def _interval_metrics(args, problem) -> dict:
     return fj.inference.intervals(u, levels=args.level, methods=methods)
 
 
-def _coverage_line(args, res, name: str, summary: dict) -> None:
-    """Each interval's coverage of ``u^T theta*`` at the last round, with its binomial s.e."""
+def _coverage_line(args, res, problem, name: str, summary: dict) -> None:
+    """Each interval's coverage of ``u^T theta*`` at the last round, with its binomial s.e. (and why
+    it collapsed, where the seeds' mean iterate lies outside the intervals: :func:`_centre_note`)."""
     methods = _interval_methods(args)
     if not methods:
         return
@@ -227,6 +239,51 @@ def _coverage_line(args, res, name: str, summary: dict) -> None:
     cells = ", ".join(f"{m} {c['coverage']:.3f} +- {c['sem']:.3f}" for m, c in coverage.items())
     print(
         f"{name:9s} coverage of u^T theta* at level {args.level:g} (u: --direction {args.direction}): {cells}"
+    )
+    note = _centre_note(args, res, problem, [f"{m}_{level_name(args.level)}" for m in methods])
+    if note:
+        summary["runs"][name]["coverage"]["note"] = note
+        print(f"  note: {note}")
+
+
+def _centre_note(args, res, problem, tags: list[str]) -> str | None:
+    """Every interval is centred on the seed's ``theta_T``: where the seeds' mean of ``u^T theta_T`` is
+    farther from ``u^T theta*`` than the widest interval's mean half-width, the typical interval misses
+    whatever its width, and the coverage says nothing of the interval. Why: an iterate still on its
+    way (from the recorded round nearest T/2 to T, the MSE falls by more than 10 % and 4.5 s.e., or
+    the mean of ``u^T theta_t`` moves by more than 4.5 s.e.) or a limit that is itself off ``theta*``
+    (a bias); with rounds 0 and T alone recorded, either."""
+    import numpy as np
+
+    u = _direction(args, problem.dim)
+    u = u / np.linalg.norm(u)  # the intervals' own normalisation
+    offset = abs(float((res.theta_mean[-1] - np.asarray(problem.theta_star, np.float64)) @ u))
+    width = max(
+        0.5 * float(res.metrics[f"upper_{t}"].mean[-1] - res.metrics[f"lower_{t}"].mean[-1]) for t in tags
+    )
+    if not offset > width:
+        return None
+    where = (
+        f"the intervals are centred on theta_T, whose mean over seeds is off u^T theta* by {offset:.3g}, "
+        f"{offset / max(width, 1e-300):.3g} times the widest interval's mean half-width {width:.3g}"
+    )
+    mid = int(np.argmin(np.abs(res.rounds - res.rounds[-1] / 2)))
+    if mid == 0:
+        return f"{where}: it has not reached its limit or its limit is biased (record more rounds to tell)"
+    drop = res.mse_mean[mid] - res.mse_mean[-1]
+    moved = abs(float((res.theta_mean[mid] - res.theta_mean[-1]) @ u))
+    moved_se = float(np.sqrt((res.theta_sem[mid] ** 2 + res.theta_sem[-1] ** 2) @ u**2))
+    if (drop > 0.1 * res.mse_mean[-1] and drop > 4.5 * np.hypot(res.mse_sem[mid], res.mse_sem[-1])) or (
+        moved > 4.5 * moved_se
+    ):
+        return (
+            f"{where}: it has not reached its limit (from round {res.rounds[mid]} to {res.rounds[-1]} the "
+            f"MSE went from {res.mse_mean[mid]:.3g} to {res.mse_mean[-1]:.3g} and the mean of u^T theta_t "
+            f"moved by {moved:.3g}): the numbers above are a transient's; run more rounds (--rounds)"
+        )
+    return (
+        f"{where}, and it has stopped moving (MSE {res.mse_mean[-1]:.3g}): its limit is biased, which the "
+        "intervals do not carry (e.g. FedLSA's under heterogeneity; SCAFFLSA has none)"
     )
 
 
@@ -346,11 +403,34 @@ def _write_one(args, res, problem, alg, file_name: str, summary: dict, timing: d
     cohort = f"{cohort_caption(args, problem)}, " if cohort_caption(args, problem) else ""
     print(
         f"{alg.name:9s} final MSE {res.mse_mean[-1]:.4g} +- {res.mse_sem[-1]:.2g} (s.e.), "
-        f"{cohort}{int(res.num_diverged[-1])} diverged{_growth_note(res)}{_seeds_note(res)}, "
+        f"{cohort}{int(res.num_diverged[-1])} diverged{_growth_note(res, problem)}{_seeds_note(res)}, "
         f"{_describe_timing(timing, args.rounds)} -> {path}"
     )
-    _coverage_line(args, res, alg.name, summary)
+    _coverage_line(args, res, problem, alg.name, summary)
     _privacy_line(res, alg.name, summary)
+    _clipped_line(res, alg.name, summary)
+
+
+def _clipped_line(res, name: str, summary: dict) -> None:
+    """The fraction of the messages the privacy clipping shortened, over the run's rounds (metric
+    ``"clipped_fraction"``), printed and in the summary; a warning where nearly all were."""
+    stats = res.metrics.get("clipped_fraction")
+    if stats is None or res.privacy is None or len(res.rounds) < 2:
+        return
+    fraction = float(stats.mean[1:].mean())  # round 0 sent nothing
+    summary["runs"][name]["clipped_fraction"] = fraction
+    m = res.privacy["mechanism"]
+    clip = f"C = {m['clip_norm']:g}{' at start' if 'target_quantile' in m else ''}"
+    line = f"{name:9s} privacy: {100 * fraction:.3g} % of the messages clipped ({clip})"
+    if fraction >= CLIPPED_WARNING:
+        line += (
+            ": nearly every update is shortened to norm C, whatever --step-size, so the run moves "
+            "slowly and towards a biased limit; raise --clip-norm (or let it adapt: --target-quantile)"
+        )
+    print(line)
+
+
+CLIPPED_WARNING = 0.9  # the fraction of clipped messages from which the run is told it is mostly clipping
 
 
 def _privacy_line(res, name: str, summary: dict) -> None:
@@ -381,12 +461,17 @@ def _adaptive(mechanism: dict) -> str:
     return f" at start, adapting to the {mechanism['target_quantile']:g} quantile"
 
 
-def _growth_note(res) -> str:
-    """For a run whose MSE grew by orders of magnitude (the library warns too): by how much."""
+def _growth_note(res, problem) -> str:
+    """For a run whose MSE grew by orders of magnitude or settled far above its start (the library
+    warns too): by how much."""
+    import numpy as np
+
     from fedsa_jax._driver import mse_growth
 
-    growth = mse_growth(res.rounds, res.mse_mean)
-    return "" if growth is None else f", but the MSE {growth.summary()}: blowing up"
+    star = np.asarray(problem.theta_star, np.float64)  # settled too high: said if no seed diverged
+    diverged = bool(np.max(res.num_diverged))
+    growth = mse_growth(res.rounds, res.mse_mean, reference=None if diverged else float(star @ star))
+    return "" if growth is None else f", but {growth.note()}"
 
 
 def _seeds_note(res) -> str:
@@ -407,6 +492,8 @@ def _bias_lines(args, problem, summary: dict) -> dict:
             continue
         if getattr(args, "local_steps_growth", 0.0):  # the closed form is for one H
             continue
+        if getattr(args, "clip_norm", None) is not None:  # clipping moves the limit: not the unclipped one
+            continue
         bias = getattr(fj.theory, entry.bias)(problem, args.step_size, local_steps(args))  # H or a law
         level = float(np.sum(bias**2))
         summary[f"{name}_predicted_squared_bias"] = level
@@ -425,22 +512,79 @@ MARKOV_BIAS_NOTE = (
 )
 
 
+# --exact: an exact part whose estimate (fj.theory.engine.exact_cost) exceeds LONG_EXACT_S is announced
+# before it starts; one above MAX_EXACT_S is refused (exact_mse: before the simulation) or skipped
+# (the stationary MSE). The estimates are good to a few times.
+LONG_EXACT_S = 20.0
+MAX_EXACT_S = 1800.0
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.0f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
+
+
+def _exact_costs(args, problem, algs) -> dict:
+    """``--exact``: each algorithm's estimated cost (None where the sizes do not set it); an exact MSE
+    estimated above ``MAX_EXACT_S`` is refused here, before anything runs, naming its sizes."""
+    from fedsa_jax.theory.engine import exact_cost
+
+    costs = {alg.name: exact_cost(problem, alg, args.rounds) for alg in algs} if args.exact else {}
+    for name, cost in costs.items():
+        if cost is not None and cost.seconds(cost.rounds) > MAX_EXACT_S:
+            raise ValueError(
+                f"--exact is invalid: the exact MSE of {name} would take roughly "
+                f"{_duration(cost.seconds(cost.rounds))} ({cost.sizes(cost.rounds)}) > the limit of "
+                f"{_duration(MAX_EXACT_S)}: lower --local-steps or --rounds, or run without --exact"
+            )
+    return costs
+
+
+def _announce(name: str, what: str, seconds: float, sizes: str) -> None:
+    if seconds > LONG_EXACT_S:
+        print(f"{name:9s} {what}: roughly {_duration(seconds)} ({sizes})...", flush=True)
+
+
 def _exact_curves(args, problem, algs, summary: dict, lines: dict) -> dict:
     """``--exact``: the exact MSE of every algorithm that has an exact description (built-in or not),
-    and, with a constant step, its stationary MSE (the floor, a dashed line in ``lines``)."""
+    and, with a constant step, its stationary MSE (the floor, a dashed line in ``lines``); each part
+    timed, announced when its estimate is long, the stationary MSE skipped when too long."""
     import fedsa_jax as fj
 
-    exact = {}
+    exact, costs = {}, getattr(args, "exact_costs", {})
     for alg in algs if args.exact else ():
+        cost = costs.get(alg.name)
+        if cost is not None:
+            _announce(alg.name, "exact MSE", cost.seconds(cost.rounds), cost.sizes(cost.rounds))
         start = time.perf_counter()
         try:
             exact[alg.name] = fj.theory.exact_mse(problem, alg, args.rounds)
         except ValueError as err:
-            print(f"fedsa-jax: no exact curve for {alg.name}: {err}", file=sys.stderr)
+            print(
+                f"fedsa-jax: no exact curve for {alg.name}: {in_option_terms(str(err), args)}",
+                file=sys.stderr,
+            )
             continue
         summary["runs"][alg.name]["exact_final_mse"] = float(exact[alg.name][-1])
         seconds = time.perf_counter() - start
         print(f"{alg.name:9s} exact final MSE {exact[alg.name][-1]:.4g} ({seconds:.1f} s)", flush=True)
+        if cost is not None and cost.stationary_rounds is not None:
+            estimate, sizes = cost.seconds(cost.stationary_rounds), cost.sizes(cost.stationary_rounds)
+            if estimate > MAX_EXACT_S:
+                print(
+                    f"fedsa-jax: no stationary MSE for {alg.name}: it would take roughly "
+                    f"{_duration(estimate)} (GMRES, up to {sizes}) > the limit of {_duration(MAX_EXACT_S)}; "
+                    "lower --local-steps",
+                    file=sys.stderr,
+                )
+                continue
+            _announce(alg.name, "stationary MSE", estimate, f"GMRES, up to {sizes}")
+        start = time.perf_counter()
         try:
             floor = fj.theory.stationary_mse(problem, alg)
         except ValueError as err:  # a schedule, an unstable step, too many unknowns: no floor
@@ -448,7 +592,11 @@ def _exact_curves(args, problem, algs, summary: dict, lines: dict) -> dict:
             continue
         summary["runs"][alg.name]["stationary_mse"] = floor
         lines[f"{alg.name} stationary MSE"] = floor
-        print(f"{alg.name:9s} stationary MSE {floor:.4g} (the limit with this constant step)")
+        seconds = time.perf_counter() - start
+        print(
+            f"{alg.name:9s} stationary MSE {floor:.4g} (the limit with this constant step; {seconds:.1f} s)",
+            flush=True,
+        )
     return exact
 
 
@@ -478,6 +626,7 @@ def cmd_run(args) -> int:
     args.intervals = _interval_metrics(args, problem)
     _check_compare(args, algs)
     _check_runs(args, problem, algs, names)  # every error before the first line printed
+    args.exact_costs = _exact_costs(args, problem, algs)
     builtin = [alg for spec, alg in zip(args.algorithms, algs, strict=True) if spec in registry.algorithms()]
     if builtin and (args.quantizer != "none" or args.success_prob != 1.0):
         print(f"uplink channel: {json.dumps(builtin[0].config.channel.describe())}")

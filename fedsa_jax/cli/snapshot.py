@@ -22,7 +22,7 @@ from fedsa_jax.cli.parser import build_parser
 from fedsa_jax.registry import Option
 
 PATH = Path(__file__).with_name("help.json")
-_HELP_ONLY = ("type", "params", "grid", "read_by", "plugins")  # what --help does not show
+_HELP_ONLY = ("type", "params", "grid", "read_by", "plugins", "needs")  # what --help does not show
 
 
 def _plain(value):

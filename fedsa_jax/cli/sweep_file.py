@@ -14,9 +14,9 @@ from fedsa_jax import registry
 from fedsa_jax._sweep import config_name
 from fedsa_jax._validate import fail
 from fedsa_jax.cli.build import _make_algorithm, _make_problem, one_line, rounds_within
-from fedsa_jax.cli.checks import _as_option
+from fedsa_jax.cli.checks import _as_option, law_reads
 from fedsa_jax.cli.options import PARAM_RE, algorithm, run_options
-from fedsa_jax.cli.parser import build_parser
+from fedsa_jax.cli.parser import build_parser, progress_mode
 from fedsa_jax.cli.run import _prepare_jax, _prepare_outputs
 from fedsa_jax.registry import positive_int
 
@@ -172,15 +172,35 @@ def _check_plugins(grid: dict, allowed: bool) -> None:
             )
 
 
+def _read_keys(config: dict) -> dict:
+    """``config`` without the keys its built-in algorithm does not read: [params], another
+    algorithm's options (FedLSA's ``delays`` beside FedBuff), an option whose law is not set
+    (``work_normalization`` without ``local_work``). They are out of its file name and record, as
+    they are out of its run; a ``module:factory`` algorithm keeps them all."""
+    name = config.get("algorithm", _default_algorithm())
+    if ":" in name:
+        return config
+    entries, options = registry.algorithms(), run_options()
+    own = {o.dest for entry in entries.values() for o in entry.options}
+    given = SimpleNamespace(**{**{d: o.default for d, o in options.items()}, **config})
+    return {
+        k: v
+        for k, v in config.items()
+        if not k.startswith("params.")
+        and not (k in own and not entries[name].reads(k))
+        and (k not in options or law_reads(given, options[k]))
+    }
+
+
 def _sweep_configs(grid: dict, limit: int | None) -> list[dict]:
-    """The grid's configurations (at most ``limit``, default ``fedsa_jax.sweep.MAX_GRID``); a built-in
-    algorithm ignores [params], so it appears once."""
+    """The grid's configurations (at most ``limit``, default ``fedsa_jax.sweep.MAX_GRID``), each
+    without the keys its algorithm does not read (:func:`_read_keys`): configurations that are then
+    the same run appear once."""
     from fedsa_jax import _sweep as sweep
 
     configs, seen = [], set()
     for config in sweep._grid(grid, sweep.MAX_GRID if limit is None else limit):
-        if ":" not in config.get("algorithm", _default_algorithm()):
-            config = {k: v for k, v in config.items() if not k.startswith("params.")}
+        config = _read_keys(config)
         key = json.dumps(config, sort_keys=True)
         if key not in seen:
             seen.add(key)
@@ -282,7 +302,7 @@ def cmd_sweep(args) -> int:
         int(run["seeds"]),
         out_dir=out,
         record_every=grid.record_every,
-        progress=args.progress,
+        progress=progress_mode(args.progress),
         shard=args.shard,
         compute=not args.collect,
     )

@@ -37,6 +37,7 @@ def run_title(args, problem) -> str:
             title += f", {norm}" if norm != "none" else ""
     if cohort_caption(args, problem):
         title += f", {cohort_caption(args, problem)}"
+    title += _law_captions(args)
     if args.server_optimizer != "none":
         title += f", server {args.server_optimizer} lr={args.server_lr:g}"
         title += f" momentum={args.server_momentum:g}" if args.server_momentum else ""
@@ -51,4 +52,42 @@ def run_title(args, problem) -> str:
         title += f", downlink {args.downlink_quantizer}"
     if args.success_prob != 1.0:
         title += f", p={args.success_prob:g}"
-    return title
+    return title + privacy_caption(args)
+
+
+def _reads(args, dest: str) -> bool:
+    """Whether an algorithm of this run reads the option ``dest`` (a plugin may: counted as reading)."""
+    algorithms = registry.algorithms()
+    return any(name not in algorithms or algorithms[name].reads(dest) for name in args.algorithms)
+
+
+def _law_captions(args) -> str:
+    """The delays (``--delays``), FedBuff's buffer and job durations, where an algorithm reads them."""
+    out = ""
+    delays = getattr(args, "delays", "none") or "none"
+    if delays != "none" and _reads(args, "delays"):
+        out += f", delays {delays}" + (" shared" if getattr(args, "delays_shared", False) else "")
+    if getattr(args, "buffer_size", None) is not None and _reads(args, "buffer_size"):
+        out += f", buffer K={args.buffer_size}"
+    if getattr(args, "durations", None) and _reads(args, "durations"):
+        out += f", durations {args.durations}"
+    staleness = getattr(args, "staleness", None)
+    if staleness is not None and _reads(args, "staleness"):
+        out += f", staleness $(1+\\tau)^{{-{staleness:g}}}$"
+    return out
+
+
+def privacy_caption(args) -> str:
+    """The privacy mechanism (``--clip-norm`` and its options): ", DP local: clip C=1, sigma=1.1"
+    (adaptive clipping: the target quantile); "" without clipping."""
+    clip = getattr(args, "clip_norm", None)
+    if clip is None:
+        return ""
+    out = f", DP {getattr(args, 'dp_mode', 'central')}: clip C={clip:g}"
+    quantile = getattr(args, "target_quantile", None)
+    if quantile is not None:
+        out += f" adaptive (quantile {quantile:g})"
+    sigma, target = getattr(args, "noise_multiplier", None), getattr(args, "target_epsilon", None)
+    if target is not None:
+        return out + rf", $\sigma$ for $\varepsilon$={target:g}"
+    return out + (rf", $\sigma$={sigma:g}" if sigma else ", no noise")

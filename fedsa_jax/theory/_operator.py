@@ -141,18 +141,23 @@ class Operator:
 
 def gmres(matvec, b: np.ndarray, tol: float = 1e-13, restart: int = 200, maxiter: int = 2000):
     """``(x, relative residual, applications)`` for ``matvec(x) = b``: restarted GMRES until
-    ``|b - matvec(x)| <= tol |b|`` (the true residual, recomputed at each restart) or ``maxiter``
-    applications of ``matvec``."""
+    ``|b - matvec(x)| <= tol |b|`` (the true residual, recomputed at each restart), ``maxiter``
+    applications of ``matvec``, or stagnation, where further cycles would only spend rounds: a cycle
+    that did not lower the true residual (in exact arithmetic a cycle never raises it, and one that
+    made no progress makes none again from the same residual), or one whose own estimate reached the
+    tolerance while the true residual did not halve (the rounding of ``matvec`` reached)."""
     n = len(b)
     x = np.zeros(n)
     bnorm = float(np.linalg.norm(b))
     if bnorm == 0.0:
         return x, 0.0, 0
-    r, used = b.copy(), 0
+    r, used, previous, claimed = b.copy(), 0, np.inf, False
     while True:
         beta = float(np.linalg.norm(r))
-        if beta <= tol * bnorm or used >= maxiter:
+        stagnated = beta >= previous or (claimed and beta > 0.5 * previous)
+        if beta <= tol * bnorm or used >= maxiter or stagnated:
             return x, beta / bnorm, used
+        previous = beta
         m = min(restart, n, maxiter - used)
         V = np.zeros((m + 1, n))
         H = np.zeros((m + 1, m))
@@ -180,6 +185,7 @@ def gmres(matvec, b: np.ndarray, tol: float = 1e-13, restart: int = 200, maxiter
             if abs(g[j + 1]) <= 0.1 * tol * bnorm or rho == 0.0 or np.linalg.norm(w) == 0.0:
                 break
             V[j + 1] = w / np.linalg.norm(w)
+        claimed = abs(g[j + 1]) <= tol * bnorm  # the cycle's own estimate of its residual
         y = np.linalg.lstsq(np.triu(H[: j + 1, : j + 1]), g[: j + 1], rcond=None)[0]
         x = x + y @ V[: j + 1]
         r = b - matvec(x)

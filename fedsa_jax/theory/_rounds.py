@@ -11,9 +11,9 @@ import jax
 import numpy as np
 
 from fedsa_jax import _validate, optim
-from fedsa_jax.moments import Recursion
+from fedsa_jax.moments import Chain, Coin, LocalStep, RandomStop, Recursion
 
-__all__ = ["changing_round", "round_map", "second_moment_round"]
+__all__ = ["changing_round", "round_operations", "round_map", "second_moment_round"]
 
 CACHE_SIZE = 32  # conjugators kept (one per map in use)
 
@@ -72,6 +72,29 @@ def _recursion(rec, algorithm, num_rounds: int, second: bool = False):
         for phase in phases:
             phase.prepare()
     return rec, etas
+
+
+def round_operations(rec: Recursion, t: int, etas: np.ndarray) -> tuple[int, int]:
+    """``(local steps, other maps)`` that round t's second-moment recursion applies to its
+    ``D x D`` moment: a local step costs about ``D^2`` operations (its agent's rows), another map
+    (a conjugation ``L S L^T`` of the rows it changes) at most ``D^3``. A chain counts its phases
+    (one map if noiseless), a coin one map more than its phase, a random stop its stages, the finish
+    of each outcome of positive probability, and one conjugation by its mean map."""
+
+    def count(phase) -> np.ndarray:
+        if isinstance(phase, RandomStop):
+            ends = [k for k in range(len(phase.stages)) if phase.pmf[:, k].any()]
+            finish = [phase.finish(k) for k in ends] if phase.finish is not None else []
+            parts = [*phase.stages, *(f for f in finish if f is not None)]
+            return sum((count(p) for p in parts), np.array([0, 1]))
+        if isinstance(phase, Chain):
+            return np.array([0, 1]) if phase.noiseless else sum((count(p) for p in phase.phases), np.zeros(2))
+        if isinstance(phase, Coin):
+            return count(phase.phase) + np.array([0, 1])
+        return np.array([1, 0]) if isinstance(phase, LocalStep) else np.array([0, 1])
+
+    local, other = sum((count(p) for p in _phases(rec, t, etas)), np.zeros(2, int))
+    return int(local), int(other)
 
 
 def round_map(rec: Recursion, t: int, etas: np.ndarray) -> np.ndarray:

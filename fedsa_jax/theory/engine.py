@@ -10,13 +10,15 @@ blocks that persist across rounds, which :func:`stable_step_size` scans.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from fedsa_jax import _validate, algorithms
 from fedsa_jax.moments import Combination, Recursion, recursion_of
 from fedsa_jax.theory import markov
-from fedsa_jax.theory._agents import Unfactored, factored_mse, factored_pays
-from fedsa_jax.theory._operator import constant_round_mse
+from fedsa_jax.theory._agents import Unfactored, factored_mse, factored_pays, factored_round
+from fedsa_jax.theory._operator import CURVE_RATIO, MAX_ASSEMBLED_FOR_CURVES, constant_round_mse
 from fedsa_jax.theory._rounds import (
     _cached_conjugate,
     _etas,
@@ -24,8 +26,10 @@ from fedsa_jax.theory._rounds import (
     _recursion,
     changing_round,
     round_map,
+    round_operations,
     second_moment_round,
 )
+from fedsa_jax.theory.stationary import DENSE_UNKNOWNS
 
 __all__ = [
     "exact_covariance",
@@ -354,3 +358,76 @@ def stable_step_size(
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if radius(mid) < 1.0 else (lo, mid)
     return float(lo)
+
+
+# Seconds per operation of the dense second-moment recursion (a local step ~ D^2, another map <= D^3,
+# :func:`~fedsa_jax.theory._rounds.round_operations`): measured 0.7e-8 to 2e-8 on two shared cores
+# (FedLSA, SCAFFLSA, random local work, delays; N = 10, d = 8). Estimates are good to a few times.
+SECONDS_PER_OPERATION = 1e-8
+# Rounds of stationary_mse's two GMRES solves (the stability certificate, the moment): measured 90 to
+# 370 at N = 10, d = 8; GMRES may apply up to stationary._MAX_APPLICATIONS.
+GMRES_ROUNDS = 400
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactCost:
+    """What :func:`exact_mse` and :func:`~fedsa_jax.theory.stationary_mse` will cost on the dense
+    recursion, from the sizes: ``rounds`` (and ``stationary_rounds``, None without a constant round)
+    of ``local_steps`` local steps and ``maps`` other maps each, on the ``dim x dim`` second moment of
+    the augmented state (averaged over a few rounds where the rounds change)."""
+
+    dim: int
+    local_steps: float
+    maps: float
+    rounds: int
+    stationary_rounds: int | None
+
+    def seconds(self, rounds: int) -> float:
+        """The estimated wall time of ``rounds`` rounds (:data:`SECONDS_PER_OPERATION`)."""
+        operations = self.local_steps * self.dim**2 + self.maps * self.dim**3
+        return rounds * operations * SECONDS_PER_OPERATION
+
+    def sizes(self, rounds: int) -> str:
+        """``"60 rounds of 1000 local steps and 11 maps on a 217 x 217 moment"``."""
+        return (
+            f"{rounds} rounds of {self.local_steps:.0f} local steps and {self.maps:.0f} maps on a "
+            f"{self.dim} x {self.dim} moment"
+        )
+
+
+def exact_cost(problem, algorithm, num_rounds: int) -> ExactCost | None:
+    """The sizes that set the exact theory's time (:class:`ExactCost`); None where they do not
+    (Markov sampling and the agents' factored recursion have their own limits, and cost little on
+    problems that pass them) or where the algorithm has no exact second moments (:func:`exact_mse`
+    says why)."""
+    try:
+        description = recursion_of(algorithm, problem)
+        if isinstance(description, Combination) or markov.is_markov(problem):
+            return None
+        rec, etas = _recursion(description, algorithm, num_rounds)
+    except ValueError:
+        return None
+    if num_rounds == 0 or _factored_applies(rec, etas):
+        return None
+    D, constant = rec.state.D, not changing_round(rec)
+    probes = sorted({0, num_rounds // 2, num_rounds - 1})
+    local, maps = np.mean([round_operations(rec, t, etas[t]) for t in probes], axis=0)
+    n = D * (D + 1) // 2  # the second moment's unknowns at most (the persistent coordinates are fewer)
+    rounds = num_rounds
+    if constant and n - 1 <= MAX_ASSEMBLED_FOR_CURVES and CURVE_RATIO * (n + 2) <= num_rounds:
+        rounds = n  # assembled from n rounds, then one product a round
+    stationary = (n if n - 1 <= DENSE_UNKNOWNS else GMRES_ROUNDS) if constant else None
+    return ExactCost(D, float(local), float(maps), rounds, stationary)
+
+
+def _factored_applies(rec: Recursion, etas) -> bool:
+    """Whether the rounds run on the agents' factored blocks (cheap: O(N d^2) a local step): one round
+    from a zero moment, which a phase it does not cover interrupts at once."""
+    if not factored_pays(rec):
+        return False
+    try:
+        z, advance = factored_round(rec)
+        advance(np.zeros((len(z), len(z))), 0, etas[0])
+    except Unfactored:
+        return False
+    return True
