@@ -68,7 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax import _validate
-from fedsa_jax.problems.protocol import direction_second_moment
+from fedsa_jax.problems.protocol import check_linear, direction_second_moment
 
 __all__ = [
     "MAX_AUGMENTED_DIM",
@@ -1176,6 +1176,9 @@ def recursion_of(algorithm, problem):
 
 
 def _arrays(problem):
+    """``(A_bar, b_bar, theta_star)`` in float64, for a problem the linear theory covers (one that
+    follows the iterate or is not affine is refused here, for every exact recursion)."""
+    check_linear(problem, "the exact theory")
     A = np.asarray(problem.A_bar, np.float64)
     b = np.asarray(problem.b_bar, np.float64)
     return A, b, np.asarray(problem.theta_star, np.float64)

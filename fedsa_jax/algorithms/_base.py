@@ -39,7 +39,7 @@ from fedsa_jax.channel import (
 )
 from fedsa_jax.delays import DELAY_STREAM, Delays
 from fedsa_jax.local_work import WORK_STREAM, LocalWork
-from fedsa_jax.problems.protocol import local_unroll
+from fedsa_jax.problems.protocol import follows_iterate, local_unroll
 
 
 @jax.tree_util.register_dataclass
@@ -633,9 +633,17 @@ def round_info(
     )
 
 
-def init_samplers(key: jax.Array, problem) -> jax.Array:
-    """Each agent's observation-stream state (Markov chain state), shape ``(N,)``."""
+def init_samplers(key: jax.Array, problem, theta0: jax.Array | None = None) -> jax.Array:
+    """Each agent's observation-stream state (Markov chain state), shape ``(N,)``. A problem whose
+    observations follow the iterate (:func:`fedsa_jax.problems.follows_iterate`) starts its streams
+    from the initial iterate ``theta0`` (e.g. SARSA's first action, drawn from the policy of
+    ``theta0``)."""
     keys = jax.random.split(key, problem.num_agents)
+    if follows_iterate(problem):
+        if theta0 is None:
+            raise TypeError("init_samplers: a problem that follows the iterate needs theta0")
+        start = jnp.asarray(theta0, problem.dtype)
+        return jax.vmap(lambda k, p: problem.init_sampler(k, p, start))(keys, problem.agent_params())
     return jax.vmap(problem.init_sampler)(keys, problem.agent_params())
 
 
@@ -674,6 +682,14 @@ class ErrorCoordinates:
             return p.error_direction(params, obs, error)
         return p.direction(params, obs, p.theta_star + error)
 
+    @property
+    def observe_step(self):
+        """The problem's ``observe_step`` at ``theta_star + error`` (an AttributeError when it has
+        none, so that :func:`~fedsa_jax.problems.follows_iterate` reads the problem's)."""
+        p = self.problem
+        observe = p.observe_step
+        return lambda params, sampler, rand, error: observe(params, sampler, rand, p.theta_star + error)
+
 
 def local_updates(problem, params, obs, theta, step_size, control=None):
     """H local steps of one agent: ``theta <- theta - eta_h (A_c(Z_h) theta - b_c(Z_h) - control)``.
@@ -704,6 +720,44 @@ def local_updates(problem, params, obs, theta, step_size, control=None):
     unroll = local_unroll(jax.tree.leaves(obs)[0].shape[0])
     theta, _ = jax.lax.scan(body, theta, (obs, etas), unroll=unroll)
     return theta
+
+
+def observed_updates(problem, params, sampler, rand, theta, step_size, control=None, skip: int = 1):
+    """One agent's round of local steps from its block of random numbers ``rand``: observe, then
+    update. Returns ``(theta^c_{t,H}, new sampler)``.
+
+    A problem whose observations do not depend on the iterate draws the H observations first
+    (``observe``) and :func:`local_updates` scans them. One whose observations follow the iterate
+    (``observe_step``, :func:`fedsa_jax.problems.follows_iterate`) draws each step's observation with
+    the agent's current local iterate: ``Z_h ~ law(theta^c_{t,h})``, then
+    ``theta^c_{t,h+1} = theta^c_{t,h} - eta_h (A_c(Z_h) theta^c_{t,h} - b_c(Z_h) - control)``, in one
+    scan over the block's rows (``skip`` must be 1: such a problem updates on every transition)."""
+    if not follows_iterate(problem):
+        obs, sampler = problem.observe(params, sampler, rand, skip)
+        return local_updates(problem, params, obs, theta, step_size, control), sampler
+    H = jax.tree.leaves(rand)[0].shape[0]
+    etas = jnp.broadcast_to(jnp.asarray(step_size, theta.dtype), (H,))
+
+    def body(carry, xs):
+        th, smp = carry
+        r, eta = xs
+        o, smp = problem.observe_step(params, smp, r, th)
+        g = problem.direction(params, o, th)
+        if control is not None:
+            g = g - control
+        return (th - eta * g, smp), None
+
+    (theta, sampler), _ = jax.lax.scan(body, (theta, sampler), (rand, etas), unroll=local_unroll(H))
+    return theta, sampler
+
+
+def first_observation(problem, params, sampler, rand, theta, skip: int = 1):
+    """One agent's first observation of its round's block ``rand`` and its new sampler (QFedTD: one
+    step a round), drawn at ``theta`` for a problem whose observations follow the iterate."""
+    if follows_iterate(problem):
+        return problem.observe_step(params, sampler, jax.tree.map(lambda x: x[0], rand), theta)
+    obs, sampler = problem.observe(params, sampler, rand, skip)
+    return jax.tree.map(lambda x: x[0], obs), sampler
 
 
 def local_work_theory(y, config, steps: list, reference: str = "theta") -> list:
@@ -772,8 +826,7 @@ def run_agents(rand, problem, samplers, theta, step_size, skip=1, controls=None,
         return _run_stepwise(rand, problem, params, samplers, theta, etas, skip, controls, active)
 
     def agent(rand, params, sampler, control, eta, start):
-        obs, sampler = problem.observe(params, sampler, rand, skip)
-        return local_updates(problem, params, obs, start, eta, control), sampler
+        return observed_updates(problem, params, sampler, rand, start, eta, control, skip)
 
     axis = None if weights is None else 0
     starts = 0 if jnp.ndim(theta) == 2 else None  # one start per agent (delayed updates), else common
@@ -784,8 +837,7 @@ def _run_stepwise(blocks, problem, params, samplers, theta, etas, skip, controls
     """:func:`run_agents` one local step at a time: ``blocks`` has leading axis H_max."""
 
     def agent_step(params, sampler, rand, th, control, eta):
-        obs, moved = problem.observe(params, sampler, rand, skip)
-        return local_updates(problem, params, obs, th, eta, control), moved
+        return observed_updates(problem, params, sampler, rand, th, eta, control, skip)
 
     per_agent = jnp.ndim(etas) == 2  # (N, H_max): multiplied by the agents' weights
 

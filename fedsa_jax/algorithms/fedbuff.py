@@ -140,7 +140,7 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: FedBuffConfig) -> F
     return FedBuffState(
         problem.theta_star + error,
         error,
-        init_samplers(key, problem),
+        init_samplers(key, problem, problem.theta_star + error),
         jnp.int32(0),
         optim.init_server(config, error),
         jnp.broadcast_to(error, (N, error.shape[0])),

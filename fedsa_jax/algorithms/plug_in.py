@@ -59,6 +59,7 @@ from fedsa_jax.algorithms._base import (
 )
 from fedsa_jax.algorithms.averaged import _error, _Wrapper
 from fedsa_jax.channel.dp import refuse_privacy
+from fedsa_jax.problems.protocol import check_linear
 
 __all__ = ["PlugInMoments", "PlugInState", "lyapunov", "plug_in"]
 
@@ -150,7 +151,7 @@ def init_plug_in(key, problem, theta0, config: PlugInConfig) -> PlugInState:
         jnp.zeros((N, d, d), dtype),
         jnp.zeros((N, d), dtype),
         jnp.zeros((N, d, d), dtype),
-        init_samplers(key, problem),  # the key every built-in algorithm draws its samplers from
+        init_samplers(key, problem, theta0),  # the key every built-in algorithm draws its samplers from
         jnp.zeros((), dtype),
         jnp.asarray(config.clients_per_round if cohort_active(config, N) else N, dtype),
     )
@@ -199,6 +200,7 @@ def _last_step_size(config, count, dtype):
 
 
 def step_plug_in(rand: RoundRandomness, state: PlugInState, problem, config: PlugInConfig):
+    check_linear(problem, "the plug-in covariance (a linear SA's eta Sigma)")
     m = state.plug_in
     obs, sampler, used = _observations(rand, problem, m.sampler, config, state.count)
     theta = state.theta

@@ -43,6 +43,7 @@ from fedsa_jax.algorithms._base import (
     RoundRandomness,
     downlink_init,
     downlink_step,
+    first_observation,
     init_samplers,
     initial_error,
     keep_outside,
@@ -72,7 +73,7 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: LocalStepsConfig) -
     return QFedTDState(
         problem.theta_star + error,
         error,
-        init_samplers(key, problem),
+        init_samplers(key, problem, problem.theta_star + error),
         jnp.int32(0),
         optim.init_server(config, error),
         config.channel.init_memory(problem.num_agents, problem.dim, problem.dtype),
@@ -89,8 +90,7 @@ def step(rand: RoundRandomness, state: QFedTDState, problem, config: LocalStepsC
     start = state.error if getattr(config, "downlink", None) is None else state.hat  # the agents' copy
 
     def direction(rand_c, params, sampler):
-        obs, sampler = problem.observe(params, sampler, rand_c, 1)
-        first = jax.tree.map(lambda x: x[0], obs)
+        first, sampler = first_observation(view, params, sampler, rand_c, start)
         return -view.direction(params, first, start), sampler  # g = b(Z) - A(Z) theta
 
     g, sampler = jax.vmap(direction)(rand.obs, problem.agent_params(), state.sampler)

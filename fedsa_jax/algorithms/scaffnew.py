@@ -171,7 +171,7 @@ def init(key: jax.Array, problem, theta0: jax.Array, config: ScaffnewConfig) -> 
         x,
         xi,
         error,
-        init_samplers(key, problem),
+        init_samplers(key, problem, problem.theta_star + error),
         jnp.int32(0),
         optim.init_server(config, error),
         config.channel.init_memory(problem.num_agents, problem.dim, problem.dtype),

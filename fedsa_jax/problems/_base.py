@@ -16,6 +16,17 @@ import numpy as np
 from fedsa_jax import _validate
 
 
+def float64():
+    """A context in which JAX computes in float64 (x64 on), whatever the global setting: the
+    references that need autodiff (Newton's method on a nonlinear mean field) run in it."""
+    enable = getattr(jax, "enable_x64", None)
+    if enable is not None:
+        return enable(True)
+    from jax.experimental import enable_x64  # older JAX  # pyright: ignore
+
+    return enable_x64()
+
+
 def fixed_points(
     A_bar, b_bar, name: str = "A_bar", value: Any = None, hint: str = ""
 ) -> tuple[np.ndarray, np.ndarray]:

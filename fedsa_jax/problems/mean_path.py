@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax import _validate
-from fedsa_jax.problems.protocol import FiniteSupport, missing_members
+from fedsa_jax.problems.protocol import FiniteSupport, check_linear, missing_members
 
 __all__ = ["ExpectedProblem", "expected"]
 
@@ -35,9 +35,28 @@ class MeanSystem(NamedTuple):
     residual_star: jax.Array  # (d,) A_bar theta_star - b_bar (from float64)
 
 
+class NoRandomness:
+    """The observation stream of a noise-free problem (mixed into :class:`ExpectedProblem` and the
+    control problems' mean fields): no sampler state and an empty block of random numbers."""
+
+    def init_sampler(self, key: jax.Array, params: Any) -> jax.Array:
+        del key, params
+        return jnp.zeros((), jnp.int32)
+
+    def randomness(self, key: jax.Array, num_agents: int, num_obs: int, skip: int = 1) -> jax.Array:
+        """No randomness: an empty ``(num_agents, num_obs, 0)`` block (the local scan
+        still needs the leading axis ``num_obs``)."""
+        del key, skip
+        return jnp.zeros((num_agents, num_obs, 0), self.dtype)  # pyright: ignore[reportAttributeAccessIssue]
+
+    def observe(self, params: Any, sampler: jax.Array, rand: jax.Array, skip: int = 1):
+        del params, skip
+        return rand, sampler
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class ExpectedProblem:
+class ExpectedProblem(NoRandomness):
     """Noise-free problem (module docstring); build it with :func:`expected`."""
 
     A_bar: jax.Array  # (N, d, d)
@@ -62,20 +81,6 @@ class ExpectedProblem:
 
     def agent_params(self) -> MeanSystem:
         return MeanSystem(self.A_bar, self.b_bar, self.residual_star)
-
-    def init_sampler(self, key: jax.Array, params: MeanSystem) -> jax.Array:
-        del key, params
-        return jnp.zeros((), jnp.int32)
-
-    def randomness(self, key: jax.Array, num_agents: int, num_obs: int, skip: int = 1) -> jax.Array:
-        """No randomness: an empty ``(num_agents, num_obs, 0)`` block (the local scan
-        still needs the leading axis ``num_obs``)."""
-        del key, skip
-        return jnp.zeros((num_agents, num_obs, 0), self.dtype)
-
-    def observe(self, params: MeanSystem, sampler: jax.Array, rand: jax.Array, skip: int = 1):
-        del params, skip
-        return rand, sampler
 
     def direction(self, params: MeanSystem, obs: jax.Array, theta: jax.Array) -> jax.Array:
         """``A_bar[c] theta - b_bar[c]``."""
@@ -105,11 +110,16 @@ def _plain(x: Any) -> Any:
     _validate.fail("problem", type(x).__name__, "describe() must return JSON-serialisable values")
 
 
-def expected(problem) -> ExpectedProblem:
+def expected(problem) -> Any:
     """The noise-free version of ``problem``: ``A_c(Z) = A_bar[c]``, ``b_c(Z) = b_bar[c]``.
 
     Args:
       problem: any problem (:class:`~fedsa_jax.problems.Problem`).
+
+    A problem with a ``mean_field()`` member (one whose observations follow the iterate, e.g.
+    :class:`~fedsa_jax.problems.FederatedSARSA`) returns it instead: the problem whose direction is the
+    mean direction under the law the iterate induces (not affine in theta; the linear theory refuses
+    it, :func:`fedsa_jax.theory.mean_path` runs it).
 
     Returns:
       :class:`ExpectedProblem` with the same ``A_bar``, ``b_bar``, ``theta_star``,
@@ -128,6 +138,10 @@ def expected(problem) -> ExpectedProblem:
     missing = missing_members(problem)
     if missing:
         _validate.fail("problem", type(problem).__name__, f"not a problem: it lacks {', '.join(missing)}")
+    own = getattr(problem, "mean_field", None)
+    if callable(own):  # a problem the linear theory does not cover (SARSA): its own noise-free version
+        return own()
+    check_linear(problem, "its noise-free version without mean_field()")
     dt = problem.dtype
     f = lambda x: jnp.asarray(x, dtype=dt)  # noqa: E731
     A, b, ts = (np.asarray(x, np.float64) for x in (problem.A_bar, problem.b_bar, problem.theta_star))

@@ -58,7 +58,16 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 import numpy as np
 
-__all__ = ["FiniteSupport", "Problem", "direction_second_moment", "missing_members"]
+from fedsa_jax import _validate
+
+__all__ = [
+    "FiniteSupport",
+    "Problem",
+    "check_linear",
+    "direction_second_moment",
+    "follows_iterate",
+    "missing_members",
+]
 
 
 @runtime_checkable
@@ -118,6 +127,22 @@ class Problem(Protocol):
       ``(A_c(s, s'), b_c(s, s'))`` as a function of the transition; with it
       :func:`fedsa_jax.theory.exact_mean` and :func:`~fedsa_jax.theory.exact_mse` condition
       their moments on the agents' joint chain state (small chains; federated TD has it).
+    * ``observe_step(params, sampler, rand, theta) -> (obs, new_sampler)``: for a problem whose
+      observation law depends on the iterate (control: SARSA's behaviour policy is a softmax of the
+      current Q-estimate). The algorithms then draw one observation per local step, with the agent's
+      *current local iterate* ``theta`` (its iterate at that step, not the server's), and update
+      from it before drawing the next (:func:`fedsa_jax.algorithms.observed_updates`). ``rand`` is the
+      step's slice of the agent's ``randomness`` block (whose axis 1 is the local step) and ``obs``
+      one observation (no leading axis); ``observe`` is not called. ``init_sampler`` then takes the
+      initial iterate as a third argument, ``init_sampler(key, params, theta0)``. Such a problem
+      has no exact linear recursion: :func:`follows_iterate` tells, and the exact theory refuses it
+      (:func:`check_linear`).
+    * ``linear: bool`` (default True): False declares a direction that is not affine in ``theta``
+      for a fixed observation (Q-learning's max); the exact linear recursions refuse it too.
+    * ``mean_field() -> Problem``: the noise-free version of a problem the exact linear theory
+      refuses: a problem whose direction at ``theta`` is the expected direction under the law
+      ``theta`` induces (:func:`fedsa_jax.problems.expected` returns it; the algorithms' own
+      kernels then run the deterministic mean path, :func:`fedsa_jax.theory.mean_path`).
     """
 
     A_bar: jax.Array
@@ -253,6 +278,28 @@ def missing_members(problem: Any) -> list[str]:
         if value is _ABSENT or (name in _METHODS and not callable(value)):
             missing.append(name)
     return missing
+
+
+def follows_iterate(problem: Any) -> bool:
+    """Whether ``problem`` draws its observations with the current iterate (``observe_step``)."""
+    return callable(getattr(problem, "observe_step", None))
+
+
+def check_linear(problem: Any, what: str) -> None:
+    """Refuse, in one line with the reason, ``what`` (an exact linear recursion) for a problem whose
+    observation law follows the iterate or whose direction is not affine in ``theta``."""
+    if follows_iterate(problem):
+        reason = "its observations follow the iterate (their law depends on theta)"
+    elif not getattr(problem, "linear", True):
+        reason = "its direction is not affine in theta"
+    else:
+        return
+    _validate.fail(
+        "problem",
+        problem.describe().get("family", type(problem).__name__),
+        f"{what} is exact for linear stochastic approximation, and {reason}; use "
+        "fj.theory.mean_path (the deterministic limit) or simulate",
+    )
 
 
 def direction_second_moment(weights, A, b):

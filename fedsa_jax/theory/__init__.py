@@ -137,6 +137,7 @@ from fedsa_jax.theory.engine import (
     mean_spectral_radius,
 )
 from fedsa_jax.theory.markov import MAX_MARKOV_ENTRIES
+from fedsa_jax.theory.mean_path import mean_path, mean_path_limit
 from fedsa_jax.theory.references import (
     fedlsa_bias,
     fedlsa_round_bias,
@@ -160,6 +161,8 @@ __all__ = [
     "fedlsa_round_bias",
     "lsa_step_size_bound",
     "max_stable_step_size",
+    "mean_path",
+    "mean_path_limit",
     "mean_spectral_radius",
     "mean_square_spectral_radius",
     "mixing_time",

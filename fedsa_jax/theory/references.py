@@ -11,6 +11,7 @@ from scipy import linalg
 from fedsa_jax import _validate, algorithms, registry
 from fedsa_jax.local_work import LocalWork
 from fedsa_jax.moments import _arrays
+from fedsa_jax.problems.protocol import check_linear
 from fedsa_jax.theory.engine import stable_step_size
 from fedsa_jax.theory.stationary import mean_square_spectral_radius
 
@@ -172,6 +173,7 @@ def _required(factory) -> set[str]:
 
 def _tv_sequence(problem):
     """Yields ``max_s TV(P_c^t(s, .), mu_c)`` (shape ``(N,)``) for t = 0, 1, 2, ..."""
+    check_linear(problem, "the mixing time of the evaluated policy's chain")
     if not hasattr(problem, "transitions"):
         _validate.fail(
             "problem", type(problem).__name__, "mixing times need a federated TD problem (a Markov chain)"
