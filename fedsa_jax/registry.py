@@ -34,12 +34,19 @@ __all__ = [
     "nonnegative_int",
     "real",
     "positive_real",
+    "discount",
     "seed",
+    "seed_list",
     "LOCAL_STEPS",
     "SKIP",
     "STATES",
     "SAMPLING",
     "HETEROGENEITY",
+    "ACTIONS",
+    "BRANCHING",
+    "TEMPERATURE",
+    "GENERATION_SEEDS",
+    "GAMMA",
 ]
 
 XLA_FLAG = "xla_force_host_platform_device_count"  # JAX's CPU device count (fedsa_jax.cpu, --cpu-devices)
@@ -140,6 +147,19 @@ def real(text: str) -> float:
 
 def positive_real(text: str) -> float:
     return name_or_number(text, (), lambda v: v > 0.0, "a finite real number > 0")  # pyright: ignore[reportReturnType]
+
+
+def discount(text: str) -> float:
+    return name_or_number(text, (), lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")  # pyright: ignore[reportReturnType]
+
+
+def seed_list(text: str) -> str:
+    """Comma-separated nonnegative integers, as the text ``"0,1"`` (spaces and leading zeros dropped, so
+    that equal lists are equal option values)."""
+    parts = [t.strip() for t in text.split(",")]
+    if not all(t.isascii() and t.isdigit() for t in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0 (e.g. 0,1), got {text!r}")
+    return ",".join(str(int(t)) for t in parts)
 
 
 # --- options and entries -----------------------------------------------------------------------------------
@@ -395,8 +415,8 @@ CLIENTS_PER_ROUND = Option(
 HETEROGENEITY = Option(
     ("--heterogeneity",),
     "heterogeneity",
-    "garnet and gaussian: 'homogeneous', 'heterogeneous' or a level in "
-    "[0, 1] (gaussian: homogeneous = 0, heterogeneous = 1)",
+    "garnet, gaussian and sarsa-garnet: 'homogeneous', 'heterogeneous' or a level in "
+    "[0, 1] (gaussian, sarsa-garnet: homogeneous = 0, heterogeneous = 1)",
     lambda text: name_or_number(
         text,
         ("homogeneous", "heterogeneous"),
@@ -410,7 +430,7 @@ HETEROGENEITY = Option(
 STATES = Option(
     ("--states",),
     "states",
-    "number of states S (garnet default 30, qfedtd-mdp default 20)",
+    "number of states S (garnet default 30, qfedtd-mdp default 20, sarsa-garnet default 10)",
     positive_int,
     None,
     group="problem",
@@ -423,4 +443,54 @@ SAMPLING = Option(
     choices=("generative", "markov"),
     group="problem",
     params=("sampling",),
+)
+# federated SARSA's control Garnet (sarsa-garnet)
+ACTIONS = Option(
+    ("--actions",),
+    "actions",
+    "sarsa-garnet: number of actions A",
+    positive_int,
+    3,
+    group="problem",
+    params=("num_actions",),
+)
+BRANCHING = Option(
+    ("--branching",),
+    "branching",
+    "sarsa-garnet: next states that each state-action pair reaches, at most S",
+    positive_int,
+    2,
+    group="problem",
+    params=("branching",),
+)
+TEMPERATURE = Option(
+    ("--temperature",),
+    "temperature",
+    "sarsa-garnet: temperature tau > 0 of the softmax policy, pi(a|s) proportional to exp(Q(s, a) / tau) "
+    "(small: nearly greedy)",
+    positive_real,
+    2.0,
+    metavar="TAU",
+    group="problem",
+    params=("temperature",),
+)
+GENERATION_SEEDS = Option(
+    ("--generation-seeds",),
+    "generation_seeds",
+    "sarsa-garnet: comma-separated seeds of the generated MDPs, one MDP each; agent c runs on the "
+    "seed c mod their count",
+    seed_list,
+    "0,1",
+    metavar="SEEDS",
+    group="problem",
+    params=("generation_seeds",),
+)
+GAMMA = Option(
+    ("--gamma",),
+    "gamma",
+    "discount factor gamma in [0, 1) (sarsa-garnet default 0.9)",
+    discount,
+    None,
+    group="problem",
+    params=("gamma",),
 )

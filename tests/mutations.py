@@ -1583,6 +1583,47 @@ MUTATIONS = [
         ("tests/test_cpu.py::test_one_device_adds_no_flag_and_a_users_own_threshold_stays",),
         "a threshold the user set in XLA_FLAGS is overridden",
     ),
+    # --- federated SARSA: observations that follow the iterate ---
+    Mutation(
+        "sarsa-action-from-the-state-uniform",
+        "fedsa_jax/problems/federated_sarsa.py",
+        "next_pair = s_next * A + self._action(s_next, u[1], theta)",
+        "next_pair = s_next * A + self._action(s_next, u[0], theta)",
+        ("tests/test_sarsa.py::test_kernel_equals_numpy_loop[None-None-fedlsa]",),
+        "the next action reuses the next state's uniform",
+    ),
+    Mutation(
+        "sarsa-action-from-the-round-start",
+        "fedsa_jax/algorithms/_base.py",
+        "o, smp = problem.observe_step(params, smp, r, th)",
+        "o, smp = problem.observe_step(params, smp, r, theta)",
+        ("tests/test_sarsa.py::test_kernel_equals_numpy_loop[None-None-fedlsa]",),
+        "the behaviour policy follows the round's starting iterate, not the current local one",
+    ),
+    Mutation(
+        "mean-path-limit-ignores-conserved-sums",
+        "fedsa_jax/theory/mean_path.py",
+        "conserved = u[:, sv <= 1e-10 * max(sv.max(initial=0.0), 1.0)].T",
+        "conserved = u[:, sv < 0].T",
+        ("tests/test_sarsa.py::test_mean_path_and_its_limit[scafflsa]",),
+        "Newton's steps move the control variates' sum: another member of the family of fixed points",
+    ),
+    Mutation(
+        "linear-theory-accepts-sarsa",
+        "fedsa_jax/problems/protocol.py",
+        "    if follows_iterate(problem):\n        reason",
+        "    if False:\n        reason",
+        ("tests/test_sarsa.py::test_linear_theory_refuses",),
+        "the exact linear recursions run on a problem whose observation law follows the iterate",
+    ),
+    Mutation(
+        "garnet-control-heterogeneity-reversed",
+        "fedsa_jax/problems/federated_sarsa.py",
+        "P = (1.0 - h) * P_gen.mean(0) + h * P_gen[which]",
+        "P = h * P_gen.mean(0) + (1.0 - h) * P_gen[which]",
+        ("tests/test_sarsa.py::test_garnet_control_draws_as_the_papers_code",),
+        "heterogeneity 1 puts every agent on the averaged MDP",
+    ),
 ]
 
 

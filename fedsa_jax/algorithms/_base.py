@@ -691,6 +691,14 @@ class ErrorCoordinates:
         return lambda params, sampler, rand, error: observe(params, sampler, rand, p.theta_star + error)
 
 
+def local_step(problem, params, obs, theta, step_size, control=None):
+    """One local update ``theta - eta (A_c(Z) theta - b_c(Z) - control)`` (``control`` None: FedLSA)."""
+    g = problem.direction(params, obs, theta)
+    if control is not None:
+        g = g - control
+    return theta - step_size * g
+
+
 def local_updates(problem, params, obs, theta, step_size, control=None):
     """H local steps of one agent: ``theta <- theta - eta_h (A_c(Z_h) theta - b_c(Z_h) - control)``.
 
@@ -711,10 +719,7 @@ def local_updates(problem, params, obs, theta, step_size, control=None):
 
     def body(th, xs):
         o, eta = xs
-        g = problem.direction(params, o, th)
-        if control is not None:
-            g = g - control
-        return th - (step_size if eta is None else eta) * g, None
+        return local_step(problem, params, o, th, step_size if eta is None else eta, control), None
 
     etas = step_size if jnp.ndim(step_size) == 1 else None
     unroll = local_unroll(jax.tree.leaves(obs)[0].shape[0])
@@ -742,10 +747,7 @@ def observed_updates(problem, params, sampler, rand, theta, step_size, control=N
         th, smp = carry
         r, eta = xs
         o, smp = problem.observe_step(params, smp, r, th)
-        g = problem.direction(params, o, th)
-        if control is not None:
-            g = g - control
-        return (th - eta * g, smp), None
+        return (local_step(problem, params, o, th, eta, control), smp), None
 
     (theta, sampler), _ = jax.lax.scan(body, (theta, sampler), (rand, etas), unroll=local_unroll(H))
     return theta, sampler

@@ -139,7 +139,8 @@ def _common() -> list[Option]:
         Option(
             ("--dim", "-d"),
             "dim",
-            "dimension d (garnet default 8, qfedtd-mdp 10, gaussian 5)",
+            "dimension d (garnet default 8, qfedtd-mdp 10, gaussian 5; sarsa-garnet: one-hot features, "
+            "d = S A, by default, else dense ones drawn from --problem-seed)",
             positive_int,
             group="problem",
             params=("dim",),
@@ -579,7 +580,8 @@ def _simulation() -> list[Option]:
             "also compute the exact MSE curve (fj.theory.exact_mse; every algorithm "
             "with an exact description, plugins included, on Gaussian or generative TD problems, small N d, "
             "or Markov TD on small chains) "
-            "and draw it dotted",
+            "and draw it dotted; on sarsa-garnet, whose observations follow the iterate, each algorithm's "
+            "noise-free limit instead (fj.theory.mean_path_limit), its squared error dashed",
             default=False,
             action="store_true",
             grid=False,

@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import _prng, _validate
+from fedsa_jax import _prng, _validate, registry
 from fedsa_jax.problems._base import alias_draw, alias_tables, float64, stationary_distribution
 from fedsa_jax.problems.mean_path import NoRandomness
 
@@ -133,6 +133,17 @@ def frozen_system(P, r, Phi, gamma, theta, temperature, epsilon: Any = 0.0, poli
     return A, b
 
 
+def _field_of(theta, P, r, w, Phi, gamma, tau, eps, policy):
+    """``sum_k w_k g_k(theta)`` over the MDPs ``P (K, S, A, S)``, ``r (K, S, A)``."""
+    per = jax.vmap(lambda P_k, r_k: mean_field(P_k, r_k, Phi, gamma, theta, tau, eps, policy))(P, r)
+    return w @ per
+
+
+# Compiled once per shape and policy (arrays and scalars are arguments): every problem of a shape reuses them.
+_weighted_field = jax.jit(_field_of, static_argnums=8)
+_weighted_jacobian = jax.jit(jax.jacfwd(_field_of), static_argnums=8)
+
+
 def sarsa_limit(
     transitions,
     rewards,
@@ -155,13 +166,9 @@ def sarsa_limit(
         Phi = jnp.asarray(np.asarray(features, np.float64))
         K = P.shape[0]
         w = jnp.full((K,), 1.0 / K) if weights is None else jnp.asarray(np.asarray(weights, np.float64))
-        tau, eps, g = float(temperature), float(epsilon), float(gamma)
-
-        def G(theta):
-            per = jax.vmap(lambda P_k, r_k: mean_field(P_k, r_k, Phi, g, theta, tau, eps, policy))(P, r)
-            return w @ per
-
-        G_jit, J_jit = jax.jit(G), jax.jit(jax.jacfwd(G))
+        scalars = (float(gamma), float(temperature), float(epsilon))
+        G_jit = lambda th: _weighted_field(th, P, r, w, Phi, *scalars, policy)  # noqa: E731
+        J_jit = lambda th: _weighted_jacobian(th, P, r, w, Phi, *scalars, policy)  # noqa: E731
         theta = np.zeros(Phi.shape[-1]) if start is None else np.asarray(start, np.float64)
         value = np.asarray(G_jit(theta))
         norm = float(np.linalg.norm(value))
@@ -248,9 +255,11 @@ class FederatedSARSA(_AgentTables):
 
     def _action(self, state, u, theta):
         """``a ~ pi_theta(. | state)`` from the uniform ``u``."""
-        A = self.num_actions
-        rows = jax.lax.dynamic_slice_in_dim(self.features_star, state * A, A)[:, : self.dim]
-        return draw_action(policy_probabilities(rows @ theta, self.temperature, self.epsilon, self.policy), u)
+        q = self.features[state] @ theta  # (A,)
+        if self.policy == "softmax":  # unnormalised weights: the draw compares u sum(w) to their cumsum
+            w = jnp.exp((q - jnp.max(q)) / self.temperature)
+            return jnp.sum(jnp.cumsum(w[:-1]) <= u * jnp.sum(w)).astype(jnp.int32)
+        return draw_action(policy_probabilities(q, self.temperature, self.epsilon, self.policy), u)
 
     def init_sampler(self, key: jax.Array, c: jax.Array, theta0: jax.Array) -> jax.Array:
         """The pair ``s_0 A + a_0``: ``s_0`` uniform, ``a_0 ~ pi_{theta0}(. | s_0)`` (two uniforms)."""
@@ -561,3 +570,45 @@ def garnet_control(
         Phi = np.random.default_rng(feature_seed).uniform(size=(S * A, d))
         Phi = (Phi / Phi.sum(1, keepdims=True)).reshape(S, A, d)
     return sarsa(P, r, Phi, gamma, temperature, policy=policy, epsilon=epsilon, dtype=dtype)
+
+
+def _garnet_control_from_options(key, args):
+    """``--problem sarsa-garnet``: :func:`garnet_control` from the options. The generation seeds draw
+    the MDPs (not ``key``); ``--problem-seed`` draws the dense features of ``--dim``."""
+    del key
+    S, B = args.states or 10, args.branching
+    if B > S:  # named after --states where --branching is its default (the one given, most likely)
+        name, value = ("num_states", S) if B == registry.BRANCHING.default else ("branching", B)
+        reason = f"each state-action pair moves to branching={B} distinct states, more than num_states={S}"
+        _validate.fail(name, value, reason)
+    level = {"homogeneous": 0.0, "heterogeneous": 1.0}.get(args.heterogeneity, args.heterogeneity)
+    return garnet_control(
+        num_agents=args.agents,
+        num_states=S,
+        num_actions=args.actions,
+        branching=B,
+        generation_seeds=[int(s) for s in args.generation_seeds.split(",")],
+        heterogeneity=level,  # pyright: ignore[reportArgumentType]
+        gamma=0.9 if args.gamma is None else args.gamma,
+        temperature=args.temperature,
+        dim=args.dim,
+        feature_seed=args.problem_seed,
+        dtype=args.dtype,
+    )
+
+
+registry.register_problem(
+    "sarsa-garnet",
+    _garnet_control_from_options,
+    options=(
+        registry.HETEROGENEITY,
+        registry.STATES,
+        registry.ACTIONS,
+        registry.BRANCHING,
+        registry.TEMPERATURE,
+        registry.GENERATION_SEEDS,
+        registry.GAMMA,
+    ),
+    note="federated SARSA (control) on the FedSARSA paper's Garnet MDPs",
+    order=3,
+)
