@@ -785,7 +785,8 @@ def mse_growth(
     settled far above its start.
 
     A curve grows when its last value exceeds ``factor`` times its first (round 0 of the record) and
-    ``sqrt(factor)`` times its value at the recorded round nearest the middle of the recorded span.
+    ``sqrt(factor)`` times its value at the recorded round nearest the middle of the recorded span
+    (a first value of 0, a start at ``theta_star``: ``factor`` times ``reference`` when it is given).
     The second condition keeps a run started at (or near) ``theta_star`` from counting: its MSE rises
     from 0 to its noise floor, and the variance a stable linear recursion accumulates over ``2t``
     rounds is at most about twice what it accumulates over ``t``, while a blow-up at rate ``rho > 1``
@@ -809,7 +810,11 @@ def mse_growth(
         return None
     start, mid, end = float(mse[0]), float(mse[middle]), float(mse[-1])
     found = (int(rounds[0]), start, int(rounds[middle]), mid, int(rounds[-1]), end)
-    if end > factor * start and end > math.sqrt(factor) * mid:  # False on NaN
+    # a start at theta_star (MSE 0) says nothing of a scale: the curve must then also pass factor times
+    # |theta_star|^2 (a run whose local steps grow with the round rises from 0 faster than sqrt(factor)
+    # between its middle and its end, to its noise floor)
+    floor = start if start > 0 or reference is None else reference
+    if end > factor * floor and end > math.sqrt(factor) * mid:  # False on NaN
         return Growth(*found)
     base = max(start, reference or 0.0)
     level = float(np.median(mse[middle:]))  # the second half: robust to a heavy-tailed last record

@@ -19,6 +19,7 @@ SMALL = {
     "02_quantization_and_erasures.ipynb": "SEEDS = 32\nROUNDS = 12\nAGENTS = 4",
     "03_your_own_algorithm.ipynb": "SEEDS = 64\nROUNDS = 12\nH = 4",
     "04_confidence_sets.ipynb": "SEEDS = 200\nROUNDS = 20\nB = 20",
+    "05_federated_sarsa.ipynb": "SEEDS = 16\nSTEPS = 200\nLONG = 2000\nETA = 0.01",
 }
 
 # (marker, source): the source runs in a cell inserted after the first code cell containing marker.
@@ -144,6 +145,48 @@ assert res.metrics["covers_joint_exact_9"].mean[-1] == np.mean(_d <= _chi2.ppf(L
             f"""
 for _name, _covered, _sem, _predicted in rows:  # the exact interval where the exact mean says
     assert abs(_covered - _predicted) <= {Z_TOL} * np.sqrt(_predicted * (1 - _predicted) / SEEDS) + 1e-12
+""",
+        ),
+    ],
+    "05_federated_sarsa.ipynb": [
+        (
+            'limits["scafflsa", HS[-1]] = fj.theory.mean_path_limit(',
+            """
+from fedsa_jax.problems.federated_sarsa import mean_field as _g
+_P, _r, _Phi = (np.asarray(x) for x in (problem.transitions, problem.rewards, problem.features))
+_gam, _tau = float(problem.gamma), float(problem.temperature)
+_G = np.mean([_g(_P[c], _r[c], _Phi, _gam, star, _tau) for c in range(problem.num_agents)], axis=0)
+assert np.linalg.norm(_G) < 1e-10, _G  # theta_lim_fed is the root of mean_c g_c
+np.testing.assert_allclose(limits["scafflsa", HS[-1]], star, rtol=0, atol=1e-9)  # drift correction
+np.testing.assert_allclose(limits["fedlsa", 1], star, rtol=0, atol=1e-9)  # H = 1: no local drift
+_b = [np.sum((limits["fedlsa", _h] - star) ** 2) for _h in HS]
+assert 1e-8 < _b[1] < _b[2], _b  # the local-training bias grows with H
+_l = limits["fedlsa", HS[-1]]
+_next = fj.theory.mean_path(problem, fj.fedlsa(ETA, HS[-1]), 1, _l)[1]
+np.testing.assert_allclose(_next, _l, rtol=0, atol=1e-10)  # a fixed point of the noise-free round
+""",
+        ),
+        (
+            "results[H] = fj.simulate(",
+            f"""
+_solid = [line for line in ax.lines if line.get_linestyle() == "-"]
+_dotted = [line for line in ax.lines if line.get_linestyle() == ":" and len(line.get_xdata())]
+assert len(_solid) == len(_dotted) == len(HS)
+for _s, _d, _h in zip(_solid, _dotted, HS):
+    _r = results[_h]
+    np.testing.assert_array_equal(_s.get_ydata(), _r.mse_mean)
+    np.testing.assert_array_equal(_d.get_ydata(), np.sum((paths[_h] - star) ** 2, axis=1))
+    np.testing.assert_array_equal(paths[_h][0], theta0)
+    _gap = np.linalg.norm(_r.theta_mean[-1] - paths[_h][-1])  # the mean follows the noise-free path
+    assert _gap < {Z_TOL} * np.linalg.norm(_r.theta_sem[-1]), (_h, _gap, _r.theta_sem[-1])
+""",
+        ),
+        (
+            "long_paths = {",
+            """
+for _line, _name in zip(ax2.lines, ("fedlsa", "scafflsa")):
+    np.testing.assert_array_equal(_line.get_ydata(), np.sum((long_paths[_name] - star) ** 2, axis=1))
+np.testing.assert_array_equal(ax2.lines[2].get_ydata(), [np.sum((limits["fedlsa", HS[-1]] - star) ** 2)] * 2)
 """,
         ),
     ],

@@ -315,3 +315,32 @@ def test_monte_carlo_approaches_the_noise_free_limit_as_the_step_shrinks():
     se = np.hypot(ses[0] @ np.abs(u) / 2, ses[1] @ np.abs(u))  # bounds the s.e. of small - big / 2
     assert big > 6 * ses[0] @ np.abs(u)  # a gap the Monte Carlo resolves: the test can fail
     assert abs(small - big / 2) < 4.5 * se + 0.15 * big / 2  # halves, up to O(eta^2) and 4.5 s.e.
+
+
+@pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
+def test_tabular_fast_path_equals_the_generic_scan(mdp, name):
+    """One-hot features run SARSA's own O(A) local steps (``error_observed_steps``): the same draws
+    and iterates as the generic scan over ``observe_step`` and ``error_direction``."""
+    import dataclasses
+
+    P, r, _ = mdp
+    tabular = fj.problems.sarsa(P, r, np.eye(S * A).reshape(S, A, S * A), GAMMA, TAU)
+    assert tabular.one_hot
+    generic = dataclasses.replace(tabular, one_hot=False)
+    alg = getattr(fj, name)(0.3, 5)
+    runs = [
+        fj.simulate(jax.random.key(4), p, alg, 8, 16, theta0=np.ones(S * A), keep_seeds=16, progress=False)
+        for p in (tabular, generic)
+    ]
+    np.testing.assert_allclose(runs[0].final_theta, runs[1].final_theta, rtol=1e-12, atol=1e-12)
+
+
+def test_noise_free_refusals(problem):
+    with pytest.raises(ValueError, match="num_local_steps='a table' is invalid"):
+        fj.theory.mean_path_limit(problem, fj.fedlsa(0.1, [1, 2, 3]))
+    with pytest.raises(ValueError, match="step_size='a schedule' is invalid"):
+        fj.theory.mean_path_limit(
+            problem, fj.fedlsa(fj.schedule(fj.optim.inverse_time, eta0=0.1, k0=10.0), 2)
+        )
+    with pytest.raises(ValueError, match="algorithm='fedlsa' is invalid: its rounds draw random numbers"):
+        fj.theory.mean_path(problem, fj.fedlsa(0.1, 2, clients_per_round=2), 3)

@@ -736,12 +736,20 @@ def observed_updates(problem, params, sampler, rand, theta, step_size, control=N
     (``observe_step``, :func:`fedsa_jax.problems.follows_iterate`) draws each step's observation with
     the agent's current local iterate: ``Z_h ~ law(theta^c_{t,h})``, then
     ``theta^c_{t,h+1} = theta^c_{t,h} - eta_h (A_c(Z_h) theta^c_{t,h} - b_c(Z_h) - control)``, in one
-    scan over the block's rows (``skip`` must be 1: such a problem updates on every transition)."""
+    scan over the block's rows (``skip`` must be 1: such a problem updates on every transition). In
+    error coordinates such a problem may run the steps itself, laid out for speed:
+    ``problem.error_observed_steps(params, sampler, rand, error, step_sizes (H,), control (d,))``
+    returns ``(error, sampler)``, or ``None`` to decline (tabular SARSA does)."""
     if not follows_iterate(problem):
         obs, sampler = problem.observe(params, sampler, rand, skip)
         return local_updates(problem, params, obs, theta, step_size, control), sampler
     H = jax.tree.leaves(rand)[0].shape[0]
     etas = jnp.broadcast_to(jnp.asarray(step_size, theta.dtype), (H,))
+    if isinstance(problem, ErrorCoordinates) and hasattr(problem.problem, "error_observed_steps"):
+        zero = jnp.zeros_like(theta) if control is None else control
+        out = problem.problem.error_observed_steps(params, sampler, rand, theta, etas, zero)
+        if out is not None:
+            return out
 
     def body(carry, xs):
         th, smp = carry

@@ -297,7 +297,7 @@ def check_linear(problem: Any, what: str) -> None:
     _validate.fail(
         "problem",
         problem.describe().get("family", type(problem).__name__),
-        f"{what} is exact for linear stochastic approximation, and {reason}; use "
+        f"{what} covers linear stochastic approximation only, and {reason}; use "
         "fj.theory.mean_path (the deterministic limit) or simulate",
     )
 

@@ -34,7 +34,9 @@ from fedsa_jax.problems.mean_path import expected
 __all__ = ["mean_path", "mean_path_limit"]
 
 LIMIT_ROUNDS_TOL = 1e-12  # the limit's stopping residual |round(x) - x|, per unit of step size
-_CHECK_ROUNDS = 2  # rounds run from two keys to tell a deterministic algorithm
+_CHECK_ROUNDS = (
+    8  # rounds run from two keys to tell a deterministic algorithm (a cohort of 2 of 3: 3^-8 to miss)
+)
 
 
 def _to64(tree):
@@ -164,7 +166,8 @@ def mean_path_limit(problem, algorithm: Algorithm, theta0=None, max_iterations: 
                 "algorithm",
                 algorithm.name,
                 f"no fixed point of its noise-free round found: Newton's method stopped at residual "
-                f"{norm:.3g} (a step size beyond stability, or a start far from the limit: pass theta0)",
+                f"{norm:.3g}: a step size beyond stability, a start far from the limit (pass theta0), or "
+                "a round that is not a smooth map of the state (an adaptive server optimizer, e.g. Adam)",
             )
         return np.asarray(unpack(x).theta)
 
@@ -191,4 +194,11 @@ def _round_step(algorithm: Algorithm, problem) -> float:
     except (TypeError, ValueError):
         _validate.fail("step_size", "a schedule", "the noise-free limit needs a constant step size")
     del problem
-    return eta * algorithm.num_local_steps
+    H = getattr(algorithm.config, "num_local_steps", 1)
+    if not isinstance(H, int):
+        _validate.fail(
+            "num_local_steps",
+            "a table",
+            "the noise-free limit needs the same round every time: a constant number of local steps",
+        )
+    return eta * H

@@ -173,7 +173,7 @@ def _required(factory) -> set[str]:
 
 def _tv_sequence(problem):
     """Yields ``max_s TV(P_c^t(s, .), mu_c)`` (shape ``(N,)``) for t = 0, 1, 2, ..."""
-    check_linear(problem, "the mixing time of the evaluated policy's chain")
+    check_linear(problem, "mixing_time (the chain of a fixed evaluated policy)")
     if not hasattr(problem, "transitions"):
         _validate.fail(
             "problem", type(problem).__name__, "mixing times need a federated TD problem (a Markov chain)"
