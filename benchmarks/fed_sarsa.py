@@ -297,6 +297,7 @@ def experiment(args) -> dict:
                     "diverged": int(np.max(np.asarray(res.num_diverged))),
                     "seconds": seconds,
                 }
+                write_json(args.json, {"experiment": out})  # what ran so far survives an interrupted run
                 last = out["runs"][key]
                 print(
                     f"  {VARIANTS[name]:<16} N={N:<3} H={H:<6} seeds={seeds:<5} "
@@ -354,9 +355,15 @@ def main(argv=None):
     parser.add_argument("--peer-seeds", type=int, default=50)
     parser.add_argument("--peer-our-seeds", type=int, default=10_000)
     parser.add_argument("--json", default=str(HERE / "results" / "fed_sarsa.json"))
+    parser.add_argument("--plot", type=Path, default=None, help="only draw the figure from this result file")
     add_cpu_devices_option(parser)
     args = parser.parse_args(argv)
     args.devices = use_cpu_devices(args.cpu_devices)
+    if args.plot is not None:
+        import json
+
+        plot(json.loads(args.plot.read_text()), HERE / "figures", None)
+        return
     parts = args.parts.split(",")
     if args.peer is not None and not (args.peer / "fed_algos.py").exists():
         parser.error(f"--peer={args.peer}: no fed_algos.py there (the garnet folder of pmangold/fed-sarsa)")
