@@ -1617,6 +1617,14 @@ MUTATIONS = [
         "the exact linear recursions run on a problem whose observation law follows the iterate",
     ),
     Mutation(
+        "observed-updates-drop-the-control-variate",
+        "fedsa_jax/algorithms/_base.py",
+        "return local_updates(problem, params, obs, theta, step_size, control), sampler",
+        "return local_updates(problem, params, obs, theta, step_size, None), sampler",
+        ("tests/test_sarsa.py::test_problems_that_do_not_follow_the_iterate_run_as_before[gaussian]",),
+        "today's problems lose SCAFFLSA's control variates on the dispatch to observe-then-update",
+    ),
+    Mutation(
         "garnet-control-heterogeneity-reversed",
         "fedsa_jax/problems/federated_sarsa.py",
         "P = (1.0 - h) * P_gen.mean(0) + h * P_gen[which]",

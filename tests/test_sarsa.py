@@ -344,3 +344,33 @@ def test_noise_free_refusals(problem):
         )
     with pytest.raises(ValueError, match="algorithm='fedlsa' is invalid: its rounds draw random numbers"):
         fj.theory.mean_path(problem, fj.fedlsa(0.1, 2, clients_per_round=2), 3)
+
+
+@pytest.mark.parametrize("family", ["gaussian", "td_markov", "least_squares"])
+def test_problems_that_do_not_follow_the_iterate_run_as_before(family, het_gaussian, tiny_td_sampled):
+    """``observed_updates`` leaves today's problems on the code they ran before: the round's
+    observations drawn first, then ``local_updates`` (bit for bit, with a control variate)."""
+    from fedsa_jax.algorithms._base import ErrorCoordinates
+
+    rng = np.random.default_rng(0)
+    problem = {
+        "gaussian": het_gaussian,
+        "td_markov": tiny_td_sampled["markov"],
+        "least_squares": fj.problems.least_squares(rng.normal(size=(3, 9, 2)), rng.normal(size=(3, 9))),
+    }[family]
+    view = ErrorCoordinates(problem)
+    alg = fj.fedlsa(0.1, 4)
+    rand = alg.randomness(jax.random.key(2), problem)
+    samplers = fj.algorithms.init_samplers(jax.random.key(3), problem)
+    params = problem.agent_params()
+    error = jax.numpy.full((problem.dim,), 0.3, problem.dtype)
+    controls = jax.numpy.asarray(rng.normal(size=(problem.num_agents, problem.dim)), problem.dtype)
+
+    def before(r, p, s, control):
+        obs, s = problem.observe(p, s, r, 1)
+        return fj.algorithms.local_updates(view, p, obs, error, 0.1, control), s
+
+    expected = jax.jit(jax.vmap(before))(rand.obs, params, samplers, controls)
+    now = jax.jit(lambda: fj.algorithms.run_agents(rand.obs, view, samplers, error, 0.1, controls=controls))()
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(now)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
