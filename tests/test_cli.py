@@ -436,6 +436,23 @@ def one_line_error(text: str) -> str:
         (["--param", "beta"], "argument --param: expected NAME=VALUE"),
         (["--algorithms", "fedlsa,mod:"], "argument --algorithms/--algorithm"),
         (["--x-axis", "bitz"], "argument --x-axis: invalid choice"),
+        (
+            ["--problem", "sarsa-garnet", "--temperature", "0"],
+            "argument --temperature: expected a finite real number > 0, got '0'",
+        ),
+        (
+            ["--problem", "sarsa-garnet", "--temperature", "nan"],
+            "argument --temperature: expected a finite real number > 0",
+        ),
+        (
+            ["--problem", "sarsa-garnet", "--generation-seeds", "0,-1"],
+            "argument --generation-seeds: expected comma-separated integers",
+        ),
+        (
+            ["--problem", "sarsa-garnet", "--gamma", "1"],
+            "argument --gamma: expected a number in [0, 1), got '1'",
+        ),
+        (["--problem", "sarsa-garnet", "--actions", "0"], "argument --actions: expected an integer >= 1"),
     ],
 )
 def test_bad_options_are_one_line_errors(argv, says, capsys):
