@@ -37,7 +37,7 @@ from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
 from fedsa_jax import _checkpoint, _kernel, _validate, accounting
 from fedsa_jax._kernel import Carry, KernelInputs, Reduction, SeedBatch
-from fedsa_jax._options import Execution, Record, Recording, Until, grouped
+from fedsa_jax._options import CACHE_BYTES, MIN_SLICE_AGENTS, Execution, Record, Recording, Until, grouped
 from fedsa_jax._run import Run, run_code, validate_run
 from fedsa_jax._version import __version__
 from fedsa_jax.algorithms._base import Algorithm
@@ -165,6 +165,7 @@ class _Plan(NamedTuple):
     num_batches: int
     chunk_rounds: int  # a multiple of record_every
     max_blocks: int  # recorded rounds per chunk at most
+    seed_slices: int = 1  # a round runs its seeds in this many slices (_kernel.by_slices)
 
     def seeds_done(self, batch: int, num_seeds: int) -> int:
         """Seeds run once seed batch ``batch`` is finished (the last batch may be partly padding)."""
@@ -189,26 +190,40 @@ def _check_one_seed_fits(algorithms, carry_bytes, budget: float) -> None:
             )
 
 
+def _seed_slices(per_device: int, per_seed: int, num_agents: int, cache: int) -> int:
+    """In how many slices a round runs a device's ``per_device`` seeds (:func:`_kernel.by_slices`):
+    the divisor of ``per_device`` nearest to the count whose slices take ``cache`` bytes of states,
+    each slice holding at least ``MIN_SLICE_AGENTS`` agents. A divisor, so that the seed batch (and
+    the statistics reduced over it) is the same with and without slices: results are bitwise
+    equal."""
+    if not cache:
+        return 1
+    target = per_device * per_seed / cache
+    fits = [k for k in range(1, per_device + 1) if per_device % k == 0]
+    fits = [k for k in fits if k == 1 or (per_device // k) * num_agents >= MIN_SLICE_AGENTS]
+    return min(fits, key=lambda k: abs(math.log(k / target)) if target > 1 else k)
+
+
 def _plan(problem, algorithms: list[Algorithm], run: Run, *, num_configs: int, num_devices: int) -> _Plan:
     """Seed batches and chunks for ``num_configs`` algorithms run side by side, each costing at most
     what the costliest of ``algorithms`` costs."""
     execution = run.execution
+
+    def carry_bytes(algorithm):
+        # one module-level function, the problem and algorithm as arguments: JAX's trace cache
+        # answers repeated calls (a closure made here would be traced anew at every call, ~70 ms)
+        shapes = jax.eval_shape(
+            _kernel._initial_carry,
+            jax.ShapeDtypeStruct((2,), jnp.uint32),
+            jax.ShapeDtypeStruct((1,), jnp.uint32),
+            problem,
+            algorithm,
+            jnp.asarray(run.theta0, problem.dtype),
+        )
+        return sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
+
+    per_seed = max(carry_bytes(a) for a in algorithms)
     if execution.seed_batch_size is None:
-
-        def carry_bytes(algorithm):
-            # one module-level function, the problem and algorithm as arguments: JAX's trace cache
-            # answers repeated calls (a closure made here would be traced anew at every call, ~70 ms)
-            shapes = jax.eval_shape(
-                _kernel._initial_carry,
-                jax.ShapeDtypeStruct((2,), jnp.uint32),
-                jax.ShapeDtypeStruct((1,), jnp.uint32),
-                problem,
-                algorithm,
-                jnp.asarray(run.theta0, problem.dtype),
-            )
-            return sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
-
-        per_seed = max(carry_bytes(a) for a in algorithms)
         _check_one_seed_fits(algorithms, carry_bytes, execution.memory_budget * num_devices)
         # carry in, carry out and the round's temporaries: about 4 copies
         batch_size = max(1, int(execution.memory_budget * num_devices // (4 * per_seed * num_configs)))
@@ -218,6 +233,10 @@ def _plan(problem, algorithms: list[Algorithm], run: Run, *, num_configs: int, n
         batch_size = execution.seed_batch_size
     batch_size = min(batch_size, run.num_seeds, MAX_BATCH)
     padded_batch = -(-batch_size // num_devices) * num_devices
+    cache = (
+        CACHE_BYTES.get(jax.default_backend(), 0) if execution.cache_bytes is None else execution.cache_bytes
+    )
+    slices = _seed_slices(padded_batch // num_devices, per_seed * num_configs, problem.num_agents, cache)
     num_batches = -(-run.num_seeds // batch_size)
     every = run.record_every
     if execution.chunk_rounds is None:
@@ -228,7 +247,7 @@ def _plan(problem, algorithms: list[Algorithm], run: Run, *, num_configs: int, n
         blocks = min(MAX_BLOCKS_PER_CHUNK, max(1, int(STEPS_PER_CHUNK // max(per_round * every, 1))))
     else:
         blocks = min(MAX_BLOCKS_PER_CHUNK, -(-execution.chunk_rounds // every))  # whole recorded blocks
-    return _Plan(batch_size, padded_batch, num_batches, chunk_rounds=blocks * every, max_blocks=blocks)
+    return _Plan(batch_size, padded_batch, num_batches, blocks * every, blocks, slices)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -287,7 +306,9 @@ def _setup(run: Run, problem, algorithms: list[Algorithm], pairs: tuple | None =
             run.keep_seeds,
             f"expected at most the seed batch size ({plan.batch_size}); pass a larger seed_batch_size",
         )
-    reduction = Reduction(run.metrics, run.quantiles, run.keep_seeds, run.execution.local_unroll)
+    reduction = Reduction(
+        run.metrics, run.quantiles, run.keep_seeds, run.execution.local_unroll, plan.seed_slices
+    )
     codes = [run_code(problem, a, run.metrics) for a in algorithms]
     return _Setup(
         run=run,
@@ -653,6 +674,8 @@ def _configuration_fingerprint(setup: _Setup) -> str:
         **({"pairs": [list(p) for p in setup.pairs]} if setup.joint else {}),  # joint runs only
         # unrolling can change a step's rounding (Scaffnew): a resume keeps the program it started with
         **({"local_unroll": setup.reduction.unroll} if setup.reduction.unroll is not None else {}),
+        # a resume runs the seeds in the slices it started with (rounding can depend on them)
+        **({"seed_slices": plan.seed_slices} if plan.seed_slices > 1 else {}),
     )
 
 
@@ -892,6 +915,7 @@ def run_config(
             "num_batches": plan.num_batches,
             "chunk_rounds": plan.chunk_rounds,
             "padded_batch": plan.padded_batch,
+            "seed_slices": plan.seed_slices,
         },
         "prng": {
             "impl": str(jax.random.key_impl(run.key)),

@@ -65,13 +65,14 @@ class SeedBatch(NamedTuple):
 
 
 class Reduction(NamedTuple):
-    """How the kernel reduces the seeds at each recorded round, and how far it unrolls the local-step
-    scans (static: part of the compiled program)."""
+    """How the kernel reduces the seeds at each recorded round, how far it unrolls the local-step
+    scans and in how many slices a round runs its seeds (static: part of the compiled program)."""
 
     metrics: tuple = ()  # ((name, fn(state, problem, info) -> scalar), ...) for one seed
     quantiles: bool = True
     keep: int = 0  # per-seed values of the first `keep` seeds
     unroll: int | None = None  # local steps per scan iteration (None: the backend's LOCAL_UNROLL)
+    seed_slices: int = 1  # a round runs its seeds in this many interleaved slices, one after the other
 
 
 def per_seed_keys(key: jax.Array, seed_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -138,10 +139,33 @@ def _start_one(algorithm, theta0, threshold, *, inputs: KernelInputs, seeds: See
     return carry, _moments(carry, inputs.problem, threshold, seeds.valid, rec)
 
 
-def _round(algorithm, problem, round_keys, c: Carry) -> Carry:
-    """One communication round of every seed; the next round's random numbers drawn ahead."""
+def by_slices(fn, num_slices: int, *args):
+    """``fn(*args)`` for a function vmapped over the leading (seed) axis of every leaf of ``args``,
+    run on ``num_slices`` interleaved slices of that axis one after the other (a ``lax.map``):
+    slice i holds the seeds ``i, i + num_slices, ...``. Each seed's values are those of one call;
+    a slice's working set stays in the CPU's cache through a round's local steps (a round of one
+    call streams every seed's state and random numbers through memory at each local step). Under
+    sharding the seed axis stays split over the devices: each slice takes its seeds from every
+    device's block (the axis length must be a multiple of ``num_slices`` times the device count)."""
+    if num_slices == 1:
+        return fn(*args)
+
+    def split(x):
+        return jnp.swapaxes(x.reshape((x.shape[0] // num_slices, num_slices) + x.shape[1:]), 0, 1)
+
+    def merge(x):
+        return jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:])
+
+    out = jax.lax.map(lambda a: fn(*a), jax.tree.map(split, args))
+    return jax.tree.map(merge, out)
+
+
+def _round(algorithm, problem, round_keys, seed_slices: int, c: Carry) -> Carry:
+    """One communication round of every seed (in ``seed_slices`` slices, :func:`by_slices`); the
+    next round's random numbers drawn ahead."""
     rand_next = _draw(algorithm, problem, round_keys, c.t + 1)
-    states, info = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(c.rand, c.states, problem)
+    step = jax.vmap(algorithm.step_from, in_axes=(0, 0, None))
+    states, info = by_slices(lambda r, s: step(r, s, problem), seed_slices, c.rand, c.states)
     counts = jnp.stack([getattr(info, f) for f in COUNT_FIELDS], axis=-1)
     return Carry(states, add_counts(c.counters, counts), info, rand_next, c.t + 1)
 
@@ -183,7 +207,7 @@ def _advance_one(
     _, round_keys = per_seed_keys(key, seeds.seed_ids)
     return _recording_loop(
         carry,
-        functools.partial(_round, algorithm, problem, round_keys),
+        functools.partial(_round, algorithm, problem, round_keys, rec.seed_slices),
         lambda c: _moments(c, problem, threshold, valid, rec),
         lambda c: c.t,
         end_round=end_round,
@@ -329,7 +353,9 @@ def _advance_joint(
     _, round_keys = per_seed_keys(key, seeds.seed_ids)
 
     def one_round(cs):
-        return tuple(_round(a, problem, round_keys, c) for a, c in zip(inputs.algorithms, cs))
+        return tuple(
+            _round(a, problem, round_keys, rec.seed_slices, c) for a, c in zip(inputs.algorithms, cs)
+        )
 
     def stats(cs):
         return _joint_moments(

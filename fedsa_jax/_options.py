@@ -23,6 +23,12 @@ from fedsa_jax import _validate
 __all__ = ["Execution", "Record", "Recording", "Until", "until"]
 
 MEMORY_BUDGET = 2 * 2**30  # default bytes for one seed batch's states, per device
+# A round runs its seeds in slices whose states (the kernel's carry) take about CACHE_BYTES per device,
+# and hold at least MIN_SLICE_AGENTS agents (smaller slices pay each operation's fixed cost): on a
+# 2-core CPU, tabular SARSA and TD FedLSA (N = 10, H = 100) ran 1.3-1.5x faster with 256 KiB to 1 MiB
+# slices than in one pass, and slower again from 2 MiB (benchmarks/README.md, "Seed slices").
+CACHE_BYTES = {"cpu": 2**19}
+MIN_SLICE_AGENTS = 512
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,11 +63,14 @@ class Recording:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Execution:
-    """How a run executes; results do not depend on it (bitwise, for the same devices).
+    """How a run executes; results do not depend on it (bitwise for the same devices, except the
+    float rounding that ``local_unroll`` and ``cache_bytes`` can change, and ``seed_batch_size``
+    through the slices it sets).
 
     Attributes:
       seed_batch_size: seeds run together (default: as many as fit in ``memory_budget`` bytes per
-        device); more seeds run in batches, one after the other, with identical results.
+        device); more seeds run in batches, one after the other, with the same results (bitwise,
+        or to float rounding where the batch size changes the slices of ``cache_bytes``).
       chunk_rounds: rounds per call of the compiled kernel (default: about ``STEPS_PER_CHUNK`` = 5e7
         agent-steps; at most ``MAX_BLOCKS_PER_CHUNK`` = 256 recorded rounds); the progress bar,
         checkpoints and ``on_record`` advance per chunk.
@@ -84,6 +93,14 @@ class Execution:
         measured). A speed setting: FedLSA's and SCAFFLSA's results do not change (bitwise),
         Scaffnew's only at rounding (XLA fuses its unrolled body differently); a checkpoint records
         a value given here, so a resume runs the same program.
+      cache_bytes: bytes of per-seed states (the kernel's carry) that a round works on at a time, per
+        device: a round runs its seeds in slices of about this size, one after the other, so that a
+        slice's states and random numbers stay in the processor's cache through the round's local
+        steps (default ``CACHE_BYTES``: 512 KiB on CPU, measured fastest; none on GPU, which wants
+        every seed at once; 0: one slice). The slice count divides each device's seeds, so the seed
+        batch is the same. A speed setting: values change at float rounding only (XLA may vectorise
+        a slice's arithmetic differently: a few units in the last place); a checkpoint records the
+        slices, so a resume runs the same program.
     """
 
     seed_batch_size: int | None = None
@@ -92,6 +109,7 @@ class Execution:
     progress: bool | str | None = None
     memory_budget: int = MEMORY_BUDGET
     local_unroll: int | None = None
+    cache_bytes: int | None = None
 
 
 class Record(NamedTuple):

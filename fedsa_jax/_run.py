@@ -178,6 +178,8 @@ def _check_execution(execution: Execution) -> None:
     _validate.integer("memory_budget", execution.memory_budget, maximum=2**63 - 1)  # bytes
     if execution.local_unroll is not None:
         _validate.integer("local_unroll", execution.local_unroll)
+    if execution.cache_bytes is not None:
+        _validate.integer("cache_bytes", execution.cache_bytes, minimum=0, maximum=2**63 - 1)
 
 
 def _check_quantiles(quantiles, records: int) -> bool:

@@ -19,6 +19,7 @@ over seeds and scans rounds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -39,7 +40,7 @@ from fedsa_jax.channel import (
 )
 from fedsa_jax.delays import DELAY_STREAM, Delays
 from fedsa_jax.local_work import WORK_STREAM, LocalWork
-from fedsa_jax.problems.protocol import follows_iterate, local_unroll
+from fedsa_jax.problems.protocol import follows_iterate, local_unroll, merged_vmaps
 
 
 @jax.tree_util.register_dataclass
@@ -738,18 +739,30 @@ def observed_updates(problem, params, sampler, rand, theta, step_size, control=N
     ``theta^c_{t,h+1} = theta^c_{t,h} - eta_h (A_c(Z_h) theta^c_{t,h} - b_c(Z_h) - control)``, in one
     scan over the block's rows (``skip`` must be 1: such a problem updates on every transition). In
     error coordinates such a problem may run the steps itself, laid out for speed:
-    ``problem.error_observed_steps(params, sampler, rand, error, step_sizes (H,), control (d,))``
-    returns ``(error, sampler)``, or ``None`` to decline (tabular SARSA does)."""
+    ``problem.error_observed_steps(params, sampler, rand, error, step_sizes (H,), control)``
+    (``control``: ``(d,)``, or ``None`` for none) returns ``(error, sampler)``, or ``None`` to
+    decline (SARSA with dense features does)."""
     if not follows_iterate(problem):
         obs, sampler = problem.observe(params, sampler, rand, skip)
         return local_updates(problem, params, obs, theta, step_size, control), sampler
     H = jax.tree.leaves(rand)[0].shape[0]
     etas = jnp.broadcast_to(jnp.asarray(step_size, theta.dtype), (H,))
     if isinstance(problem, ErrorCoordinates) and hasattr(problem.problem, "error_observed_steps"):
-        zero = jnp.zeros_like(theta) if control is None else control
-        out = problem.problem.error_observed_steps(params, sampler, rand, theta, etas, zero)
+        out = problem.problem.error_observed_steps(params, sampler, rand, theta, etas, control)
         if out is not None:
             return out
+
+    inner = problem.problem if isinstance(problem, ErrorCoordinates) else problem
+    steps = functools.partial(_observed_steps, isinstance(problem, ErrorCoordinates))
+    if all(isinstance(x, jax.Array) for x in jax.tree.leaves(inner)):
+        steps = merged_vmaps(steps)
+    return steps(inner, params, sampler, rand, theta, etas, control)
+
+
+def _observed_steps(error_coordinates: bool, problem, params, sampler, rand, theta, etas, control):
+    """:func:`observed_updates`' scan for a problem whose observations follow the iterate."""
+    if error_coordinates:
+        problem = ErrorCoordinates(problem)
 
     def body(carry, xs):
         th, smp = carry
@@ -757,7 +770,8 @@ def observed_updates(problem, params, sampler, rand, theta, step_size, control=N
         o, smp = problem.observe_step(params, smp, r, th)
         return (local_step(problem, params, o, th, eta, control), smp), None
 
-    (theta, sampler), _ = jax.lax.scan(body, (theta, sampler), (rand, etas), unroll=local_unroll(H))
+    unroll = local_unroll(etas.shape[0])
+    (theta, sampler), _ = jax.lax.scan(body, (theta, sampler), (rand, etas), unroll=unroll)
     return theta, sampler
 
 

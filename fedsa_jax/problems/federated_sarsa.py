@@ -59,7 +59,7 @@ import numpy as np
 from fedsa_jax import _prng, _validate, registry
 from fedsa_jax.problems._base import alias_draw, alias_tables, float64, stationary_distribution
 from fedsa_jax.problems.mean_path import NoRandomness
-from fedsa_jax.problems.protocol import local_unroll
+from fedsa_jax.problems.protocol import local_unroll, merged_vmaps
 
 __all__ = [
     "FederatedSARSA",
@@ -242,6 +242,7 @@ class FederatedSARSA(_AgentTables):
     P_prob: jax.Array  # (N*S*A*S,) alias tables of P_c(. | s, a), flat (alias_draw)
     P_alias: jax.Array  # (N*S*A*S,)
     features_star: jax.Array  # (S*A, d + 1) [Phi | Phi theta_star] from float64 (error_direction)
+    values_less_rewards: jax.Array  # (N*S*A,) (Phi theta_star)(s, a) - r_c(s, a) from float64
     policy: str = dataclasses.field(default="softmax", metadata=dict(static=True))
     one_hot: bool = dataclasses.field(default=False, metadata=dict(static=True))  # features = identity
 
@@ -317,36 +318,18 @@ class FederatedSARSA(_AgentTables):
         return (jnp.dot(full[:d], error) + (full[d] - obs.reward)) * row[:d]
 
     def error_observed_steps(self, c, pair, u, error, step_sizes, control):
-        """One agent's local steps in error coordinates with tabular (one-hot) features, laid out for
-        speed (the protocol's ``error_observed_steps``; ``None`` with other features): with
-        ``phi(s, a) = e_{sA+a}`` the Q-values of s' are the entries ``theta[s'A:s'A+A]`` and the
-        update moves one entry, ``e <- e - eta ((e_p - gamma e_n + v_p - gamma v_n - r_p) 1_p -
-        control)`` with p = (s, a), n = (s', a'), v = theta_star: O(A) reads per step instead of
-        O(A d). The same draws and updates as the generic scan, to rounding."""
-        if not self.one_hot:
+        """One agent's local steps in error coordinates with tabular (one-hot) features and the
+        softmax policy, laid out for speed (the protocol's ``error_observed_steps``; ``None``
+        otherwise). With ``phi(s, a) = e_{sA+a}`` the Q-values of s' are the entries
+        ``theta[s'A:s'A+A]`` and the update moves one entry:
+        ``e <- e - eta ((e_p - gamma e_n + k_p - gamma v_n) 1_p - control)`` with p = (s, a),
+        n = (s', a'), ``v = theta_star`` and ``k = v - r_c`` (both from float64): O(A) reads per
+        step instead of O(A d). ``e_p`` is carried from the step before (it is that step's
+        ``e_n``, moved if n = p), so a step reads one row of A entries, one entry of ``k`` and one
+        of the alias tables. The same draws and updates as the generic scan, to rounding."""
+        if not self.one_hot or self.policy != "softmax":
             return None
-        S, A, d = self.num_states, self.num_actions, self.dim
-        v = self.features_star[:, d]  # theta_star's entries from float64: v(s, a) = phi(s, a)^T theta_star
-        rewards = self.rewards.reshape(-1)
-        columns = jnp.arange(d, dtype=jnp.int32)
-        actions = jnp.arange(A, dtype=jnp.int32)
-
-        def body(carry, xs):
-            e, p = carry
-            u_h, eta = xs
-            s_next = alias_draw(self.P_prob, self.P_alias, (c * (S * A) + p) * S, u_h[0], S)
-            rows = s_next * A + actions
-            q = v[rows] + e[rows]
-            w = jnp.exp((q - jnp.max(q)) / self.temperature)
-            n = s_next * A + jnp.sum(jnp.cumsum(w[:-1]) <= u_h[1] * jnp.sum(w)).astype(jnp.int32)
-            delta = (e[p] - self.gamma * e[n]) + (v[p] - self.gamma * v[n] - rewards[c * (S * A) + p])
-            return (e - eta * (jnp.where(columns == p, delta, 0.0) - control), n), None
-
-        if self.policy != "softmax":
-            return None
-        H = step_sizes.shape[0]
-        (error, pair), _ = jax.lax.scan(body, (error, pair), (u, step_sizes), unroll=local_unroll(H))
-        return error, pair
+        return merged_vmaps(_one_hot_steps)(self, c, pair, u, error, step_sizes, control)
 
     def mean_field(self) -> SARSAMeanField:
         """The noise-free problem whose direction at ``theta`` is ``-g_c(theta)`` (the protocol's
@@ -375,6 +358,40 @@ class FederatedSARSA(_AgentTables):
             "policy": self.policy,
             "sampling": self.sampling,
         }
+
+
+def _one_hot_steps(self: FederatedSARSA, c, pair, u, error, step_sizes, control):
+    """:meth:`FederatedSARSA.error_observed_steps` with one-hot features (its docstring)."""
+    S, A = self.num_states, self.num_actions
+    v = self.features_star[:, self.dim]  # v(s, a) = phi(s, a)^T theta_star, from float64
+    actions = jnp.arange(A, dtype=jnp.int32)
+    gamma, tau = self.gamma, self.temperature
+
+    def body(carry, xs):
+        e, p, e_p = carry
+        u_h, eta = xs
+        s_next = alias_draw(self.P_prob, self.P_alias, (c * (S * A) + p) * S, u_h[0], S)
+        e_row = jax.lax.dynamic_slice(e, (s_next * A,), (A,))
+        v_row = jax.lax.dynamic_slice(v, (s_next * A,), (A,))
+        q = e_row + v_row
+        w = jnp.exp((q - jnp.max(q)) / tau)
+        a = jnp.sum(jnp.cumsum(w[:-1]) <= u_h[1] * jnp.sum(w)).astype(jnp.int32)
+        n = s_next * A + a
+        e_n = jnp.sum(jnp.where(actions == a, e_row, 0.0))
+        v_n = jnp.sum(jnp.where(actions == a, v_row, 0.0))
+        step = eta * ((e_p - gamma * e_n) + (self.values_less_rewards[c * (S * A) + p] - gamma * v_n))
+        if control is None:
+            e = e.at[p].add(-step)
+            e_p = jnp.where(n == p, e_n - step, e_n)
+        else:
+            e = e.at[p].add(-step) + eta * control
+            e_p = jnp.where(n == p, e_n - step, e_n) + eta * control[n]
+        return (e, n, e_p), None
+
+    H = step_sizes.shape[0]
+    carry = (error, pair, error[pair])
+    (error, pair, _), _ = jax.lax.scan(body, carry, (u, step_sizes), unroll=local_unroll(H))
+    return error, pair
 
 
 @jax.tree_util.register_dataclass
@@ -532,6 +549,7 @@ def sarsa(
         P_prob=f(P_prob.ravel()),
         P_alias=jnp.asarray(P_alias.ravel(), jnp.int32),
         features_star=f(star),
+        values_less_rewards=f((star[:, -1][None, :] - r.reshape(N, S * A)).ravel()),
         policy=policy,
         one_hot=Phi.shape[-1] == S * A and bool(np.array_equal(flat, np.eye(S * A))),
     )

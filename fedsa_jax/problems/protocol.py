@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
@@ -230,6 +231,57 @@ def local_unroll(num_steps: int) -> int:
     if chosen is None:
         chosen = LOCAL_UNROLL.get(jax.default_backend(), LOCAL_UNROLL["cpu"])
     return max(1, min(chosen, num_steps))
+
+
+def merged_vmaps(fn):
+    """``fn`` whose vmaps, however nested, run as one vmap over the product of their axes.
+
+    An algorithm vmaps a problem's per-agent code over the agents and the kernel vmaps that over
+    the seeds, so an agent's arrays carry two batch axes. XLA:CPU reads a row of an array with two
+    batch axes about 2x slower than with one (measured on SARSA's tabular local steps, where those
+    reads are most of the work). Wrap a problem's fast local steps (``error_observed_steps``) in
+    this: under ``vmap(vmap(f))`` it reshapes its batched arguments to one axis of size
+    ``seeds x agents`` (broadcasting one batched only over the other axis), runs one ``vmap`` and
+    reshapes the outputs back. The values are those of ``fn`` vmapped (to float rounding, where
+    XLA vectorises the longer axis differently); not differentiable
+    (``jax.custom_batching.custom_vmap``). Arguments are pytrees of arrays (pass the problem as
+    one: closures over traced values are not allowed)."""
+
+    def flat_fn(tree, *leaves):
+        return fn(*jax.tree.unflatten(tree, leaves))
+
+    def call(*args):
+        leaves, tree = jax.tree.flatten(args)
+        return _merged_level(functools.partial(flat_fn, tree), None, 1)(*leaves)
+
+    return call
+
+
+def _merged_level(fn, mask: tuple | None, size: int):
+    """``fn`` over flat leaves, vmapped over one leading axis of ``size`` for the leaves in ``mask``
+    (``None``: not vmapped), as a ``custom_vmap`` whose own vmap merges the new axis into that one."""
+    inner = fn if mask is None else jax.vmap(fn, in_axes=tuple(0 if m else None for m in mask))
+    merged_fn = jax.custom_batching.custom_vmap(inner)
+
+    @merged_fn.def_vmap
+    def rule(axis_size, in_batched, *leaves):
+        old = mask or (False,) * len(leaves)
+        merged = []
+        for x, new, was in zip(leaves, in_batched, old):
+            if new and mask is not None and not was:  # (M, ...) -> (M, K, ...)
+                x = jax.numpy.broadcast_to(x[:, None], (axis_size, size) + x.shape[1:])
+            elif was and not new:  # (K, ...) -> (M, K, ...)
+                x = jax.numpy.broadcast_to(x, (axis_size,) + x.shape)
+            if mask is not None and (new or was):
+                x = x.reshape((axis_size * size,) + x.shape[2:])
+            merged.append(x)
+        new_mask = tuple(bool(a) or b for a, b in zip(in_batched, old))
+        out = _merged_level(fn, new_mask, axis_size * size)(*merged)
+        if mask is not None:
+            out = jax.tree.map(lambda o: o.reshape((axis_size, size) + o.shape[1:]), out)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return merged_fn
 
 
 @contextlib.contextmanager
