@@ -2,6 +2,12 @@
 
     PYTHONPATH=/path/to/old/checkout python benchmarks/kernel_paths.py
     PYTHONPATH=. python benchmarks/kernel_paths.py [--cpu-devices N] [--seeds 1000]
+    python benchmarks/kernel_paths.py --cache-bytes 0,262144,default   # the seed slices, side by side
+
+``--cache-bytes``: one column per value of ``fj.Execution(cache_bytes=...)`` (``default``: the
+backend's); with it, three more paths at H = 100 whose rounds' states outgrow the cache: TD FedLSA
+under Markov sampling (d = 8) and federated SARSA on the SARSA paper's Garnet (one-hot, d = 30, and
+dense, d = 8), N = 10.
 
 1000 seeds; best of 3 warm calls each (compile excluded). JAX runs on one CPU device per core
 (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device), for both versions alike.
@@ -50,18 +56,45 @@ def measure(problem, alg, rounds, seeds, repeats=3, execution=None):
     return first, best
 
 
+def long_round_cases(scale: float = 1.0):
+    """:func:`cases`' layout for three paths with H = 100 (20 rounds times ``scale``)."""
+    N, H, T = 10, 100, max(1, round(20 * scale))
+    td = fj.problems.garnet(jax.random.key(0), num_agents=N, num_states=30, dim=8, sampling="markov")
+    return {
+        "TD Markov d=8 H=100": (td, fj.fedlsa(0.01, H), T, N * H),
+        "SARSA one-hot H=100": (fj.problems.garnet_control(num_agents=N), fj.fedlsa(0.01, H), T, N * H),
+        "SARSA d=8 H=100": (fj.problems.garnet_control(num_agents=N, dim=8), fj.fedlsa(0.01, H), T, N * H),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=1000)
     ap.add_argument(
         "--scale", type=float, default=1.0, help="multiplies the number of rounds (a smoke run: 0.01)"
     )
+    ap.add_argument("--cache-bytes", default=None, help="comma-separated values, 'default' for the backend's")
     add_cpu_devices_option(ap)
     args = ap.parse_args()
     print(f"{use_cpu_devices(args.cpu_devices)}, {args.seeds} seeds, fedsa_jax from {fj.__file__}")
-    for name, (p, a, rounds, per_round) in cases(args.scale).items():
-        _, best = measure(p, a, rounds, args.seeds)
-        print(f"{name:20s} {args.seeds * rounds * per_round / best:.3g} agent-steps/s")
+    paths = cases(args.scale)
+    columns = [None]
+    if args.cache_bytes is not None:
+        paths.update(long_round_cases(args.scale))
+        columns = [None if v == "default" else int(v) for v in args.cache_bytes.split(",")]
+        print(
+            f"{'':20s} "
+            + " ".join(
+                f"{'cache_bytes=' + str(c or 0) if c is not None else 'default':>18s}" for c in columns
+            )
+        )
+    for name, (p, a, rounds, per_round) in paths.items():
+        rates = []
+        for c in columns:
+            execution = None if c is None else fj.Execution(cache_bytes=c)
+            _, best = measure(p, a, rounds, args.seeds, execution=execution)
+            rates.append(args.seeds * rounds * per_round / best)
+        print(f"{name:20s} " + " ".join(f"{r:18.3g}" for r in rates) + " agent-steps/s", flush=True)
 
 
 if __name__ == "__main__":

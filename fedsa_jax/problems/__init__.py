@@ -1,8 +1,9 @@
 """Federated SA problems: the protocol every problem follows, the built-in families
-(Gaussian LSA, federated TD(0), least squares, federated SARSA, the noise-free version of any
-problem) and the pieces for writing a new one."""
+(Gaussian LSA, federated TD(0), least squares, federated SARSA and Q-learning, the noise-free
+version of any problem) and the pieces for writing a new one."""
 
 from fedsa_jax.problems._base import alias_draw, alias_tables, fixed_points
+from fedsa_jax.problems.federated_q_learning import QLearning, QLearningMeanField, optimal_q, q_learning
 from fedsa_jax.problems.federated_sarsa import (
     FederatedSARSA,
     SARSAMeanField,
@@ -32,6 +33,8 @@ __all__ = [
     "GaussianLSA",
     "LeastSquares",
     "Problem",
+    "QLearning",
+    "QLearningMeanField",
     "SARSAMeanField",
     "alias_draw",
     "alias_tables",
@@ -47,6 +50,8 @@ __all__ = [
     "gaussian_lsa",
     "least_squares",
     "missing_members",
+    "optimal_q",
+    "q_learning",
     "qfedtd_mdp",
     "random_gaussian_lsa",
     "sarsa",

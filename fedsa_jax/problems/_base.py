@@ -1,4 +1,4 @@
-"""Shared pieces of the problem families: exact fixed points and alias sampling.
+"""Shared pieces of the problem families: exact fixed points, alias sampling, per-agent MDP tables.
 
 Public (exported from :mod:`fedsa_jax.problems`): :func:`fixed_points`,
 :func:`alias_tables` and :func:`alias_draw`, the pieces a user-written problem
@@ -143,3 +143,36 @@ def stationary_distribution(P: np.ndarray, name: str = "transitions") -> np.ndar
     if rank < S or not np.allclose(M @ mu, rhs, atol=1e-10):
         _validate.fail(name, P, "the chain must have a unique stationary law (one recurrent class)")
     return np.clip(mu, 0.0, None) / np.clip(mu, 0.0, None).sum()
+
+
+class AgentMDPs:
+    """What the control problems share: per-agent MDPs ``transitions (N, S, A, S)``, read with the
+    agent index c as ``params`` (flat indices into tables shared by all agents, unbatched)."""
+
+    transitions: jax.Array
+
+    @property
+    def num_agents(self) -> int:
+        return self.transitions.shape[0]
+
+    @property
+    def num_states(self) -> int:
+        return self.transitions.shape[1]
+
+    @property
+    def num_actions(self) -> int:
+        return self.transitions.shape[2]
+
+    def agent_params(self) -> jax.Array:
+        """The agent index c: per-agent tables are read with flat indices, unbatched."""
+        return jnp.arange(self.num_agents, dtype=jnp.int32)
+
+    def mdp_description(self, family: str, **more: Any) -> dict[str, Any]:
+        """``describe()``'s structure: the family, N, S, A, d and ``more``."""
+        dim = self.dim  # pyright: ignore[reportAttributeAccessIssue]
+        sizes = {
+            "num_agents": self.num_agents,
+            "num_states": self.num_states,
+            "num_actions": self.num_actions,
+        }
+        return {"family": family, **sizes, "dim": dim, **more}

@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax import _prng, _validate, registry
-from fedsa_jax.problems._base import alias_draw, alias_tables, float64, stationary_distribution
+from fedsa_jax.problems._base import AgentMDPs, alias_draw, alias_tables, float64, stationary_distribution
 from fedsa_jax.problems.mean_path import NoRandomness
 from fedsa_jax.problems.protocol import local_unroll, merged_vmaps
 
@@ -198,16 +198,10 @@ def sarsa_limit(
     return theta
 
 
-class _AgentTables:
-    """What the control problems share: per-agent tables ``transitions (N, S, A, S)`` and features
-    ``(S, A, d)`` read with the agent index c as ``params``."""
+class _AgentTables(AgentMDPs):
+    """The SARSA problems' tables: per-agent MDPs and the features ``(S, A, d)``."""
 
-    transitions: jax.Array
     features: jax.Array
-
-    @property
-    def num_agents(self) -> int:
-        return self.transitions.shape[0]
 
     @property
     def dim(self) -> int:
@@ -216,10 +210,6 @@ class _AgentTables:
     @property
     def dtype(self):
         return self.features.dtype
-
-    def agent_params(self) -> jax.Array:
-        """The agent index c: per-agent tables are read with flat indices, unbatched."""
-        return jnp.arange(self.num_agents, dtype=jnp.int32)
 
 
 @jax.tree_util.register_dataclass
@@ -247,14 +237,6 @@ class FederatedSARSA(_AgentTables):
     one_hot: bool = dataclasses.field(default=False, metadata=dict(static=True))  # features = identity
 
     sampling = "markov"  # one trajectory per agent and seed, carried across rounds
-
-    @property
-    def num_states(self) -> int:
-        return self.transitions.shape[1]
-
-    @property
-    def num_actions(self) -> int:
-        return self.transitions.shape[2]
 
     def _action(self, state, u, theta):
         """``a ~ pi_theta(. | state)`` from the uniform ``u``."""
@@ -349,15 +331,7 @@ class FederatedSARSA(_AgentTables):
         )
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "family": "sarsa",
-            "num_agents": self.num_agents,
-            "num_states": self.num_states,
-            "num_actions": self.num_actions,
-            "dim": self.dim,
-            "policy": self.policy,
-            "sampling": self.sampling,
-        }
+        return self.mdp_description("sarsa", policy=self.policy, sampling=self.sampling)
 
 
 def _one_hot_steps(self: FederatedSARSA, c, pair, u, error, step_sizes, control):
