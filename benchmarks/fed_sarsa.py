@@ -24,6 +24,10 @@ Parts (``--parts``, default all):
 
     python benchmarks/fed_sarsa.py --peer PATH/fed-sarsa/garnet   # all parts
     python benchmarks/fed_sarsa.py --parts experiment --steps 1000000 --seeds 1000 --seeds-large 100
+    python benchmarks/fed_sarsa.py --parts experiment ... --resume   # after an interrupted grid
+
+The grid writes the result file after each run (keeping its other parts); ``--resume`` keeps the
+runs it already holds at the same steps and seeds.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import sys
 import time
@@ -266,11 +271,17 @@ def experiment(args) -> dict:
                 f"  noise-free limit {VARIANTS[name]}, H={H}: "
                 f"|lim - theta_lim_fed|^2 = {out['limits'][f'{name}/{H}']['to_fed']:.3g}"
             )
+    done = _finished_runs(args) if args.resume else {}
     for N in args.n:
         problem = fj.problems.garnet_control(num_agents=N)
         seeds = args.seeds if N <= 10 else args.seeds_large
         for name in args.variants:
             for H in args.h:
+                key = f"{name}/{N}/{H}"
+                if done.get(key, {}).get("seeds") == seeds:
+                    out["runs"][key] = done[key]
+                    print(f"  {VARIANTS[name]:<16} N={N:<3} H={H:<6} seeds={seeds:<5} kept from {args.json}")
+                    continue
                 rounds = max(args.steps // H, 1)
                 every = max(rounds // args.points, 1)
                 t0 = time.perf_counter()
@@ -286,7 +297,6 @@ def experiment(args) -> dict:
                     progress=False,
                 )
                 seconds = time.perf_counter() - t0
-                key = f"{name}/{N}/{H}"
                 out["runs"][key] = {
                     "steps": (np.asarray(res.rounds) * H).tolist(),
                     "mse_fed": np.asarray(res.mse_mean).tolist(),
@@ -297,7 +307,7 @@ def experiment(args) -> dict:
                     "diverged": int(np.max(np.asarray(res.num_diverged))),
                     "seconds": seconds,
                 }
-                write_json(args.json, {"experiment": out})  # what ran so far survives an interrupted run
+                _save_part(args.json, "experiment", out)  # what ran so far survives an interrupted run
                 last = out["runs"][key]
                 print(
                     f"  {VARIANTS[name]:<16} N={N:<3} H={H:<6} seeds={seeds:<5} "
@@ -306,6 +316,22 @@ def experiment(args) -> dict:
                     flush=True,
                 )
     return out
+
+
+def _finished_runs(args) -> dict:
+    """``--resume``: the grid's runs already in ``--json`` at the same number of steps."""
+    path = Path(args.json)
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text()).get("experiment", {})
+    return old.get("runs", {}) if old.get("steps") == args.steps else {}
+
+
+def _save_part(path, part: str, value) -> None:
+    """Write ``value`` as the ``part`` of the result file ``path``, keeping its other parts."""
+    report = json.loads(Path(path).read_text()) if path and Path(path).exists() else {}
+    report[part] = value
+    write_json(path, report)
 
 
 def plot(report: dict, figures: Path, json_path) -> None:
@@ -356,18 +382,21 @@ def main(argv=None):
     parser.add_argument("--peer-our-seeds", type=int, default=10_000)
     parser.add_argument("--json", default=str(HERE / "results" / "fed_sarsa.json"))
     parser.add_argument("--plot", type=Path, default=None, help="only draw the figure from this result file")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the grid's runs already in --json (same steps and seeds)"
+    )
     add_cpu_devices_option(parser)
     args = parser.parse_args(argv)
     args.devices = use_cpu_devices(args.cpu_devices)
     if args.plot is not None:
-        import json
-
         plot(json.loads(args.plot.read_text()), HERE / "figures", None)
         return
     parts = args.parts.split(",")
     if args.peer is not None and not (args.peer / "fed_algos.py").exists():
         parser.error(f"--peer={args.peer}: no fed_algos.py there (the garnet folder of pmangold/fed-sarsa)")
-    report: dict = {"devices": args.devices, "date": time.strftime("%Y-%m-%d")}
+    # the parts run now replace theirs in the result file; the others stay
+    report: dict = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() else {}
+    report.update(devices=args.devices, date=time.strftime("%Y-%m-%d"))
     if "speed" in parts:
         report["speed"] = speed(args)
     if "peer" in parts:
