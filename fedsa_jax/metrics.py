@@ -20,6 +20,9 @@ Built in, by name:
   :func:`fedsa_jax.averaged` (whose ``theta`` is the Polyak-Ruppert average) or
   :func:`fedsa_jax.richardson` (the run at ``eta``), reading through nested wrappers
   (``state.inner``); the MSE itself for other algorithms;
+* ``"sup_error"``: ``max_i |theta_t - theta_star|_i``, the sup-norm error (accurate in float32: from the
+  state's ``error``). The Q-learning papers plot ``(1 - gamma)`` times it for tabular Q-values
+  (:func:`fedsa_jax.problems.q_learning`);
 * ``"wall_clock"``: the simulated clock's tick at the round's server step, for algorithms on a
   clock (:func:`fedsa_jax.fedbuff`, whose state has ``clock``), through wrappers;
 * ``"staleness"``: the mean staleness of the contributions of the round's server step (FedBuff);
@@ -52,6 +55,7 @@ __all__ = [
     "last_iterate_mse",
     "resolve",
     "staleness",
+    "sup_error",
     "wall_clock",
 ]
 
@@ -73,6 +77,14 @@ def last_iterate_mse(state, problem, info) -> jax.Array:
     error = getattr(state, "error", None)
     error = state.theta - problem.theta_star if error is None else error
     return jnp.sum(error**2)
+
+
+def sup_error(state, problem, info) -> jax.Array:
+    """``max_i |theta_t - theta_star|_i`` (from the state's ``error`` where it has one)."""
+    del info
+    error = getattr(state, "error", None)
+    error = state.theta - problem.theta_star if error is None else error
+    return jnp.max(jnp.abs(error))
 
 
 def _innermost(state):
@@ -115,6 +127,7 @@ _BUILTIN: dict[str, Callable] = {
     "client_drift": client_drift,
     "control_variate_error": control_variate_error,
     "last_iterate_mse": last_iterate_mse,
+    "sup_error": sup_error,
     "wall_clock": wall_clock,
     "staleness": staleness,
     "clip_norm": clip_norm,

@@ -176,6 +176,22 @@ def test_noise_free_E_step_limit_is_the_fixed_point_of_the_averaged_local_operat
     np.testing.assert_allclose(one, np.asarray(problem.theta_star, np.float64), atol=1e-10)
 
 
+def test_sup_error_metric(problems):
+    """The built-in ``"sup_error"``: each seed's ``|theta_T - theta_star|_inf`` at the last round."""
+    res = fj.simulate(
+        jax.random.key(0),
+        problems["asynchronous"],
+        fj.fedlsa(0.2, 3),
+        5,
+        3,
+        metrics=["sup_error"],
+        keep_seeds=3,
+    )
+    star = np.asarray(res.theta_star)
+    want = np.abs(np.asarray(res.final_theta) - star).max(axis=1).mean()
+    np.testing.assert_allclose(res.metrics["sup_error"].mean[-1], want, rtol=1e-12)
+
+
 def test_linear_theory_refuses(problems):
     with pytest.raises(ValueError, match="linear"):
         fj.theory.exact_mse(problems["synchronous"], fj.fedlsa(0.1, 2), 3)
