@@ -430,7 +430,7 @@ HETEROGENEITY = Option(
 STATES = Option(
     ("--states",),
     "states",
-    "number of states S (garnet default 30, qfedtd-mdp default 20, sarsa-garnet default 10)",
+    "number of states S (garnet default 30, qfedtd-mdp default 20, sarsa-garnet default 10, q-learning 2)",
     positive_int,
     None,
     group="problem",
@@ -439,7 +439,8 @@ STATES = Option(
 SAMPLING = Option(
     ("--sampling",),
     "sampling",
-    "TD observation model (garnet default generative, qfedtd-mdp default markov)",
+    "observation model (garnet default generative, qfedtd-mdp default markov; q-learning: generative is "
+    "synchronous, markov (default) asynchronous)",
     choices=("generative", "markov"),
     group="problem",
     params=("sampling",),
@@ -448,9 +449,9 @@ SAMPLING = Option(
 ACTIONS = Option(
     ("--actions",),
     "actions",
-    "sarsa-garnet: number of actions A",
+    "number of actions A (sarsa-garnet default 3, q-learning default 2)",
     positive_int,
-    3,
+    None,
     group="problem",
     params=("num_actions",),
 )
@@ -488,7 +489,7 @@ GENERATION_SEEDS = Option(
 GAMMA = Option(
     ("--gamma",),
     "gamma",
-    "discount factor gamma in [0, 1) (sarsa-garnet default 0.9)",
+    "discount factor gamma in [0, 1) (sarsa-garnet and q-learning default 0.9)",
     discount,
     None,
     group="problem",

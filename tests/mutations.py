@@ -1611,8 +1611,8 @@ MUTATIONS = [
     Mutation(
         "linear-theory-accepts-sarsa",
         "fedsa_jax/problems/protocol.py",
-        "    if follows_iterate(problem):\n        reason",
-        "    if False:\n        reason",
+        "    if follows_iterate(problem):\n        return",
+        "    if False:\n        return",
         ("tests/test_sarsa.py::test_linear_theory_refuses",),
         "the exact linear recursions run on a problem whose observation law follows the iterate",
     ),
@@ -1663,7 +1663,7 @@ MUTATIONS = [
         "fedsa_jax/problems/federated_q_learning.py",
         "            return s_next * A + a_next, (pair, s_next)",
         "            return s_next * A + a_next, (s_next * A + a_next, s_next)",
-        ("tests/test_q_learning.py::test_kernel_equals_numpy_loop[None-asynchronous]",),
+        ("tests/test_q_learning.py::test_kernel_equals_numpy_loop[equal-asynchronous]",),
         "the asynchronous step updates the pair it moves to, not the one it visited",
     ),
     Mutation(
@@ -1679,8 +1679,24 @@ MUTATIONS = [
         "fedsa_jax/problems/federated_q_learning.py",
         "            return error + residual - self.gamma * self._targets(obs, self.gaps_star + error)",
         "            return error + residual - self.gamma * self._targets(obs, error)",
-        ("tests/test_q_learning.py::test_kernel_equals_numpy_loop[None-synchronous]",),
+        ("tests/test_q_learning.py::test_kernel_equals_numpy_loop[equal-synchronous]",),
         "the synchronous target's max ignores Q*'s own action gaps in error coordinates",
+    ),
+    Mutation(
+        "importance-weights-inverted",
+        "fedsa_jax/algorithms/importance_averaging.py",
+        "        log_weight = -jnp.log1p(-etas) @ problem.visits(obs).astype(etas.dtype)  # (d,)",
+        "        log_weight = jnp.log1p(-etas) @ problem.visits(obs).astype(etas.dtype)  # (d,)",
+        ("tests/test_q_learning.py::test_kernel_equals_numpy_loop",),
+        "importance averaging favours the agent that visited an entry least",
+    ),
+    Mutation(
+        "importance-normalised-over-senders-only",
+        "fedsa_jax/algorithms/importance_averaging.py",
+        '    normalise = asked if ch.aggregation == "divide_by_n" else delivery.delivered',
+        "    normalise = delivery.delivered",
+        ("tests/test_q_learning.py::test_kernel_equals_numpy_loop",),
+        "divide_by_n's importance weights are normalised over what arrived, not over the agents asked",
     ),
 ]
 

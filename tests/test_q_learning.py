@@ -9,6 +9,7 @@ import pytest
 
 import fedsa_jax as fj
 from fedsa_jax.algorithms._base import round_cohort
+from fedsa_jax.algorithms.importance_averaging import importance_weights
 
 N, S, A = 3, 4, 2
 GAMMA = 0.8
@@ -111,6 +112,7 @@ class NumpyQ:
 
     def local(self, c, u, pair):
         Q = self.Q.copy()
+        visits = np.zeros((S, A), int)
         for h in range(self.H):
             if self.mode == "synchronous":
                 nxt = [
@@ -119,41 +121,126 @@ class NumpyQ:
                     for a in range(A)
                 ]
                 Q = (1 - self.eta) * Q + self.eta * (self.r[c] + GAMMA * Q[nxt].max(1).reshape(S, A))
+                visits += 1
             else:
                 s, a = divmod(pair, A)
                 s2 = self.alias(self.P_prob[c, s, a], self.P_alias[c, s, a], u[h, 0], S)
                 a2 = self.alias(self.b_prob[c, s2], self.b_alias[c, s2], u[h, 1], A)
                 Q[s, a] = (1 - self.eta) * Q[s, a] + self.eta * (self.r[c, s, a] + GAMMA * Q[s2].max())
+                visits[s, a] += 1
                 pair = s2 * A + a2
-        return Q, pair
+        return Q, pair, visits
 
-    def round(self, u, pairs, cohort):
+    def round(self, u, pairs, cohort, importance=False, delivered=None, by_received=False):
+        """Equal averaging over the cohort; or importance averaging (Woo, Joshi, Chi, eq. (14)): per
+        entry, weights (1 - eta)^(-visits) normalised over the cohort (or over what was delivered),
+        the delivered agents' differences added to Q_t."""
         agents = [c for c in range(N) if cohort[c]]
+        delivered = cohort if delivered is None else delivered
         out = {c: self.local(c, u[c], pairs[c]) for c in agents}
-        self.Q = sum(out[c][0] for c in agents) / len(agents)
+        if not importance:
+            self.Q = sum(out[c][0] for c in agents) / len(agents)
+        else:
+            norm = [c for c in agents if delivered[c]] if by_received else agents
+            total = sum((1 - self.eta) ** -out[c][2].astype(float) for c in norm) if norm else 1.0
+            self.Q = self.Q + sum(
+                (1 - self.eta) ** -out[c][2].astype(float) / total * (out[c][0] - self.Q)
+                for c in agents
+                if delivered[c]
+            )
         return [out[c][1] if c in out else pairs[c] for c in range(N)]
 
 
 @pytest.mark.parametrize("mode", ["synchronous", "asynchronous"])
-@pytest.mark.parametrize("cohort", [None, 2])
-def test_kernel_equals_numpy_loop(mdp, problems, mode, cohort):
+@pytest.mark.parametrize(
+    "averaging,channel",
+    [
+        ("equal", {}),
+        ("equal", {"clients_per_round": 2}),
+        ("importance", {}),
+        ("importance", {"clients_per_round": 2}),
+        ("importance", {"success_prob": 0.6}),
+        ("importance", {"success_prob": 0.6, "aggregation": "divide_by_received", "clients_per_round": 2}),
+    ],
+    ids=[
+        "equal",
+        "equal-cohort",
+        "importance",
+        "importance-cohort",
+        "importance-lossy",
+        "importance-received",
+    ],
+)
+def test_kernel_equals_numpy_loop(mdp, problems, mode, averaging, channel):
+    """Trajectory for trajectory on the same random numbers: equal averaging (``fj.fedlsa``) with every
+    agent and with a cohort of 2; importance averaging with every agent, a cohort, erasures with the
+    weights normalised over the agents asked (a lost message a zero update) and, with a cohort, over
+    what arrived (the delivery mask read from the kernel's channel)."""
     problem = problems[mode]
     eta, H, T = 0.3, 4, 6
-    alg = fj.fedlsa(eta, H, clients_per_round=cohort)
+    importance = averaging == "importance"
+    alg = (fj.importance_averaging if importance else fj.fedlsa)(eta, H, **channel)
     ref = NumpyQ(mdp, problem, eta, H)
     theta0 = np.linspace(-1.0, 2.0, S * A)
     state = alg.init(jax.random.key(11), problem, jax.numpy.asarray(theta0))
     ref.Q = theta0.reshape(S, A).copy()
     pairs = [int(p) for p in state.sampler]
     step = jax.jit(alg.step_from)
+    by_received = channel.get("aggregation") == "divide_by_received"
+    lost = 0
     for t in range(T):
         rand = alg.randomness(jax.random.key(100 + t), problem)
         mask = round_cohort(rand, alg.config, problem)
-        pairs = ref.round(np.asarray(rand.obs), pairs, np.ones(N, bool) if mask is None else np.asarray(mask))
+        cohort = np.ones(N, bool) if mask is None else np.asarray(mask)
+        zeros = jax.numpy.zeros((N, S * A))
+        delivered = np.asarray(fj.channel.transmit(rand.channel, zeros, alg.channel, (), mask).delivered)
+        lost += int((cohort & ~delivered).sum())
+        pairs = ref.round(np.asarray(rand.obs), pairs, cohort, importance, delivered, by_received)
         state, _ = step(rand, state, problem)
         np.testing.assert_allclose(np.asarray(state.theta).reshape(S, A), ref.Q, rtol=1e-10, atol=1e-12)
         if mode == "asynchronous":
             assert [int(p) for p in state.sampler] == pairs
+    assert (lost > 0) == ("success_prob" in channel)  # the lossy cases did lose messages
+
+
+def test_importance_averaging_is_equal_averaging_when_the_visits_agree(problems):
+    """Synchronous sampling updates every entry at every step: the weights are 1/N and the round is
+    FedLSA's (to rounding), also with a cohort."""
+    problem = problems["synchronous"]
+    for cohort in (None, 2):
+        a = fj.simulate(
+            jax.random.key(4), problem, fj.importance_averaging(0.2, 5, clients_per_round=cohort), 30, 16
+        )
+        b = fj.simulate(jax.random.key(4), problem, fj.fedlsa(0.2, 5, clients_per_round=cohort), 30, 16)
+        np.testing.assert_allclose(
+            np.asarray(a.final_theta), np.asarray(b.final_theta), rtol=1e-12, atol=1e-12
+        )
+
+
+def test_importance_weights_favour_the_frequent_visitor(problems):
+    """Asynchronous, behaviours that split the actions: importance averaging differs from equal
+    averaging, and its weights are a softmax over the agents (sum 1 on the normalising set, 0 off
+    the senders, no overflow at large counts)."""
+    w = importance_weights(
+        jax.numpy.array([[2000.0, 0.0], [1999.0, 0.0], [5.0, 1.0]]),
+        jax.numpy.array([True, True, False]),
+        jax.numpy.array([True, True, True]),
+    )
+    e = np.e
+    np.testing.assert_allclose(np.asarray(w)[:, 0], [e / (e + 1), 1 / (e + 1), 0.0], rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(w)[:, 1], [1 / (2 + e), 1 / (2 + e), 0.0], rtol=1e-12)
+    problem = problems["asynchronous"]
+    a = fj.simulate(jax.random.key(4), problem, fj.importance_averaging(0.2, 5), 10, 8, keep_seeds=8)
+    b = fj.simulate(jax.random.key(4), problem, fj.fedlsa(0.2, 5), 10, 8, keep_seeds=8)
+    assert np.abs(np.asarray(a.final_theta) - np.asarray(b.final_theta)).max() > 1e-3
+
+
+def test_importance_averaging_refusals(problems):
+    with pytest.raises(ValueError, match=r"^step_size=1\.0 is invalid"):
+        fj.importance_averaging(1.0, 5)
+    td = fj.problems.garnet(jax.random.key(0), num_agents=2)
+    with pytest.raises(ValueError, match=r"visits to it in the round"):
+        fj.simulate(jax.random.key(0), td, fj.importance_averaging(0.1, 5), 3, 2)
 
 
 def test_noise_free_E_step_limit_is_the_fixed_point_of_the_averaged_local_operator(mdp, problems):

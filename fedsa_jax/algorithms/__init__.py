@@ -28,6 +28,7 @@ from fedsa_jax.algorithms.averaged import (
 from fedsa_jax.algorithms.bootstrap import WEIGHT_LAWS, BootstrapState, bootstrap, replicate_weights
 from fedsa_jax.algorithms.fedbuff import FedBuffState, fedbuff
 from fedsa_jax.algorithms.fedlsa import FedLSAState, fedlsa
+from fedsa_jax.algorithms.importance_averaging import ImportanceAveragingState, importance_averaging
 from fedsa_jax.algorithms.plug_in import PlugInMoments, PlugInState, lyapunov, plug_in
 from fedsa_jax.algorithms.qfedtd import QFedTDState, qfedtd
 from fedsa_jax.algorithms.scafflsa import SCAFFLSAState, scafflsa
@@ -56,6 +57,8 @@ __all__ = [
     "describe_value",
     "fedbuff",
     "fedlsa",
+    "ImportanceAveragingState",
+    "importance_averaging",
     "init_samplers",
     "initial_theta",
     "local_updates",

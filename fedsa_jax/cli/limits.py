@@ -1,5 +1,6 @@
-"""The references of a run on a problem whose observations follow the iterate (federated SARSA):
-no closed-form bias and no exact MSE, which are exact for linear stochastic approximation only;
+"""The references of a run on a problem that is not linear stochastic approximation (federated SARSA,
+whose observations follow the iterate; Q-learning, whose direction has a max): no closed-form bias
+and no exact MSE, which are exact for linear stochastic approximation only;
 with ``--exact``, each algorithm's noise-free limit (:func:`fedsa_jax.theory.mean_path_limit`) and
 its squared distance to ``theta*``, the level its MSE settles near as the step size shrinks."""
 
@@ -9,12 +10,18 @@ import sys
 import time
 
 from fedsa_jax.cli.checks import in_option_terms
+from fedsa_jax.problems.protocol import nonlinear_reason
 
-# why a run on such a problem prints no predicted squared bias
-NO_CLOSED_FORM = (
-    "no closed form: the observations follow the iterate, and the closed form is for linear "
-    "stochastic approximation; --exact computes the noise-free limit (fj.theory.mean_path_limit)"
-)
+
+def no_closed_form_note(reason: str) -> str:
+    """Why a run on such a problem prints no predicted squared bias (``reason``:
+    :func:`fedsa_jax.problems.protocol.nonlinear_reason`)."""
+    return (
+        f"no closed form: {reason}, and the closed form is for linear stochastic approximation; "
+        "--exact computes the noise-free limit (fj.theory.mean_path_limit)"
+    )
+
+
 # a limit within this many units of the problem's rounding of theta*, or within SOLVER_TOL of it
 # relative to |theta*| (what Newton's stopping rules leave of theta* and of the limit), is theta*
 # itself: no line drawn
@@ -22,10 +29,11 @@ ROUNDING_UNITS = 10.0
 SOLVER_TOL = 1e-9
 
 
-def no_closed_form(title: str, key: str, summary: dict) -> None:
+def no_closed_form(title: str, key: str, summary: dict, reason: str) -> None:
     """Say, in the summary and on standard error, that ``title``'s bias has no closed form here."""
-    summary[f"{key}_predicted_squared_bias_note"] = NO_CLOSED_FORM
-    print(f"{title} predicted squared bias: {NO_CLOSED_FORM}", file=sys.stderr)
+    note = no_closed_form_note(reason)
+    summary[f"{key}_predicted_squared_bias_note"] = note
+    print(f"{title} predicted squared bias: {note}", file=sys.stderr)
 
 
 def noise_free_limits(args, problem, algs, summary: dict, lines: dict) -> None:
@@ -58,7 +66,7 @@ def noise_free_limits(args, problem, algs, summary: dict, lines: dict) -> None:
         where = "drawn dashed" if level > floor else "theta* to the problem's precision, not drawn"
         print(
             f"{alg.name:9s} noise-free limit |theta_inf - theta*|^2 = {level:.4g} ({where}; no exact MSE: "
-            f"the observations follow the iterate; {seconds:.1f} s)",
+            f"{nonlinear_reason(problem)}; {seconds:.1f} s)",
             flush=True,
         )
         if level > floor:

@@ -14,6 +14,7 @@ from fedsa_jax.cli.checks import in_option_terms, options_checked
 from fedsa_jax.cli.limits import no_closed_form, noise_free_limits
 from fedsa_jax.cli.parser import progress_mode
 from fedsa_jax.cli.titles import cohort_caption, run_title
+from fedsa_jax.problems.protocol import nonlinear_reason
 
 
 def _prepare_jax(args, dtype: str) -> None:
@@ -495,8 +496,9 @@ def _bias_lines(args, problem, summary: dict) -> dict:
             continue
         if getattr(args, "clip_norm", None) is not None:  # clipping moves the limit: not the unclipped one
             continue
-        if fj.problems.follows_iterate(problem):  # SARSA: the closed form is for linear SA
-            no_closed_form(entry.title, name, summary)
+        reason = nonlinear_reason(problem)  # SARSA, Q-learning: the closed form is for linear SA
+        if reason is not None:
+            no_closed_form(entry.title, name, summary, reason)
             continue
         bias = getattr(fj.theory, entry.bias)(problem, args.step_size, local_steps(args))  # H or a law
         level = float(np.sum(bias**2))
@@ -560,7 +562,7 @@ def _exact_curves(args, problem, algs, summary: dict, lines: dict) -> dict:
     timed, announced when its estimate is long, the stationary MSE skipped when too long."""
     import fedsa_jax as fj
 
-    if args.exact and fj.problems.follows_iterate(problem):  # no exact MSE: the noise-free limits
+    if args.exact and nonlinear_reason(problem) is not None:  # no exact MSE: the noise-free limits
         noise_free_limits(args, problem, algs, summary, lines)
         return {}
     exact, costs = {}, getattr(args, "exact_costs", {})

@@ -3,7 +3,13 @@
 version of any problem) and the pieces for writing a new one."""
 
 from fedsa_jax.problems._base import alias_draw, alias_tables, fixed_points
-from fedsa_jax.problems.federated_q_learning import QLearning, QLearningMeanField, optimal_q, q_learning
+from fedsa_jax.problems.federated_q_learning import (
+    QLearning,
+    QLearningMeanField,
+    optimal_q,
+    q_learning,
+    two_state_q_learning,
+)
 from fedsa_jax.problems.federated_sarsa import (
     FederatedSARSA,
     SARSAMeanField,
@@ -55,4 +61,5 @@ __all__ = [
     "qfedtd_mdp",
     "random_gaussian_lsa",
     "sarsa",
+    "two_state_q_learning",
 ]

@@ -53,11 +53,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import _prng, _validate
+from fedsa_jax import _prng, _validate, registry
 from fedsa_jax.problems._base import AgentMDPs, alias_draw, alias_tables, stationary_distribution
 from fedsa_jax.problems.mean_path import NoRandomness
 
-__all__ = ["QLearning", "QLearningMeanField", "bellman_operator", "optimal_q", "q_learning"]
+__all__ = [
+    "QLearning",
+    "QLearningMeanField",
+    "bellman_operator",
+    "optimal_q",
+    "q_learning",
+    "two_state_q_learning",
+]
 
 SAMPLING = ("synchronous", "asynchronous")
 Q_TOL = 1e-12  # sup-norm Bellman residual of the references (float64)
@@ -188,6 +195,14 @@ class QLearning(_QTables):
 
         last, (pairs, nxt) = jax.lax.scan(move, sampler, u)
         return AsyncObservation(pairs, nxt), last
+
+    def visits(self, obs) -> jax.Array:
+        """``(H, d)`` bool: the entries each local step of a round's observations updates (every
+        entry under synchronous sampling, the visited pair under asynchronous):
+        :func:`fedsa_jax.importance_averaging` counts them."""
+        if self.mode == "synchronous":
+            return jnp.ones(obs.shape, bool)
+        return obs.pair[:, None] == jnp.arange(self.dim, dtype=jnp.int32)
 
     def _targets(self, nxt, values):
         """``max_a' values(s', a')`` for next states ``nxt`` (any shape)."""
@@ -379,3 +394,75 @@ def q_learning(
         residual_star=f(residual.ravel()),
         mode=mode,
     )
+
+
+def two_state_q_learning(
+    num_agents: int = 20,
+    num_actions: int = 2,
+    heterogeneity: float = 1.0,
+    gamma: float = 0.9,
+    sampling: str = "asynchronous",
+    seed: int = 0,
+    dtype=None,
+) -> QLearning:
+    """The importance-averaging paper's two-state MDP (Woo, Joshi, Chi, Sec. 5), shared by every agent,
+    with behaviour policies that split the actions among the agents.
+
+    States {0, 1}, reward ``r(s, a) = s`` (1 in state 1), and each action keeps the state with its
+    own probability, ``P(s | s, a) = p_{s,a} ~ U[0.4, 0.6]`` (``numpy.random.default_rng(seed)``),
+    moving to the other state otherwise. Agent c's behaviour prefers the action ``a_c = c mod A``:
+    ``b_c(a | s) = (1 - h) / A + h [a = a_c]``, so ``heterogeneity h = 0`` gives every agent the
+    uniform policy and ``h = 1`` lets agent c take only ``a_c``: no agent covers the pairs alone, the
+    agents together do (``num_agents >= num_actions``). The paper's exact behaviour policies are not
+    stated in a form we could rebuild; this family spans its "homogeneous" and "heterogeneous" cases.
+    Synchronous sampling (``sampling="synchronous"``) ignores the behaviours."""
+    N = _validate.integer("num_agents", num_agents, maximum=_validate.INDEX_MAX)
+    A = _validate.integer("num_actions", num_actions, maximum=2**10)
+    h = _validate.real("heterogeneity", heterogeneity, 0.0, 1.0)
+    mode = _validate.choice("sampling", sampling, SAMPLING)
+    seed = _validate.integer("seed", seed, minimum=0)
+    if mode == "asynchronous" and h == 1.0 and N < A:
+        _validate.fail(
+            "num_agents",
+            N,
+            f"with heterogeneity=1 each agent takes one action: at least num_actions={A} agents",
+        )
+    stay = np.random.default_rng(seed).uniform(0.4, 0.6, size=(2, A))
+    P = np.zeros((2, A, 2))
+    for s in range(2):
+        P[s, :, s] = stay[s]
+        P[s, :, 1 - s] = 1.0 - stay[s]
+    r = np.repeat(np.arange(2.0)[:, None], A, axis=1)
+    behaviour = None
+    if mode == "asynchronous":
+        own = np.eye(A)[np.arange(N) % A]  # (N, A) agent c's action a_c
+        behaviour = np.broadcast_to(((1.0 - h) / A + h * own)[:, None, :], (N, 2, A))
+    return q_learning(np.broadcast_to(P, (N, 2, A, 2)), r, gamma, mode, behaviour, dtype=dtype)
+
+
+def _two_state_from_options(key, args):
+    """``--problem q-learning``: :func:`two_state_q_learning` from the options (``--sampling markov``:
+    asynchronous, ``generative``: synchronous; ``--problem-seed`` draws the transition probabilities,
+    ``key`` is not used)."""
+    del key
+    if args.states not in (None, 2):
+        _validate.fail("num_states", args.states, "the q-learning problem has two states")
+    level = {"homogeneous": 0.0, "heterogeneous": 1.0}.get(args.heterogeneity, args.heterogeneity)
+    return two_state_q_learning(
+        num_agents=args.agents,
+        num_actions=args.actions or 2,
+        heterogeneity=level,  # pyright: ignore[reportArgumentType]
+        gamma=0.9 if args.gamma is None else args.gamma,
+        sampling="synchronous" if args.sampling == "generative" else "asynchronous",
+        seed=args.problem_seed,
+        dtype=args.dtype,
+    )
+
+
+registry.register_problem(
+    "q-learning",
+    _two_state_from_options,
+    options=(registry.HETEROGENEITY, registry.STATES, registry.ACTIONS, registry.SAMPLING, registry.GAMMA),
+    note="federated Q-learning on the importance-averaging paper's two-state MDP",
+    order=4,
+)

@@ -612,7 +612,7 @@ def _garnet_control_from_options(key, args):
     return garnet_control(
         num_agents=args.agents,
         num_states=S,
-        num_actions=args.actions,
+        num_actions=args.actions or 3,
         branching=B,
         generation_seeds=[int(s) for s in args.generation_seeds.split(",")],
         heterogeneity=level,  # pyright: ignore[reportArgumentType]

@@ -337,14 +337,21 @@ def follows_iterate(problem: Any) -> bool:
     return callable(getattr(problem, "observe_step", None))
 
 
+def nonlinear_reason(problem: Any) -> str | None:
+    """Why ``problem`` is not linear stochastic approximation (its observation law follows the iterate,
+    or its direction is not affine in ``theta``), or None when it is."""
+    if follows_iterate(problem):
+        return "its observations follow the iterate (their law depends on theta)"
+    if not getattr(problem, "linear", True):
+        return "its direction is not affine in theta"
+    return None
+
+
 def check_linear(problem: Any, what: str) -> None:
     """Refuse, in one line with the reason, ``what`` (an exact linear recursion) for a problem whose
     observation law follows the iterate or whose direction is not affine in ``theta``."""
-    if follows_iterate(problem):
-        reason = "its observations follow the iterate (their law depends on theta)"
-    elif not getattr(problem, "linear", True):
-        reason = "its direction is not affine in theta"
-    else:
+    reason = nonlinear_reason(problem)
+    if reason is None:
         return
     _validate.fail(
         "problem",
