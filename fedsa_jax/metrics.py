@@ -23,6 +23,10 @@ Built in, by name:
 * ``"sup_error"``: ``max_i |theta_t - theta_star|_i``, the sup-norm error (accurate in float32: from the
   state's ``error``). The Q-learning papers plot ``(1 - gamma)`` times it for tabular Q-values
   (:func:`fedsa_jax.problems.q_learning`);
+* ``"greedy_suboptimality"``: ``max_s (V*(s) - V^pi_t(s))``, the greedy policy of ``theta_t``
+  evaluated exactly (one linear solve of its Bellman equation per seed and recorded round, S x S) on
+  the MDP whose ``Q*`` is ``theta_star``, for a tabular control problem
+  (:func:`fedsa_jax.problems.q_learning`); 0 once the greedy policy is optimal;
 * ``"wall_clock"``: the simulated clock's tick at the round's server step, for algorithms on a
   clock (:func:`fedsa_jax.fedbuff`, whose state has ``clock``), through wrappers;
 * ``"staleness"``: the mean staleness of the contributions of the round's server step (FedBuff);
@@ -56,6 +60,7 @@ __all__ = [
     "resolve",
     "staleness",
     "sup_error",
+    "greedy_suboptimality",
     "wall_clock",
 ]
 
@@ -85,6 +90,19 @@ def sup_error(state, problem, info) -> jax.Array:
     error = getattr(state, "error", None)
     error = state.theta - problem.theta_star if error is None else error
     return jnp.max(jnp.abs(error))
+
+
+def greedy_suboptimality(state, problem, info) -> jax.Array:
+    """``max_s (V*(s) - V^pi(s))`` of the greedy policy of ``theta_t`` (a control problem's
+    ``greedy_suboptimality``, e.g. :func:`fedsa_jax.problems.q_learning`'s)."""
+    del info
+    method = getattr(problem, "greedy_suboptimality", None)
+    if method is None:
+        raise ValueError(
+            "the problem has no greedy policy to evaluate (a tabular control problem has: "
+            "fj.problems.q_learning)"
+        )
+    return method(_innermost(state).theta)
 
 
 def _innermost(state):
@@ -128,6 +146,7 @@ _BUILTIN: dict[str, Callable] = {
     "control_variate_error": control_variate_error,
     "last_iterate_mse": last_iterate_mse,
     "sup_error": sup_error,
+    "greedy_suboptimality": greedy_suboptimality,
     "wall_clock": wall_clock,
     "staleness": staleness,
     "clip_norm": clip_norm,

@@ -784,6 +784,30 @@ def assert_monte_carlo_matches_exact(problem, alg, T: int = 8, n: int = 4000, se
     return exact
 
 
+def assert_gap_to_noise_free_limit_halves(problem, H: int, etas=(0.4, 0.2), steps: float = 300.0):
+    """For a nonlinear problem: the stationary mean of FedLSA (Polyak-Ruppert averages over the last
+    3/4 of ``steps / eta`` rounds, 1000 seeds started at the limit) minus the noise-free H-step limit
+    at the same step is O(eta): from ``etas[0]`` to ``etas[1] = etas[0] / 2`` the gap along its own
+    direction halves, up to 15 % (O(eta^2)) and 4.5 standard errors, and the larger gap is resolved
+    (over 6 s.e.), so the check can fail."""
+    import fedsa_jax as fj
+
+    gaps, ses = [], []
+    for eta in etas:
+        alg = fj.fedlsa(eta, H)
+        limit = np.asarray(fj.theory.mean_path_limit(problem, alg), np.float64)
+        rounds = int(round(steps / eta))
+        averaged = fj.averaged(alg, burn_in=rounds // 4)
+        res = fj.simulate(jax.random.key(0), problem, averaged, rounds, 1000, theta0=limit, progress=False)
+        gaps.append(np.asarray(res.theta_mean[-1]) - limit)
+        ses.append(np.asarray(res.theta_sem[-1]))
+    u = gaps[0] / np.linalg.norm(gaps[0])  # the gap's direction at the larger step
+    big, small = gaps[0] @ u, gaps[1] @ u
+    se = np.hypot(ses[0] @ np.abs(u) / 2, ses[1] @ np.abs(u))  # bounds the s.e. of small - big / 2
+    assert big > 6 * ses[0] @ np.abs(u)  # a gap the Monte Carlo resolves: the test can fail
+    assert abs(small - big / 2) < 4.5 * se + 0.15 * big / 2  # halves, up to O(eta^2) and 4.5 s.e.
+
+
 # ---------------------------------------------------------------------------------------------
 # Markov sampling: enumeration of every chain path
 

@@ -6,6 +6,7 @@ refusals."""
 import jax
 import numpy as np
 import pytest
+from reference import assert_gap_to_noise_free_limit_halves
 
 import fedsa_jax as fj
 from fedsa_jax.algorithms._base import round_cohort
@@ -263,6 +264,14 @@ def test_noise_free_E_step_limit_is_the_fixed_point_of_the_averaged_local_operat
     np.testing.assert_allclose(one, np.asarray(problem.theta_star, np.float64), atol=1e-10)
 
 
+@pytest.mark.slow  # about a minute: run with -m slow
+def test_monte_carlo_approaches_the_noise_free_limit_as_the_step_shrinks(problems):
+    """Synchronous, heterogeneous kernels, E = 2: the stationary mean of federated Q-learning
+    (Polyak-Ruppert averages over many seeds) minus the noise-free E-step limit at the same step is
+    O(eta) (the max's bias grows with the noise): halving eta halves the gap, within Monte Carlo error."""
+    assert_gap_to_noise_free_limit_halves(problems["synchronous"], H=2, etas=(0.2, 0.1), steps=200.0)
+
+
 def test_sup_error_metric(problems):
     """The built-in ``"sup_error"``: each seed's ``|theta_T - theta_star|_inf`` at the last round."""
     res = fj.simulate(
@@ -277,6 +286,33 @@ def test_sup_error_metric(problems):
     star = np.asarray(res.theta_star)
     want = np.abs(np.asarray(res.final_theta) - star).max(axis=1).mean()
     np.testing.assert_allclose(res.metrics["sup_error"].mean[-1], want, rtol=1e-12)
+
+
+def test_greedy_suboptimality_metric(mdp, problems):
+    """Each seed's greedy policy of theta_T evaluated by numpy on the mixed MDP whose Q* is theta_star
+    (the occupancy-weighted kernels and rewards), against the built-in metric at the last round;
+    and 0 at theta_star, refused on a problem without a greedy policy."""
+    P, r, b = mdp
+    problem = problems["asynchronous"]
+    res = fj.simulate(
+        jax.random.key(2), problem, fj.fedlsa(0.3, 2), 3, 16, metrics=["greedy_suboptimality"], keep_seeds=16
+    )
+    D = np.asarray(problem.occupancy, np.float64).reshape(N, S, A)
+    w = D / D.sum(0)
+    P_mix, r_mix = np.einsum("csa,csat->sat", w, P), np.einsum("csa,csa->sa", w, r)
+    V_star = np.asarray(problem.theta_star, np.float64).reshape(S, A).max(1)
+    gaps = []
+    for theta in np.asarray(res.final_theta, np.float64):
+        pi = theta.reshape(S, A).argmax(1)
+        v = np.linalg.solve(np.eye(S) - GAMMA * P_mix[np.arange(S), pi], r_mix[np.arange(S), pi])
+        gaps.append((V_star - v).max())
+    assert max(gaps) > 1e-3  # some seeds' greedy policies are not optimal yet: a real check
+    np.testing.assert_allclose(res.metrics["greedy_suboptimality"].mean[-1], np.mean(gaps), rtol=1e-9)
+    at_star = problem.greedy_suboptimality(problem.theta_star)
+    assert abs(float(at_star)) < 1e-12
+    td = fj.problems.garnet(jax.random.key(0), num_agents=2)
+    with pytest.raises(ValueError, match="no greedy policy"):
+        fj.simulate(jax.random.key(0), td, fj.fedlsa(0.1, 2), 2, 2, metrics=["greedy_suboptimality"])
 
 
 def test_linear_theory_refuses(problems):

@@ -6,6 +6,7 @@ theory's refusals."""
 import jax
 import numpy as np
 import pytest
+from reference import assert_gap_to_noise_free_limit_halves
 from scipy import optimize
 
 import fedsa_jax as fj
@@ -301,20 +302,7 @@ def test_monte_carlo_approaches_the_noise_free_limit_as_the_step_shrinks():
     P = rng.uniform(size=(2, 2, 2, 2)) + 0.2
     P /= P.sum(-1, keepdims=True)
     prob = fj.problems.sarsa(P, rng.uniform(size=(2, 2, 2)), np.eye(4).reshape(2, 2, 4), 0.5, 0.5)
-    gaps, ses = [], []
-    for eta in (0.4, 0.2):
-        alg = fj.fedlsa(eta, 2)
-        limit = fj.theory.mean_path_limit(prob, alg)
-        rounds = int(round(300 / eta))
-        averaged = fj.averaged(alg, burn_in=rounds // 4)
-        res = fj.simulate(jax.random.key(0), prob, averaged, rounds, 1000, theta0=limit, progress=False)
-        gaps.append(np.asarray(res.theta_mean[-1]) - limit)
-        ses.append(np.asarray(res.theta_sem[-1]))
-    u = gaps[0] / np.linalg.norm(gaps[0])  # the gap's direction at the larger step
-    big, small = gaps[0] @ u, gaps[1] @ u
-    se = np.hypot(ses[0] @ np.abs(u) / 2, ses[1] @ np.abs(u))  # bounds the s.e. of small - big / 2
-    assert big > 6 * ses[0] @ np.abs(u)  # a gap the Monte Carlo resolves: the test can fail
-    assert abs(small - big / 2) < 4.5 * se + 0.15 * big / 2  # halves, up to O(eta^2) and 4.5 s.e.
+    assert_gap_to_noise_free_limit_halves(prob, H=2)
 
 
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])

@@ -6,6 +6,7 @@ from fedsa_jax.problems._base import alias_draw, alias_tables, fixed_points
 from fedsa_jax.problems.federated_q_learning import (
     QLearning,
     QLearningMeanField,
+    maze_q_learning,
     optimal_q,
     q_learning,
     two_state_q_learning,
@@ -55,6 +56,7 @@ __all__ = [
     "garnet_control_mdp",
     "gaussian_lsa",
     "least_squares",
+    "maze_q_learning",
     "missing_members",
     "optimal_q",
     "q_learning",

@@ -149,6 +149,8 @@ class QLearning(_QTables):
     b_alias: jax.Array  # (N*S*A,)
     mu_prob: jax.Array  # (N*S,) alias tables of the behaviour chain's stationary state law
     mu_alias: jax.Array  # (N*S,)
+    star_transitions: jax.Array  # (S, A, S) the MDP whose Q* is theta_star: the D-weighted mean kernel
+    star_rewards: jax.Array  # (S, A) and reward
     gaps_star: jax.Array  # (d,) Q*(s, a) - max_a' Q*(s, a'), theta_star's, from float64
     residual_star: jax.Array  # (N*d*S,) Q*(p) - r_c(p) - gamma V*(s') at (c, p, s'), from float64
     mode: str = dataclasses.field(default="synchronous", metadata=dict(static=True))
@@ -231,6 +233,18 @@ class QLearning(_QTables):
         target = jnp.max(moved + error[nxt * self.num_actions + jnp.arange(self.num_actions)])
         value = error[p] + self.residual_star[(c * d + p) * S + nxt] - self.gamma * target
         return jnp.where(jnp.arange(d) == p, value, 0.0)
+
+    def greedy_suboptimality(self, theta: jax.Array) -> jax.Array:
+        """``max_s (V*(s) - V^pi(s))`` for the greedy policy ``pi(s) = argmax_a theta(s, a)``, on the
+        MDP whose ``Q*`` is ``theta_star`` (``star_transitions``, ``star_rewards``): ``V^pi`` by one
+        linear solve of its Bellman equation, ``V* = max_a theta_star``. 0 when the greedy policy is
+        optimal (the built-in metric ``"greedy_suboptimality"``)."""
+        S, A = self.num_states, self.num_actions
+        pi = jnp.argmax(theta.reshape(S, A), axis=1)
+        states = jnp.arange(S)
+        P_pi = self.star_transitions[states, pi]  # (S, S)
+        v = jnp.linalg.solve(jnp.eye(S, dtype=P_pi.dtype) - self.gamma * P_pi, self.star_rewards[states, pi])
+        return jnp.max(self.theta_star.reshape(S, A).max(axis=1) - v)
 
     def mean_field(self) -> QLearningMeanField:
         """The noise-free problem whose direction at Q is ``-D_c (T_c Q - Q)`` (the protocol's
@@ -355,7 +369,8 @@ def q_learning(
         _validate.fail(
             "behaviour", behaviour, f"no agent visits the pair (s={s}, a={a}): its Q-value is never learned"
         )
-    star = optimal_q(*_mixed_mdp(P, r, D), g)
+    P_star, r_star = _mixed_mdp(P, r, D)
+    star = optimal_q(P_star, r_star, g)
     avg = optimal_q(P.mean(0), r.mean(0), g)
     local = np.stack([optimal_q(P[c], r[c], g) for c in range(N)])
     greedy = star.argmax(axis=1)
@@ -390,6 +405,8 @@ def q_learning(
         b_alias=i(b_alias),
         mu_prob=f(mu_prob.ravel()),
         mu_alias=i(mu_alias),
+        star_transitions=f(P_star),
+        star_rewards=f(r_star),
         gaps_star=f((star - V[:, None]).ravel()),
         residual_star=f(residual.ravel()),
         mode=mode,
@@ -438,6 +455,79 @@ def two_state_q_learning(
         own = np.eye(A)[np.arange(N) % A]  # (N, A) agent c's action a_c
         behaviour = np.broadcast_to(((1.0 - h) / A + h * own)[:, None, :], (N, 2, A))
     return q_learning(np.broadcast_to(P, (N, 2, A, 2)), r, gamma, mode, behaviour, dtype=dtype)
+
+
+MOVES = ((-1, 0), (0, 1), (1, 0), (0, -1))  # up, right, down, left
+
+
+def maze_q_learning(
+    num_agents: int = 20,
+    size: int = 5,
+    num_walls: int = 3,
+    wind: float = 0.2,
+    gamma: float = 0.99,
+    seed: int = 0,
+    dtype=None,
+) -> QLearning:
+    """Heterogeneous mazes for synchronous federated Q-learning (the setting of Wang, Yang, Su, Sec. 6:
+    20 agents, 5 x 5 mazes, gamma 0.99; their layouts and kernels are not published, so these are
+    ours, documented here).
+
+    A ``size x size`` grid with ``num_walls`` wall cells drawn by ``numpy.random.default_rng(seed)``
+    (redrawn until the free cells are connected); the states are the free cells (row-major), the
+    start is the free cell nearest the bottom-left corner and the goal the one nearest the top-right.
+    Four actions (up, right, down, left): a move into a wall or off the grid keeps the state. Agent c
+    has its own wind: with probability ``wind`` it moves in its wind direction ``c mod 4`` whatever
+    the action, else as chosen, so the agents' kernels differ and ``wind = 0`` makes them equal. The
+    reward is 1 at the goal (every action), where every action returns to the start: a recurrent MDP
+    whose ``Q*`` is the discounted rate of reaching the goal. Synchronous sampling."""
+    N = _validate.integer("num_agents", num_agents, maximum=_validate.INDEX_MAX)
+    L = _validate.integer("size", size, minimum=2, maximum=64)
+    W = _validate.integer("num_walls", num_walls, minimum=0, maximum=L * L - 2)
+    w = _validate.real("wind", wind, 0.0, 1.0)
+    seed = _validate.integer("seed", seed, minimum=0)
+    rng = np.random.default_rng(seed)
+    corners = {(L - 1, 0), (0, L - 1)}
+    for _ in range(1000):
+        cells = [(i, j) for i in range(L) for j in range(L) if (i, j) not in corners]
+        walls = {cells[k] for k in rng.choice(len(cells), size=W, replace=False)}
+        free = [(i, j) for i in range(L) for j in range(L) if (i, j) not in walls]
+        if _connected(free):
+            break
+    else:
+        _validate.fail("num_walls", W, f"no draw of {W} walls left a {L} x {L} maze connected")
+    index = {cell: k for k, cell in enumerate(free)}
+    S, start, goal = len(free), index[(L - 1, 0)], index[(0, L - 1)]
+
+    def step(cell, move):
+        nxt = (cell[0] + move[0], cell[1] + move[1])
+        return index.get(nxt, index[cell])
+
+    P = np.zeros((N, S, 4, S))
+    for c in range(N):
+        for k, cell in enumerate(free):
+            for a in range(4):
+                if k == goal:
+                    P[c, k, a, start] = 1.0
+                    continue
+                P[c, k, a, step(cell, MOVES[a])] += 1.0 - w
+                P[c, k, a, step(cell, MOVES[c % 4])] += w
+    r = np.zeros((S, 4))
+    r[goal] = 1.0
+    return q_learning(P, r, gamma, "synchronous", dtype=dtype)
+
+
+def _connected(cells: list) -> bool:
+    """Whether the grid cells ``cells`` form one 4-connected region."""
+    todo, seen, allowed = [cells[0]], {cells[0]}, set(cells)
+    while todo:
+        i, j = todo.pop()
+        for di, dj in MOVES:
+            nxt = (i + di, j + dj)
+            if nxt in allowed and nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return len(seen) == len(cells)
 
 
 def _two_state_from_options(key, args):
