@@ -20,6 +20,7 @@ SMALL = {
     "03_your_own_algorithm.ipynb": "SEEDS = 64\nROUNDS = 12\nH = 4",
     "04_confidence_sets.ipynb": "SEEDS = 200\nROUNDS = 20\nB = 20",
     "05_federated_sarsa.ipynb": "SEEDS = 16\nSTEPS = 200\nLONG = 2000\nETA = 0.01",
+    "06_federated_q_learning.ipynb": "SEEDS = 8\nSTEPS = 400\nETA = 0.1",
 }
 
 # (marker, source): the source runs in a cell inserted after the first code cell containing marker.
@@ -187,6 +188,48 @@ for _s, _d, _h in zip(_solid, _dotted, HS):
 for _line, _name in zip(ax2.lines, ("fedlsa", "scafflsa")):
     np.testing.assert_array_equal(_line.get_ydata(), np.sum((long_paths[_name] - star) ** 2, axis=1))
 np.testing.assert_array_equal(ax2.lines[2].get_ydata(), [np.sum((limits["fedlsa", HS[-1]] - star) ** 2)] * 2)
+""",
+        ),
+    ],
+    "06_federated_q_learning.ipynb": [
+        (
+            "limits = {E: np.asarray(fj.theory.mean_path_limit(",
+            """
+_P, _r = np.asarray(maze.transitions), np.asarray(maze.rewards)
+def _local(c, Q, E):  # E steps of T_c^eta, from the definition
+    for _ in range(E):
+        Q = (1 - ETA) * Q + ETA * (_r[c] + gamma * _P[c] @ Q.max(1))
+    return Q
+for _E, _lim in limits.items():
+    _Q = _lim.reshape(_r.shape[1:])
+    _image = np.mean([_local(c, _Q, _E) for c in range(maze.num_agents)], axis=0)
+    assert np.abs(_image - _Q).max() < 1e-10, _E  # the fixed point of mean_c (T_c^eta)^E
+np.testing.assert_allclose(limits[1], star, rtol=0, atol=1e-9)  # E = 1: Q* of the averaged MDP
+_b = [np.abs(limits[_E] - star).max() for _E in ES]
+assert _b[1] < _b[2] and _b[2] > 1e-4, _b  # the plateau grows with E
+""",
+        ),
+        (
+            "results, paths = {}, {}",
+            """
+_solid = [line for line in ax.lines if line.get_linestyle() == "-"]
+_dotted = [line for line in ax.lines if line.get_linestyle() == ":"]
+assert len(_solid) == len(_dotted) == len(results)
+for _s, _d, (_E, _res) in zip(_solid, _dotted, results.items()):
+    np.testing.assert_array_equal(_s.get_ydata(), ((1 - gamma) * _res.metrics["sup_error"].mean)[1:])
+    _exact = (1 - gamma) * np.abs(paths[_E][np.asarray(_res.rounds)] - star).max(axis=1)
+    np.testing.assert_array_equal(_d.get_ydata(), _exact[1:])
+    assert np.all(paths[_E][0] == 0.0)
+""",
+        ),
+        (
+            "two = fj.problems.two_state_q_learning(",
+            """
+for _line, (_name, _res) in zip(ax2.lines, curves.items()):
+    np.testing.assert_array_equal(_line.get_ydata(), 0.1 * _res.metrics["sup_error"].mean)
+    assert np.all(_res.metrics["greedy_suboptimality"].mean >= -1e-12)
+_eq, _im = curves["equal averaging"], curves["importance averaging"]
+assert np.abs(_eq.theta_mean[-1] - _im.theta_mean[-1]).max() > 1e-6  # not the same round as FedLSA
 """,
         ),
     ],
