@@ -170,8 +170,10 @@ def speed(args) -> dict:
 
     N, H, T, seeds = 10, 100, args.speed_rounds, args.speed_seeds
     steps = N * H * T * seeds
-    control = fj.problems.garnet_control(num_agents=N)
-    P, r = np.asarray(control.transitions, np.float64), np.asarray(control.rewards, np.float64)
+    rng = np.random.default_rng(0)  # dense random MDPs, S = 10, A = 3, one per agent
+    P = rng.uniform(size=(N, 10, 3, 10))
+    P /= P.sum(-1, keepdims=True)
+    r = rng.uniform(size=(N, 10, 3))
     asyn = fj.problems.q_learning(P, r, 0.9, sampling="asynchronous", dtype="float32")
     sync = fj.problems.q_learning(P, r, 0.9, dtype="float32")
     td = fj.problems.garnet(jax.random.key(0), num_agents=N, num_states=30, dim=asyn.dim, sampling="markov")

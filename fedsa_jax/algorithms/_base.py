@@ -40,7 +40,7 @@ from fedsa_jax.channel import (
 )
 from fedsa_jax.delays import DELAY_STREAM, Delays
 from fedsa_jax.local_work import WORK_STREAM, LocalWork
-from fedsa_jax.problems.protocol import follows_iterate, local_unroll, merged_vmaps
+from fedsa_jax.problems.protocol import FOLLOWS_ITERATE_UNROLL, follows_iterate, local_unroll, merged_vmaps
 
 
 @jax.tree_util.register_dataclass
@@ -770,7 +770,7 @@ def _observed_steps(error_coordinates: bool, problem, params, sampler, rand, the
         o, smp = problem.observe_step(params, smp, r, th)
         return (local_step(problem, params, o, th, eta, control), smp), None
 
-    unroll = local_unroll(etas.shape[0])
+    unroll = local_unroll(etas.shape[0], FOLLOWS_ITERATE_UNROLL)
     (theta, sampler), _ = jax.lax.scan(body, (theta, sampler), (rand, etas), unroll=unroll)
     return theta, sampler
 

@@ -59,7 +59,7 @@ import numpy as np
 from fedsa_jax import _prng, _validate, registry
 from fedsa_jax.problems._base import AgentMDPs, alias_draw, alias_tables, float64, stationary_distribution
 from fedsa_jax.problems.mean_path import NoRandomness
-from fedsa_jax.problems.protocol import local_unroll, merged_vmaps
+from fedsa_jax.problems.protocol import FOLLOWS_ITERATE_UNROLL, local_unroll, merged_vmaps
 
 __all__ = [
     "FederatedSARSA",
@@ -364,7 +364,8 @@ def _one_hot_steps(self: FederatedSARSA, c, pair, u, error, step_sizes, control)
 
     H = step_sizes.shape[0]
     carry = (error, pair, error[pair])
-    (error, pair, _), _ = jax.lax.scan(body, carry, (u, step_sizes), unroll=local_unroll(H))
+    unroll = local_unroll(H, FOLLOWS_ITERATE_UNROLL)
+    (error, pair, _), _ = jax.lax.scan(body, carry, (u, step_sizes), unroll=unroll)
     return error, pair
 
 
