@@ -16,6 +16,9 @@
   path of each E (``fj.theory.mean_path``), whose plateau is the fixed point of the averaged E-fold
   local operator (``fj.theory.mean_path_limit``): the two-phase curve (a fall, then a rise to the
   plateau), the plateau growing with E.
+* ``floor``: the same mazes' exact noise-free path with a decreasing step, eta_k = eta0 / (1 + k / k0),
+  to T = 2 x 10^5: its error times T / E levels off, the E / ((1 - gamma) T) floor of heterogeneous
+  kernels (a few seconds: one deterministic path per E).
 * ``speed``: agent-steps/s side by side in one run: asynchronous Q-learning (d = 30), TD FedLSA
   under Markov sampling at the same d, synchronous Q-learning (reported per (s, a) update), and
   drawing the kernel's uniforms alone.
@@ -160,6 +163,34 @@ def maze(args) -> dict:
     return out
 
 
+def floor(args) -> dict:
+    """The E/((1 - gamma) T) floor on the mazes' exact noise-free path (float64), with a decreasing step
+    ``eta_k = eta0 / (1 + k / k0)``: the error times T / E at the largest T's, per E."""
+    import jax
+
+    import fedsa_jax as fj
+
+    jax.config.update("jax_enable_x64", True)
+    problem = fj.problems.maze_q_learning(N_MAZE, wind=args.wind, gamma=GAMMA_MAZE, dtype="float64")
+    star = np.asarray(problem.theta_star, np.float64)
+    step = fj.schedule(fj.optim.inverse_time, eta0=args.eta0, k0=args.floor_k0)
+    out = {"eta0": args.eta0, "k0": args.floor_k0, "runs": {}}
+    print(
+        f"floor: mazes' noise-free path, step {args.eta0} / (1 + k / {args.floor_k0:g}), "
+        f"T up to {args.floor_steps}"
+    )
+    for E in args.maze_e:
+        path = fj.theory.mean_path(
+            problem, fj.fedlsa(step, E), args.floor_steps // E, theta0=np.zeros(problem.dim)
+        )
+        err = (1 - GAMMA_MAZE) * np.abs(np.asarray(path, np.float64) - star).max(-1)
+        Ts = [T for T in (20_000, 50_000, 100_000, 200_000) if T <= args.floor_steps]
+        out["runs"][str(E)] = {str(T): float(err[T // E]) for T in Ts}
+        scaled = ", ".join(f"T={T}: {err[T // E]:.3e} (x T/E = {err[T // E] * T / E:.3g})" for T in Ts)
+        print(f"  E={E}: {scaled}", flush=True)
+    return out
+
+
 # --- speed -------------------------------------------------------------------------------------------
 
 
@@ -265,7 +296,7 @@ def plot_maze(report: dict, figures: Path, json_path) -> None:
 def main(argv=None):
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="speed,woo,maze")
+    parser.add_argument("--parts", default="speed,woo,maze,floor")
     parser.add_argument("--seeds", type=int, default=10_000, help="runs of each woo curve")
     parser.add_argument("--sweep-seeds", type=int, default=2_000, help="runs of each woo sweep point")
     parser.add_argument("--woo-steps", type=int, default=20_000)
@@ -279,6 +310,8 @@ def main(argv=None):
     parser.add_argument("--maze-eta", type=float, default=0.1)
     parser.add_argument("--maze-e", type=ints, default=[10, 50, 200])
     parser.add_argument("--wind", type=float, default=0.2)
+    parser.add_argument("--floor-steps", type=int, default=200_000)
+    parser.add_argument("--floor-k0", type=float, default=1000.0)
     parser.add_argument("--points", type=int, default=60, help="recorded rounds per curve")
     parser.add_argument("--speed-rounds", type=int, default=20)
     parser.add_argument("--speed-seeds", type=int, default=1000)
@@ -289,7 +322,13 @@ def main(argv=None):
     parts = args.parts.split(",")
     report: dict = json.loads(Path(args.json).read_text()) if Path(args.json).exists() else {}
     report.update(devices=args.devices, date=time.strftime("%Y-%m-%d"))
-    for part, fn, plot in (("speed", speed, None), ("woo", woo, plot_woo), ("maze", maze, plot_maze)):
+    parts_fns = (
+        ("speed", speed, None),
+        ("woo", woo, plot_woo),
+        ("maze", maze, plot_maze),
+        ("floor", floor, None),
+    )
+    for part, fn, plot in parts_fns:
         if part not in parts:
             continue
         t0 = time.perf_counter()
