@@ -61,6 +61,7 @@ __all__ = [
     "QLearning",
     "QLearningMeanField",
     "bellman_operator",
+    "maze_q_learning",
     "optimal_q",
     "q_learning",
     "two_state_q_learning",
@@ -474,8 +475,8 @@ def maze_q_learning(
     ours, documented here).
 
     A ``size x size`` grid with ``num_walls`` wall cells drawn by ``numpy.random.default_rng(seed)``
-    (redrawn until the free cells are connected); the states are the free cells (row-major), the
-    start is the free cell nearest the bottom-left corner and the goal the one nearest the top-right.
+    (never on the two corners below; redrawn until the free cells are connected); the states are the
+    free cells (row-major), the start is the bottom-left corner and the goal the top-right one.
     Four actions (up, right, down, left): a move into a wall or off the grid keeps the state. Agent c
     has its own wind: with probability ``wind`` it moves in its wind direction ``c mod 4`` whatever
     the action, else as chosen, so the agents' kernels differ and ``wind = 0`` makes them equal. The
