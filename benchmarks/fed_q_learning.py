@@ -179,7 +179,7 @@ def floor(args) -> dict:
         f"floor: mazes' noise-free path, step {args.eta0} / (1 + k / {args.floor_k0:g}), "
         f"T up to {args.floor_steps}"
     )
-    for E in args.maze_e:
+    for E in args.floor_e:
         path = fj.theory.mean_path(
             problem, fj.fedlsa(step, E), args.floor_steps // E, theta0=np.zeros(problem.dim)
         )
@@ -196,6 +196,7 @@ def floor(args) -> dict:
 
 def speed(args) -> dict:
     import jax
+    import jax.numpy as jnp
 
     import fedsa_jax as fj
 
@@ -229,7 +230,12 @@ def speed(args) -> dict:
     )
     for name, problem in (("uniforms only, asynchronous", asyn), ("uniforms only, synchronous", sync)):
         keys = jax.random.split(jax.random.key(0), seeds)
-        block = jax.jit(jax.vmap(lambda k, p=problem: p.randomness(k, N, H * T, 1).sum()))
+
+        def rounds(k, p=problem):  # each round's block, as the kernel draws them
+            total = lambda acc, t: (acc + p.randomness(jax.random.fold_in(k, t), N, H, 1).sum(), None)  # noqa: E731
+            return jax.lax.scan(total, jnp.zeros((), p.dtype), jnp.arange(T))[0]
+
+        block = jax.jit(jax.vmap(rounds))
         block(keys).block_until_ready()
         rows[name] = {"seconds": best_of(lambda b=block: b(keys).block_until_ready(), 3)}
         print(f"  {name:<48} {rows[name]['seconds']:7.3f} s")
@@ -305,11 +311,12 @@ def main(argv=None):
     parser.add_argument("--k0", type=float, default=100.0)
     parser.add_argument("--woo-agents", type=ints, default=[2, 5, 10, 20, 40])
     parser.add_argument("--woo-periods", type=ints, default=[1, 10, 50, 250])
-    parser.add_argument("--maze-seeds", type=int, default=1_000)
-    parser.add_argument("--maze-steps", type=int, default=20_000)
+    parser.add_argument("--maze-seeds", type=int, default=10_000)
+    parser.add_argument("--maze-steps", type=int, default=10_000)
     parser.add_argument("--maze-eta", type=float, default=0.1)
-    parser.add_argument("--maze-e", type=ints, default=[10, 50, 200])
+    parser.add_argument("--maze-e", type=ints, default=[10, 50])
     parser.add_argument("--wind", type=float, default=0.2)
+    parser.add_argument("--floor-e", type=ints, default=[10, 50, 200])
     parser.add_argument("--floor-steps", type=int, default=200_000)
     parser.add_argument("--floor-k0", type=float, default=1000.0)
     parser.add_argument("--points", type=int, default=60, help="recorded rounds per curve")

@@ -208,9 +208,13 @@ class QLearning(_QTables):
         return obs.pair[:, None] == jnp.arange(self.dim, dtype=jnp.int32)
 
     def _targets(self, nxt, values):
-        """``max_a' values(s', a')`` for next states ``nxt`` (any shape)."""
+        """``max_a' values(s', a')`` for next states ``nxt``: ``(H, d)`` under synchronous sampling
+        (the S state values first, then one gather per pair rather than A), a scalar under
+        asynchronous sampling (A values gathered)."""
         A = self.num_actions
-        return jnp.max(values[nxt[..., None] * A + jnp.arange(A, dtype=jnp.int32)], axis=-1)
+        if self.mode == "synchronous":
+            return jnp.max(values.reshape(-1, A), axis=-1)[nxt]
+        return jnp.max(values[nxt * A + jnp.arange(A, dtype=jnp.int32)])
 
     def direction(self, c: jax.Array, obs, theta: jax.Array) -> jax.Array:
         """``Q - r_c - gamma max_a' Q(s', a')`` on the updated entries, 0 elsewhere."""
