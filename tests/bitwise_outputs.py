@@ -46,6 +46,33 @@ CONFIGS: dict[str, list[str]] = {
     "sarsa": ["--problem", "sarsa-garnet", "--agents", "3", "--local-steps", "3", *SMALL],
     "q-learning": ["--problem", "q-learning", "--agents", "4", "--local-steps", "3", *SMALL]
     + ["--algorithms", "fedlsa,importance-averaging"],
+    # the exact theory of each mechanism that has one
+    "exact-channel": [*GARNET, "--algorithms", "fedlsa", "--quantizer", "rand-k", "--k", "1"]
+    + ["--success-prob", "0.7", "--error-feedback", "ef14", "--exact"],
+    "exact-downlink-cohort": [
+        *GARNET,
+        "--downlink-quantizer",
+        "rand-k",
+        "--k",
+        "1",
+        "--clients-per-round",
+        "2",
+    ]
+    + ["--exact"],
+    "exact-markov-optim": [*GARNET, "--sampling", "markov", "--schedule", "inverse-time", "--average", "1"]
+    + ["--server-optimizer", "sgd", "--server-momentum", "0.5", "--exact"],
+    "exact-privacy-delays": [
+        *GARNET,
+        "--algorithms",
+        "fedlsa",
+        "--noise-multiplier",
+        "0.5",
+        "--clip-norm",
+        "1.0",
+    ]
+    + ["--no-clip", "--delays", "geometric:1,3", "--exact"],
+    "exact-local-work": ["--problem", "gaussian", "--agents", "3", "--dim", "3", "--local-steps", "3", *SMALL]
+    + ["--algorithms", "fedlsa,scafflsa", "--local-work", "fixed:1,2,3", "--exact"],
 }
 
 
