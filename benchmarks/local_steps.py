@@ -35,7 +35,7 @@ from _bench import add_cpu_devices_option, best_of, bootstrap_garnet, use_cpu_de
 from throughput import numpy_fedlsa_td
 
 import fedsa_jax as fj
-from fedsa_jax._kernel import seed_keys
+from fedsa_jax._runtime.kernel import seed_keys
 
 POWERS = (0.0, 0.2, 0.5, 1.0)
 H0 = 5

@@ -38,7 +38,7 @@ import numpy as np
 from _bench import add_cpu_devices_option, best_of, use_cpu_devices, write_json
 
 import fedsa_jax as fj
-from fedsa_jax._kernel import seed_keys
+from fedsa_jax._runtime.kernel import seed_keys
 
 
 def numpy_fedlsa_td(problem, step_size, H, T, n, rng, dtype):

@@ -18,27 +18,27 @@ from fedsa_jax._version import __version__ as __version__
 # neither JAX nor matplotlib, so the command line's --help is instant); a submodule is its own entry
 _PUBLIC = {
     "Algorithm": "fedsa_jax.algorithms",
-    "Comparison": "fedsa_jax._compare",
-    "Difference": "fedsa_jax._compare",
-    "Execution": "fedsa_jax._options",
+    "Comparison": "fedsa_jax._runtime.compare",
+    "Difference": "fedsa_jax._runtime.compare",
+    "Execution": "fedsa_jax._runtime.options",
     "MetricStats": "fedsa_jax.result",
-    "Record": "fedsa_jax._options",
-    "Recording": "fedsa_jax._options",
+    "Record": "fedsa_jax._runtime.options",
+    "Recording": "fedsa_jax._runtime.options",
     "RoundInfo": "fedsa_jax.algorithms",
     "SimulationResult": "fedsa_jax.result",
-    "SweepEntry": "fedsa_jax._sweep",
-    "Until": "fedsa_jax._options",
+    "SweepEntry": "fedsa_jax._runtime.sweep",
+    "Until": "fedsa_jax._runtime.options",
     "accounting": None,
     "algorithms": None,
     "averaged": "fedsa_jax.algorithms",
     "bootstrap": "fedsa_jax.algorithms",
     "channel": None,
     "clock": None,
-    "compare": "fedsa_jax._compare",
+    "compare": "fedsa_jax._runtime.compare",
     "delays": None,
     "fedbuff": "fedsa_jax.algorithms",
     "fedlsa": "fedsa_jax.algorithms",
-    "grid": "fedsa_jax._sweep",
+    "grid": "fedsa_jax._runtime.sweep",
     "importance_averaging": "fedsa_jax.algorithms",
     "growing_local_steps": "fedsa_jax.optim",
     "inference": None,
@@ -55,14 +55,16 @@ _PUBLIC = {
     "scafflsa": "fedsa_jax.algorithms",
     "scaffnew": "fedsa_jax.algorithms",
     "schedule": "fedsa_jax.optim",
-    "simulate": "fedsa_jax._driver",
+    "simulate": "fedsa_jax._runtime.driver",
     "stats": None,
-    "sweep": "fedsa_jax._sweep",
+    "sweep": "fedsa_jax._runtime.sweep",
     "theory": None,
-    "until": "fedsa_jax._options",
+    "until": "fedsa_jax._runtime.options",
     "use_cpu_cores": "fedsa_jax.cpu",
     "plotting": None,
 }
+# the mechanisms' modules live in the channel package; fj.delays is fedsa_jax.channel.delays
+_MODULES = {name: f"fedsa_jax.channel.{name}" for name in ("accounting", "clock", "delays", "local_work")}
 __all__ = [
     "Algorithm",
     "Comparison",
@@ -113,13 +115,9 @@ __all__ = [
 
 if TYPE_CHECKING:  # what type checkers and editors see: the same names, imported
     from fedsa_jax import (
-        accounting,
         algorithms,
         channel,
-        clock,
-        delays,
         inference,
-        local_work,
         metrics,
         optim,
         plotting,
@@ -127,10 +125,10 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
         stats,
         theory,
     )
-    from fedsa_jax._compare import Comparison, Difference, compare
-    from fedsa_jax._driver import simulate
-    from fedsa_jax._options import Execution, Record, Recording, Until, until
-    from fedsa_jax._sweep import SweepEntry, grid, sweep
+    from fedsa_jax._runtime.compare import Comparison, Difference, compare
+    from fedsa_jax._runtime.driver import simulate
+    from fedsa_jax._runtime.options import Execution, Record, Recording, Until, until
+    from fedsa_jax._runtime.sweep import SweepEntry, grid, sweep
     from fedsa_jax.algorithms import (
         Algorithm,
         RoundInfo,
@@ -145,6 +143,7 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, importe
         scafflsa,
         scaffnew,
     )
+    from fedsa_jax.channel import accounting, clock, delays, local_work
     from fedsa_jax.cpu import use_cpu_cores
     from fedsa_jax.optim import growing_local_steps, local_steps, optimizer, schedule
     from fedsa_jax.result import MetricStats, SimulationResult, load
@@ -157,7 +156,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'fedsa_jax' has no attribute {name!r}")
     source = _PUBLIC[name]
     value = (
-        importlib.import_module(f"fedsa_jax.{name}")
+        importlib.import_module(_MODULES.get(name, f"fedsa_jax.{name}"))
         if source is None
         else getattr(importlib.import_module(source), name)
     )

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from fedsa_jax import _validate
-from fedsa_jax._sweep import config_label
+from fedsa_jax._runtime.sweep import config_label
 from fedsa_jax.result import X_AXES, SimulationResult
 
 __all__ = ["plot_difference", "plot_final_mse_vs_agents", "plot_mse", "plot_sweep"]

@@ -97,12 +97,7 @@ def name_or_number(text: str, names: tuple[str, ...], accept, expected: str):
     return value
 
 
-LOCAL_WORK_LAWS = {"fixed": None, "uniform": 2, "geometric": 2, "straggler": 2}  # law -> its numbers
-DELAY_LAWS = {"fixed": 1, "uniform": 1, "geometric": 2}
-DURATION_LAWS = {"fixed": None, "uniform": 2, "geometric": 2, "straggler": 3}
-
-
-def _law_spec(text: str, laws: dict, expected: str) -> str:
+def law_spec(text: str, laws: dict, expected: str) -> str:
     """``none`` or ``LAW:NUMBERS`` with ``laws[LAW]`` numbers (None: any), checked for its form (the
     values are checked by the library when the law is built)."""
     if text == "none":
@@ -116,25 +111,6 @@ def _law_spec(text: str, laws: dict, expected: str) -> str:
     if not values or count == -1 or (count is not None and len(values) != count):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return text
-
-
-def local_work_spec(text: str) -> str:
-    """``--local-work``: ``none`` or ``LAW:NUMBERS`` (:mod:`fedsa_jax.local_work`)."""
-    expected = "none, fixed:H1,...,HN, uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:PROB,FRACTION"
-    return _law_spec(text, LOCAL_WORK_LAWS, expected)
-
-
-def delays_spec(text: str) -> str:
-    """``--delays``: ``none`` or ``LAW:NUMBERS`` (:mod:`fedsa_jax.delays`)."""
-    return _law_spec(text, DELAY_LAWS, "none, fixed:TAU, uniform:TAU_MAX or geometric:MEAN,TAU_MAX")
-
-
-def durations_spec(text: str) -> str:
-    """``--durations``: ``LAW:NUMBERS`` (:mod:`fedsa_jax.clock`)."""
-    expected = "fixed:D or fixed:D1,...,DN, uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:D,PROB,SLOWDOWN"
-    if text == "none":
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    return _law_spec(text, DURATION_LAWS, expected)
 
 
 def nonnegative_real(text: str) -> float:
@@ -299,22 +275,9 @@ LOCAL_STEPS_GROWTH = Option(
     plugins=True,
     read_by="algorithms with local steps (qfedtd takes one step per round)",
 )
-LOCAL_WORK = Option(
-    ("--local-work",),
-    "local_work",
-    "heterogeneous or random local work: agent c runs H_c steps a round, fixed:H1,...,HN (one per "
-    "agent), uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:PROB,FRACTION (of --local-steps; "
-    "default none: H for every agent)",
-    local_work_spec,
-    "none",
-    metavar="LAW",
-    group="algorithms",
-    params=("local_work",),
-    read_by="fedlsa and scafflsa",
-)
 
 
-def _shared_flag(name: str, what: str, read_by: str, laws: tuple[str, ...]) -> Option:
+def shared_flag(name: str, what: str, read_by: str, laws: tuple[str, ...]) -> Option:
     """``--NAME-shared``: one random count drawn each round for every agent (read with a random law)."""
     return Option(
         (f"--{name.replace('_', '-')}-shared",),
@@ -330,68 +293,6 @@ def _shared_flag(name: str, what: str, read_by: str, laws: tuple[str, ...]) -> O
     )
 
 
-LOCAL_WORK_SHARED = _shared_flag(
-    "local_work", "H", "fedlsa and scafflsa", ("uniform", "geometric", "straggler")
-)
-WORK_NORMALIZATION = Option(
-    ("--work-normalization",),
-    "work_normalization",
-    "how the server weighs unequal local work: none (plain averaging) or fednova (each update "
-    "divided by its H_c, the mean times the mean E[H_c])",
-    None,
-    "none",
-    choices=("none", "fednova"),
-    group="algorithms",
-    params=("normalization",),
-    read_by="fedlsa and scafflsa",
-    needs=("local_work", tuple(LOCAL_WORK_LAWS)),
-)
-LOCAL_WORK_OPTIONS = (LOCAL_WORK, LOCAL_WORK_SHARED, WORK_NORMALIZATION)  # what fj.local_work's laws read
-DELAYS = Option(
-    ("--delays",),
-    "delays",
-    "delayed updates: each agent's update starts from the server iterate TAU rounds old, fixed:TAU, "
-    "uniform:TAU_MAX or geometric:MEAN,TAU_MAX (default none)",
-    delays_spec,
-    "none",
-    metavar="LAW",
-    group="algorithms",
-    params=("delays",),
-    read_by="fedlsa and scafflsa",
-)
-DELAYS_SHARED = _shared_flag("delays", "delay", "fedlsa and scafflsa", ("uniform", "geometric"))
-BUFFER_SIZE = Option(
-    ("--buffer-size",),
-    "buffer_size",
-    "buffered asynchronous aggregation: contributions K per server step, at most N",
-    positive_int,
-    2,
-    metavar="K",
-    group="algorithms",
-    params=("buffer_size",),
-)
-DURATIONS = Option(
-    ("--durations",),
-    "durations",
-    "the agents' job durations in clock ticks: fixed:D (or fixed:D1,...,DN, one per agent), "
-    "uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:D,PROB,SLOWDOWN",
-    durations_spec,
-    "fixed:1",
-    metavar="LAW",
-    group="algorithms",
-    params=("durations",),
-)
-STALENESS = Option(
-    ("--staleness",),
-    "staleness",
-    "contributions weighted (1 + staleness)^-A (0.5: 1/sqrt(1 + staleness), 0: none)",
-    nonnegative_real,
-    0.5,
-    metavar="A",
-    group="algorithms",
-    params=("staleness",),
-)
-
 SKIP = Option(
     ("--skip",),
     "skip",
@@ -400,17 +301,6 @@ SKIP = Option(
     1,
     group="algorithms",
     params=("skip",),
-)
-CLIENTS_PER_ROUND = Option(
-    ("--clients-per-round",),
-    "clients_per_round",
-    "partial participation: a cohort of M agents drawn uniformly each round (Scaffnew: each "
-    "communication), the others idle (default: every agent)",
-    positive_int,
-    None,
-    metavar="M",
-    group="algorithms",
-    params=("clients_per_round",),
 )
 HETEROGENEITY = Option(
     ("--heterogeneity",),

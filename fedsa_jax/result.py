@@ -170,7 +170,8 @@ class SimulationResult:
 
     @property
     def privacy(self) -> dict[str, Any] | None:
-        """The run's privacy loss with a privacy mechanism on the uplink (:mod:`fedsa_jax.accounting`):
+        """The run's privacy loss with a privacy mechanism on the uplink
+        (:mod:`fedsa_jax.channel.accounting`):
         ``epsilon`` at ``delta`` of its ``releases``, the ``mechanism``, the neighbouring ``relation``,
         the ``event`` composed and the ``accountant``; None without one (``config["privacy"]``)."""
         return self.config.get("privacy")
@@ -509,7 +510,7 @@ def _check_values(arrays: dict[str, np.ndarray], num_seeds: int) -> None:
 
 
 def _check_privacy(spent: Any) -> None:
-    """The privacy record (``config["privacy"]``, :func:`fedsa_jax.accounting.report`) as a run writes
+    """The privacy record (``config["privacy"]``, :func:`fedsa_jax.channel.accounting.report`) as a run writes
     it: a table whose epsilon is a number >= 0 (or None, with the reason), whose delta is in (0, 1) and
     whose releases are a count."""
     if spent is None:

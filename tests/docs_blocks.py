@@ -71,7 +71,7 @@ def _shrink(fj, max_seeds: int) -> None:
         wrapped = _capped(original, max_seeds)
         wrapped.__dict__.update(original.__dict__)
         setattr(fj, name, wrapped)
-    sweep = sys.modules["fedsa_jax._sweep"]
+    sweep = sys.modules["fedsa_jax._runtime.sweep"]
     # fj.sweep.MAX_GRID is read from the function object the package exports
     sweep.sweep = fj.sweep
 

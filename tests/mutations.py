@@ -106,7 +106,7 @@ MUTATIONS = [
     ),
     Mutation(
         "on-record-counts-padded-seeds",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "seeds = plan.seeds_done(batch, run.num_seeds)",
         "seeds = (batch + 1) * plan.batch_size",
         (f"{BR}::test_seed_0_diverged_and_on_record_counts_valid_seeds_only",),
@@ -114,7 +114,7 @@ MUTATIONS = [
     ),
     Mutation(
         "on-record-batch-only",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "        if done is not None:\n            mine = merge(",
         "        if False:\n            mine = merge(",
         (f"{BR}::test_seed_0_diverged_and_on_record_counts_valid_seeds_only",),
@@ -122,7 +122,7 @@ MUTATIONS = [
     ),
     Mutation(
         "checkpoint-ignores-theta0",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "        setup.stacked,\n        jax.random.key_data(run.key),\n        run.theta0,\n",
         "        setup.stacked,\n        jax.random.key_data(run.key),\n",
         (f"{BR}::test_checkpoint_does_not_resume_another_theta0_or_problem[theta0]",),
@@ -130,7 +130,7 @@ MUTATIONS = [
     ),
     Mutation(
         "checkpoint-ignores-problem-values",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "        problem,\n        setup.stacked,\n        jax.random.key_data(run.key),\n",
         "        setup.stacked,\n        jax.random.key_data(run.key),\n",
         (f"{BR}::test_checkpoint_does_not_resume_another_theta0_or_problem[problem]",),
@@ -138,7 +138,7 @@ MUTATIONS = [
     ),
     Mutation(
         "sweep-reuses-other-theta0",
-        "fedsa_jax/_sweep.py",
+        "fedsa_jax/_runtime/sweep.py",
         '        and c.get("theta0") == [float(x) for x in run.theta0]\n',
         "",
         (f"{BR}::test_sweep_does_not_reuse_a_result_with_another_theta0",),
@@ -146,7 +146,7 @@ MUTATIONS = [
     ),
     Mutation(
         "sweep-groups-record-every",
-        "fedsa_jax/_sweep.py",
+        "fedsa_jax/_runtime/sweep.py",
         "run.num_rounds, run.record_every)",
         "run.num_rounds)",
         (f"{BR}::test_sweep_groups_only_configurations_with_the_same_record_every",),
@@ -313,7 +313,7 @@ MUTATIONS = [
     ),
     Mutation(
         "theory-received-server-weight",
-        "fedsa_jax/moments.py",
+        "fedsa_jax/moments/aggregation.py",
         'return p / N if channel.aggregation == "divide_by_n" else (1.0 - (1.0 - p) ** N) / N',
         "return p / N",
         ("tests/test_channel.py::test_qfedtd_mean_matches_exact_recursion[divide_by_received]",),
@@ -413,7 +413,7 @@ MUTATIONS = [
     # --- theory coefficients ------------------------------------------------------------------
     Mutation(
         "rand-k-offdiagonal",
-        "fedsa_jax/moments.py",
+        "fedsa_jax/moments/aggregation.py",
         "off = (d * (k - 1) / (k * (d - 1)) - 1.0) if d > 1 else 0.0",
         "off = ((k - 1) / (d - 1) - 1.0) if d > 1 else 0.0",
         (f"{GAPS}::test_rand_k_exact_mse_with_d3_k2_matches_enumeration[fedlsa]",),
@@ -429,7 +429,7 @@ MUTATIONS = [
     ),
     Mutation(
         "received-pair-weight",
-        "fedsa_jax/moments.py",
+        "fedsa_jax/moments/aggregation.py",
         "other = p * p * _binomial_inverse_mean(N - 2, p, 2) if N > 1 else 0.0",
         "other = p * p * _binomial_inverse_mean(N - 2, p, 1) if N > 1 else 0.0",
         (f"{GAPS}::test_channel_weight_moments_match_enumeration[divide_by_received]",),
@@ -437,7 +437,7 @@ MUTATIONS = [
     ),
     Mutation(
         "quantizer-term-ignores-weight-variance",
-        "fedsa_jax/moments.py",
+        "fedsa_jax/moments/aggregation.py",
         "return c_same, c_other, c_same + _server_weight(ch, y.N, self.m) ** 2, quant",
         "return c_same, c_other, _server_weight(ch, y.N, self.m) ** 2, quant",
         ("tests/test_theory.py::test_exact_mse_matches_enumeration[qfedtd_randk_erasures]",),
@@ -536,7 +536,7 @@ MUTATIONS = [
     # --- newer features: algorithms, schedules, optimizers, wrappers, metrics ---
     Mutation(
         "scafflsa-schedule-cv-last-step",
-        "fedsa_jax/algorithms/_base.py",
+        "fedsa_jax/channel/local_work.py",
         "        return optim.round_step_sum(etas, H)\n",
         "        return H * (etas[-1] if etas.ndim else etas)\n",
         (f"{NEW}::test_scafflsa_control_variates_divide_by_the_rounds_step_sum",),
@@ -595,7 +595,7 @@ MUTATIONS = [
     ),
     Mutation(
         "theory-optimizer-params-zero",
-        "fedsa_jax/moments.py",
+        "fedsa_jax/moments/phases.py",
         "    shift = c + Mp @ y.theta_star  # the constant in error coordinates\n"
         "    rows = {}  # [u; s'] = (Mg + Mp) ref - Mg agg + Ms s + shift; reference <- reference + u\n"
         '    for block, part, plus in ((reference, slice(0, d), np.eye(d)), ("s", slice(d, d + n_s), 0.0)):\n'
@@ -614,7 +614,7 @@ MUTATIONS = [
     ),
     Mutation(
         "theory-optimizer-params-error",
-        "fedsa_jax/moments.py",
+        "fedsa_jax/moments/phases.py",
         "shift = c + Mp @ y.theta_star  # the constant in error coordinates",
         "shift = c  # the constant in error coordinates",
         (f"{NEW}::test_exact_mse_with_weight_decay_matches_its_second_moment_recursion",),
@@ -661,7 +661,7 @@ MUTATIONS = [
     ),
     Mutation(
         "driver-ignores-error-field",
-        "fedsa_jax/_kernel.py",
+        "fedsa_jax/_runtime/kernel.py",
         "diff = jnp.where(agrees, error, diff)",
         "diff = jnp.where(agrees, diff, diff)",
         (f"{NEW}::test_float32_mse_is_the_accurate_error_at_a_tiny_step_near_theta_star",),
@@ -669,7 +669,7 @@ MUTATIONS = [
     ),
     Mutation(
         "driver-error-agreement-without-theta-star",
-        "fedsa_jax/_kernel.py",
+        "fedsa_jax/_runtime/kernel.py",
         "tol = 4 * eps * (jnp.abs(problem.theta_star) + jnp.abs(error)) + jnp.finfo(theta.dtype).tiny",
         "tol = 4 * eps * jnp.abs(error) + jnp.finfo(theta.dtype).tiny",
         (f"{NEW}::test_float32_mse_is_the_accurate_error_at_a_tiny_step_near_theta_star",),
@@ -701,7 +701,7 @@ MUTATIONS = [
     ),
     Mutation(
         "growth-warning-off",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "        if growth is not None:\n            warnings.warn(",
         "        if False:\n            warnings.warn(",
         (
@@ -712,7 +712,7 @@ MUTATIONS = [
     ),
     Mutation(
         "growth-from-the-start-only",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "if end > factor * floor and end > math.sqrt(factor) * mid:  # False on NaN",
         "if end > factor * floor:  # False on NaN",
         ("tests/test_growth.py::test_growth_rule",),
@@ -753,7 +753,7 @@ MUTATIONS = [
     ),
     Mutation(
         "until-ignores-min-seeds",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "return seeds >= until.min_seeds and until.met(",
         "return until.met(",
         (f"{UNTESTED}::test_until_runs_min_seeds_even_when_the_target_is_met_earlier",),
@@ -761,7 +761,7 @@ MUTATIONS = [
     ),
     Mutation(
         "until-checks-every-round",
-        "fedsa_jax/_options.py",
+        "fedsa_jax/_runtime/options.py",
         "checked = np.ones(len(rounds), bool) if self.rounds is None else np.isin(rounds, self.rounds)",
         "checked = np.ones(len(rounds), bool)",
         (f"{UNTESTED}::test_until_checks_only_the_named_rounds",),
@@ -769,7 +769,7 @@ MUTATIONS = [
     ),
     Mutation(
         "until-rounds-by-position",
-        "fedsa_jax/_options.py",
+        "fedsa_jax/_runtime/options.py",
         "checked = np.ones(len(rounds), bool) if self.rounds is None else np.isin(rounds, self.rounds)",
         "checked = np.ones(len(rounds), bool) if self.rounds is None else np.isin(np.arange(len(rounds)), self.rounds)",
         (f"{UNTESTED}::test_until_checks_only_the_named_rounds",),
@@ -853,7 +853,7 @@ MUTATIONS = [
     ),
     Mutation(
         "on-record-counts-all-seeds",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "    seeds = plan.seeds_done(batch, run.num_seeds)\n",
         "    seeds = run.num_seeds\n",
         (f"{UNTESTED}::test_on_record_statistics_and_counts_cover_the_seeds_run_so_far",),
@@ -861,7 +861,7 @@ MUTATIONS = [
     ),
     Mutation(
         "ratio-covariance-sign",
-        "fedsa_jax/_compare.py",
+        "fedsa_jax/_runtime/compare.py",
         "sb**2 / mb**2 - 2 * cov / (ma * mb)",
         "sb**2 / mb**2 + 2 * cov / (ma * mb)",
         ("tests/test_statistics.py::test_ratio_interval_uses_the_covariance_with_its_sign",),
@@ -886,7 +886,7 @@ MUTATIONS = [
     ),
     Mutation(
         "sweep-blocked-entry-not-refused",
-        "fedsa_jax/_sweep.py",
+        "fedsa_jax/_runtime/sweep.py",
         '                return None, "blocked"',
         '                return None, ""',
         ("tests/test_damaged_files.py::test_a_folder_where_a_sweep_result_goes_refuses_that_entry_alone",),
@@ -950,7 +950,7 @@ MUTATIONS = [
     ),
     Mutation(
         "local-work-one-step-more",
-        "fedsa_jax/algorithms/_base.py",
+        "fedsa_jax/channel/local_work.py",
         "    mask = (jnp.arange(num_steps, dtype=jnp.int32)[None, :] < counts[:, None]).astype(dtype)",
         "    mask = (jnp.arange(num_steps, dtype=jnp.int32)[None, :] <= counts[:, None]).astype(dtype)",
         ("tests/test_local_work.py::test_gaussian_round_by_round_against_numpy",),
@@ -958,7 +958,7 @@ MUTATIONS = [
     ),
     Mutation(
         "fednova-scale-inverted",
-        "fedsa_jax/algorithms/_base.py",
+        "fedsa_jax/channel/local_work.py",
         "    scale = work.tau(local.shape[0]) / counts.astype(local.dtype)",
         "    scale = counts.astype(local.dtype) / work.tau(local.shape[0])",
         ("tests/test_local_work.py::test_gaussian_round_by_round_against_numpy",),
@@ -966,7 +966,7 @@ MUTATIONS = [
     ),
     Mutation(
         "scafflsa-common-denominator",
-        "fedsa_jax/algorithms/_base.py",
+        "fedsa_jax/channel/local_work.py",
         "    return jnp.sum(jnp.where(mask, steps, 0.0), axis=1, keepdims=True)",
         "    return jnp.sum(steps)",
         ("tests/test_local_work.py::test_scafflsa_round_by_round_against_numpy",),
@@ -974,7 +974,7 @@ MUTATIONS = [
     ),
     Mutation(
         "random-stop-cross-terms-from-diagonal",
-        "fedsa_jax/moments.py",
+        "fedsa_jax/moments/phases.py",
         "        out = conjugate(self.mean(), S)\n        out[diag] = acc",
         "        out = conjugate(self.mean(), S)",
         ("tests/test_local_work.py::test_monte_carlo_matches_exact_mse_gaussian",),
@@ -990,7 +990,7 @@ MUTATIONS = [
     ),
     Mutation(
         "delay-off-by-one-lag",
-        "fedsa_jax/algorithms/_base.py",
+        "fedsa_jax/channel/delays.py",
         "    return jnp.concatenate([error[None], past])[lags]",
         "    return jnp.concatenate([error[None], past])[jnp.minimum(lags + 1, past.shape[0])]",
         ("tests/test_delays.py::test_gaussian_round_by_round_against_numpy",),
@@ -998,7 +998,7 @@ MUTATIONS = [
     ),
     Mutation(
         "delay-buffer-not-moving",
-        "fedsa_jax/algorithms/_base.py",
+        "fedsa_jax/channel/delays.py",
         "    return jnp.concatenate([error[None], past[:-1]])",
         "    return past",
         ("tests/test_delays.py::test_gaussian_round_by_round_against_numpy",),
@@ -1006,7 +1006,7 @@ MUTATIONS = [
     ),
     Mutation(
         "delayed-message-against-current",
-        "fedsa_jax/algorithms/_base.py",
+        "fedsa_jax/channel/delays.py",
         "        return error + (local - start), error",
         "        return local, error",
         ("tests/test_delays.py::test_gaussian_round_by_round_against_numpy",),
@@ -1014,7 +1014,7 @@ MUTATIONS = [
     ),
     Mutation(
         "delay-theory-buffer-still",
-        "fedsa_jax/algorithms/_base.py",
+        "fedsa_jax/channel/delays.py",
         '    return [start, *local_work_theory(y, config, steps, "lag"), rebase, push]',
         '    return [start, *local_work_theory(y, config, steps, "lag"), rebase]',
         ("tests/test_delays.py::test_monte_carlo_matches_exact_mse_gaussian",),
@@ -1095,7 +1095,7 @@ MUTATIONS = [
     ),
     Mutation(
         "cohort-amplified-bound-only",
-        "fedsa_jax/accounting.py",
+        "fedsa_jax/channel/accounting.py",
         "        if best is None or eps < best[0]:",
         "        if best is None:",
         ("tests/test_privacy.py::test_a_cohort_reports_the_smaller_valid_bound",),
@@ -1103,7 +1103,7 @@ MUTATIONS = [
     ),
     Mutation(
         "cohort-of-n-accounted-as-sampling",
-        "fedsa_jax/accounting.py",
+        "fedsa_jax/channel/accounting.py",
         "    if m is None or m >= num_agents:  # every agent every round: no sampling",
         "    if m is None:  # every agent every round: no sampling",
         ("tests/test_privacy.py::test_a_cohort_of_every_agent_is_full_participation",),
@@ -1127,7 +1127,7 @@ MUTATIONS = [
     ),
     Mutation(
         "huge-noise-multiplier-not-capped",
-        "fedsa_jax/accounting.py",
+        "fedsa_jax/channel/accounting.py",
         "    noise = min(noise, MAX_NOISE_MULTIPLIER)",
         "    noise = noise",
         ("tests/test_privacy.py::test_accounting_at_its_limits_is_a_number_or_one_line",),
@@ -1301,7 +1301,7 @@ MUTATIONS = [
     ),
     Mutation(
         "warning-dumps-the-configuration",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         'f"{settings(algorithm)}: up to {worst} of',
         'f"{algorithm.name} ({algorithm.describe()}): up to {worst} of',
         ("tests/test_first_use.py::test_divergence_warning_is_short_with_a_long_law",),
@@ -1326,7 +1326,7 @@ MUTATIONS = [
     # --- issue 47: laws and FedBuff ---
     Mutation(
         "geometric-law-one-minus-p",
-        "fedsa_jax/local_work.py",
+        "fedsa_jax/channel/local_work.py",
         "    rows = [(1.0 / float(m)) * (1 - 1.0 / float(m)) ** (h - 1) for m in means]",
         "    rows = [(1 - 1.0 / float(m)) * (1.0 / float(m)) ** (h - 1) for m in means]",
         (
@@ -1337,7 +1337,7 @@ MUTATIONS = [
     ),
     Mutation(
         "straggler-floor",
-        "fedsa_jax/local_work.py",
+        "fedsa_jax/channel/local_work.py",
         "    slow = max(1, math.ceil(fraction * H))",
         "    slow = max(1, math.floor(fraction * H))",
         ("tests/test_local_work.py::test_each_law_is_its_definition",),
@@ -1345,7 +1345,7 @@ MUTATIONS = [
     ),
     Mutation(
         "delay-geometric-mean",
-        "fedsa_jax/delays.py",
+        "fedsa_jax/channel/delays.py",
         "    q = 1.0 / (1.0 + float(mean))",
         "    q = 1.0 / max(float(mean), 1.0)",
         (
@@ -1356,7 +1356,7 @@ MUTATIONS = [
     ),
     Mutation(
         "fednova-tau-is-hmax",
-        "fedsa_jax/local_work.py",
+        "fedsa_jax/channel/local_work.py",
         "        return float(np.mean(self.mean_steps(num_agents)))",
         "        return float(self.max)",
         ("tests/test_local_work.py::test_fednova_tau_is_the_mean_expected_work",),
@@ -1388,7 +1388,7 @@ MUTATIONS = [
     ),
     Mutation(
         "fedbuff-int32-ticks-unchecked",
-        "fedsa_jax/clock.py",
+        "fedsa_jax/channel/clock.py",
         "        if not x64 and ticks > _validate.INDEX_MAX:",
         "        if False:",
         ("tests/test_fedbuff.py::test_int32_ticks_are_refused_where_they_could_wrap",),
@@ -1404,7 +1404,7 @@ MUTATIONS = [
     ),
     Mutation(
         "law-table-uncapped",
-        "fedsa_jax/clock.py",
+        "fedsa_jax/channel/clock.py",
         '    check_table("duration" if slowdown == 1 else "slowdown", duration if slowdown == 1 else slowdown, 1, slow)',
         "    pass",
         ("tests/test_local_work.py::test_huge_laws_are_refused_before_allocating[<lambda>-slowdown1]",),
@@ -1412,7 +1412,7 @@ MUTATIONS = [
     ),
     Mutation(
         "law-errors-unnamed",
-        "fedsa_jax/local_work.py",
+        "fedsa_jax/channel/local_work.py",
         '        _validate.fail(option, text, str(err).replace(" is invalid: ", ": ", 1))',
         "        raise",
         ("tests/test_input_errors.py::test_cli_law_errors_name_the_option_and_its_text",),
@@ -1428,7 +1428,7 @@ MUTATIONS = [
     ),
     Mutation(
         "fixed-work-for-other-agents",
-        "fedsa_jax/local_work.py",
+        "fedsa_jax/channel/local_work.py",
         "            if num_agents is not None and len(values) not in (1, num_agents):",
         "            if False:",
         ("tests/test_input_errors.py::test_cli_law_errors_name_the_option_and_its_text",),
@@ -1513,7 +1513,7 @@ MUTATIONS = [
     ),
     Mutation(
         "random-stop-finishes-impossible-outcomes",
-        "fedsa_jax/moments.py",
+        "fedsa_jax/moments/phases.py",
         "            if not self.pmf[:, k].any():  # an outcome of probability 0: its finish never runs\n"
         "                continue\n",
         "",
@@ -1541,7 +1541,7 @@ MUTATIONS = [
     ),
     Mutation(
         "growth-settled-rule-off",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "    if reference is not None and base > 0 and level >= SETTLED_FACTOR * base:  # False on NaN\n",
         "    if reference is not None and base > 0 and level >= 1e3 * SETTLED_FACTOR * base:  # False on NaN\n",
         (
@@ -1553,7 +1553,7 @@ MUTATIONS = [
     ),
     Mutation(
         "growth-settled-on-last-record",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "    level = float(np.median(mse[middle:]))",
         "    level = end",
         ("tests/test_growth.py::test_settled_rule",),
@@ -1561,7 +1561,7 @@ MUTATIONS = [
     ),
     Mutation(
         "growth-settled-ignores-reference",
-        "fedsa_jax/_driver.py",
+        "fedsa_jax/_runtime/driver.py",
         "    base = max(start, reference or 0.0)\n",
         "    base = start\n",
         ("tests/test_growth.py::test_settled_rule",),
@@ -1643,7 +1643,7 @@ MUTATIONS = [
     # --- speed settings that must change no value: seed slices, merged vmaps ---
     Mutation(
         "seed-slices-merged-in-slice-order",
-        "fedsa_jax/_kernel.py",
+        "fedsa_jax/_runtime/kernel.py",
         "        return jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:])",
         "        return x.reshape((-1,) + x.shape[2:])",
         ("tests/test_seed_slices.py::test_by_slices_gives_each_seed_the_values_of_one_call",),

@@ -21,7 +21,7 @@ the driver's documented key derivation:
   sampling step h's draws are ``problem.randomness(split(k_obs, H_max)[h], N, 1, skip)``.
 
 so trajectories must agree with the kernel's to float64 rounding. Only the key derivation
-(``fedsa_jax._kernel.per_seed_keys``, ``jax.random``) and the problems' raw draws and alias
+(``fedsa_jax._runtime.kernel.per_seed_keys``, ``jax.random``) and the problems' raw draws and alias
 tables are shared with the library: everything that turns random numbers into iterates
 (alias sampling, the TD direction, the Gaussian noise, local steps, control variates,
 quantizers, erasures, aggregation, Scaffnew's coins) is written again below from the
@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax._kernel import per_seed_keys
+from fedsa_jax._runtime.kernel import per_seed_keys
 
 # ---------------------------------------------------------------------------------------------
 # The kernel's random numbers
@@ -132,14 +132,14 @@ def _law_draws(problem, config, field, stream, key, seed, t):
 
 def work_counts(problem, config, key, seed, t):
     """Round t's local step counts ``H_{c,t}`` under ``config.local_work``, or None in lockstep."""
-    from fedsa_jax.local_work import WORK_STREAM
+    from fedsa_jax.channel.local_work import WORK_STREAM
 
     return _law_draws(problem, config, "local_work", WORK_STREAM, key, seed, t)
 
 
 def delay_lags(problem, config, key, seed, t):
     """Round t's delays ``tau_{c,t}`` under ``config.delays``, or None without delays."""
-    from fedsa_jax.delays import DELAY_STREAM
+    from fedsa_jax.channel.delays import DELAY_STREAM
 
     return _law_draws(problem, config, "delays", DELAY_STREAM, key, seed, t)
 
@@ -371,7 +371,7 @@ def scaffnew_loop(problem, algorithm, T, theta0, agent_round, key, seed):
 @functools.partial(jax.jit, static_argnums=(3, 4))
 def _clock_draws(key, seed, t, K, d):
     """FedBuff's round t: the clock's uniforms ``(K,)`` float32 and the quantizer's ``(K, d)``."""
-    from fedsa_jax.clock import CLOCK_STREAM
+    from fedsa_jax.channel.clock import CLOCK_STREAM
 
     round_key = jax.random.fold_in(_seed_keys(key, seed)[1], jnp.asarray(t, jnp.uint32))
     k_channel = jax.random.split(round_key)[1]
@@ -381,7 +381,7 @@ def _clock_draws(key, seed, t, K, d):
 
 @functools.partial(jax.jit, static_argnums=(2,))
 def _first_clock_draws(key, seed, N):
-    from fedsa_jax.clock import CLOCK_STREAM
+    from fedsa_jax.channel.clock import CLOCK_STREAM
 
     return jax.random.uniform(jax.random.fold_in(_seed_keys(key, seed)[0], CLOCK_STREAM), (N,), jnp.float32)
 

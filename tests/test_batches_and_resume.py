@@ -23,7 +23,7 @@ from test_cpu import fresh_env
 import fedsa_jax as fj
 from fedsa_jax.stats import HIST_BINS, HIST_LOW, HIST_PER_DECADE, QUANTILE_LEVELS
 
-sim_mod = importlib.import_module("fedsa_jax._kernel")
+sim_mod = importlib.import_module("fedsa_jax._runtime.kernel")
 KEY = jax.random.key(11)
 
 

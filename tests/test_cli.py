@@ -243,7 +243,7 @@ def test_channel_options_and_qfedtd(tmp_path):
 def test_checkpoint_dir_resumes(tmp_path, monkeypatch):
     import importlib
 
-    sim_mod = importlib.import_module("fedsa_jax._kernel")
+    sim_mod = importlib.import_module("fedsa_jax._runtime.kernel")
     args = [
         "run",
         "--agents",
@@ -288,7 +288,7 @@ def test_checkpoint_dir_resumes(tmp_path, monkeypatch):
 def test_resumed_run_reports_what_it_ran(tmp_path, monkeypatch, capsys):
     import importlib
 
-    sim_mod = importlib.import_module("fedsa_jax._kernel")
+    sim_mod = importlib.import_module("fedsa_jax._runtime.kernel")
     real, calls = sim_mod._advance, []
 
     def crash_after_two(*a, **k):

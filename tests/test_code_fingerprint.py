@@ -143,7 +143,7 @@ def test_edited_code_never_resumes_an_old_checkpoint(tmp_path, changed):
     assert len(caught) == 1 and rerun.config["execution"]["resumed_from"] is None
     fresh = run(*new)
     same(rerun, fresh)
-    from fedsa_jax._run import run_code
+    from fedsa_jax._runtime.run import run_code
 
     old_code = run_code(old[0], old[1], fj.metrics.resolve(old[2]))
     assert rerun.config["code"] == fresh.config["code"] != old_code
@@ -237,7 +237,7 @@ def _step(flag, rand, state, problem, config):
         raise AssertionError("a finished checkpoint must not run any round again")
 
     with monkeypatch.context() as m:
-        m.setattr(sys.modules["fedsa_jax._kernel"], "_advance", no_more_rounds)
+        m.setattr(sys.modules["fedsa_jax._runtime.kernel"], "_advance", no_more_rounds)
         loaded = run(*user_module.build_user(), folder)  # no warning: warnings are errors here
     assert loaded.config["execution"]["resumed_from"] == {"seed_batch": 1, "round": 0}
     edited = load(user_code("STEP") + extra, "user_module")["build_user"]()
@@ -259,7 +259,7 @@ def test_builtin_code_digests_are_stable_and_discriminating():
                 fj.fedlsa(fj.schedule(fj.optim.inverse_time, eta0=0.1, k0=10.0), 2),
                 fj.fedlsa(optax.cosine_decay_schedule(0.1, 100), 2), fj.qfedtd(0.5, fj.channel.qsgd(4), 0.6)]
         print(json.dumps([a.describe() for a in algs]))
-        from fedsa_jax._run import run_code
+        from fedsa_jax._runtime.run import run_code
         metrics = fj.metrics.resolve(["client_drift", "last_iterate_mse"])
         print(json.dumps([run_code(problem, a, metrics) for a in algs]))
     """)
@@ -278,7 +278,7 @@ def test_builtin_code_digests_are_stable_and_discriminating():
     assert [o.returncode for o in outs] == [0, 0], outs[0].stderr[-2000:]
     assert outs[0].stdout == outs[1].stdout and len(set(json.loads(outs[0].stdout.splitlines()[1]))) == 5
     from fedsa_jax._digest import code_digest
-    from fedsa_jax._run import run_code
+    from fedsa_jax._runtime.run import run_code
 
     def scale(c):
         return lambda k: c * k
@@ -355,7 +355,7 @@ def test_any_name_stays_inside_its_folder(tmp_path_factory, name):
     """Every text (separators, NUL, '..', very long) becomes one portable name inside the folder,
     for a result, a checkpoint subfolder and a sweep configuration."""
     from fedsa_jax._paths import MAX_NAME, safe_name
-    from fedsa_jax._sweep import config_name
+    from fedsa_jax._runtime.sweep import config_name
 
     folder = tmp_path_factory.mktemp("names").resolve()
     for part in (safe_name(name), f"result_{safe_name(name)}.npz", f"{config_name({'algorithm': name})}.npz"):

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fedsa_jax as fj
-from fedsa_jax import _checkpoint, _io
+from fedsa_jax import _io
 from fedsa_jax._io import DamagedFileError
-from fedsa_jax._sweep import config_name
+from fedsa_jax._runtime import checkpoint as _checkpoint
+from fedsa_jax._runtime.sweep import config_name
 
 FUZZ = settings(
     max_examples=200,

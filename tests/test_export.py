@@ -13,7 +13,7 @@ import optax
 import pytest
 
 import fedsa_jax as fj
-from fedsa_jax import _kernel as sim
+from fedsa_jax._runtime import kernel as sim
 
 PLATFORMS = ("cuda", "tpu")
 

@@ -368,8 +368,8 @@ def test_keep_seeds_bounds(garnet):
 
 
 def test_simulate_and_sweep_are_plain_functions():
-    import fedsa_jax._driver as driver
-    import fedsa_jax._sweep as sweep_mod
+    import fedsa_jax._runtime.driver as driver
+    import fedsa_jax._runtime.sweep as sweep_mod
 
     assert isinstance(fj.simulate, types.FunctionType) and isinstance(fj.sweep, types.FunctionType)
     assert fj.simulate is driver.simulate and fj.sweep is sweep_mod.sweep

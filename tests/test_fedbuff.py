@@ -21,7 +21,7 @@ import pytest
 from reference import fedbuff_loop, gaussian_loop, step_trajectories, td_loop
 
 import fedsa_jax as fj
-from fedsa_jax._kernel import per_seed_keys
+from fedsa_jax._runtime.kernel import per_seed_keys
 
 KEY = jax.random.key(11)
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import fedsa_jax as fj
-from fedsa_jax import _checkpoint, _io
+from fedsa_jax import _io
+from fedsa_jax._runtime import checkpoint as _checkpoint
 from fedsa_jax.result import ARRAY_FIELDS
 
 IO_FILE = Path(_io.__file__)

@@ -12,7 +12,7 @@ import pytest
 
 import fedsa_jax as fj
 from fedsa_jax import cli
-from fedsa_jax._driver import settings
+from fedsa_jax._runtime.driver import settings
 
 
 def scafflsa_mean_loop(A, b, eta, counts, rule):

@@ -11,7 +11,7 @@ from scipy import stats as scipy_stats
 
 import fedsa_jax as fj
 from fedsa_jax import cli
-from fedsa_jax._driver import GROWTH_FACTOR, mse_growth
+from fedsa_jax._runtime.growth import GROWTH_FACTOR, mse_growth
 
 KEY = jax.random.key(0)
 ROUNDS, EVERY = 50, 10

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 import fedsa_jax as fj
 from fedsa_jax import cli
 
-sim_mod = importlib.import_module("fedsa_jax._kernel")
+sim_mod = importlib.import_module("fedsa_jax._runtime.kernel")
 FEW = settings(max_examples=20, deadline=None)
 BIG = 2**31  # one past the largest size or index (int32)
 

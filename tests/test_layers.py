@@ -38,7 +38,7 @@ def _source(name: str) -> Path:
 def test_public_modules_declare_all():
     public = [n for n in _modules() if _public(n)]
     assert "fedsa_jax.metrics" in public and "fedsa_jax.problems.td" in public
-    assert "fedsa_jax._driver" not in public
+    assert "fedsa_jax._runtime.driver" not in public
     for name in public:
         module = importlib.import_module(name)
         exported = getattr(module, "__all__", None)

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import fedsa_jax as fj
-from fedsa_jax import _checkpoint, _io, _validate, cli
-from fedsa_jax._sweep import config_name
+from fedsa_jax import _io, _validate, cli
+from fedsa_jax._runtime import checkpoint as _checkpoint
+from fedsa_jax._runtime.sweep import config_name
 
 VICTIM = b"precious bytes, not ours to write\n"
 needs_locks = pytest.mark.skipif(_io.fcntl is None, reason="no file locks on this platform")

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import fedsa_jax as fj
-from fedsa_jax._run import run_code
+from fedsa_jax._runtime.run import run_code
 
 
 def as_optax(fn):

@@ -18,7 +18,7 @@ from conftest import Z_TOL
 from reference import enumerated_mse
 
 import fedsa_jax as fj
-from fedsa_jax import _kernel as sim_mod
+from fedsa_jax._runtime import kernel as sim_mod
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,10 @@ import pytest
 from reference import assert_gap_to_noise_free_limit_halves
 
 import fedsa_jax as fj
-from fedsa_jax.algorithms._base import round_cohort
 from fedsa_jax.algorithms.importance_averaging import importance_weights
+from fedsa_jax.channel.cohorts import (
+    round_cohort,
+)
 
 N, S, A = 3, 4, 2
 GAMMA = 0.8

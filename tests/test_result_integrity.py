@@ -27,8 +27,8 @@ import fedsa_jax as fj
 from fedsa_jax import cli
 from fedsa_jax._io import DamagedFileError
 
-sim_mod = importlib.import_module("fedsa_jax._kernel")
-sweep_mod = importlib.import_module("fedsa_jax._sweep")
+sim_mod = importlib.import_module("fedsa_jax._runtime.kernel")
+sweep_mod = importlib.import_module("fedsa_jax._runtime.sweep")
 
 
 @pytest.fixture(scope="module")

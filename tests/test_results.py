@@ -168,7 +168,7 @@ def test_cli_quantile_band_forces_quantiles(tmp_path, monkeypatch):
 
     from fedsa_jax import cli
 
-    sim_mod = importlib.import_module("fedsa_jax._run")
+    sim_mod = importlib.import_module("fedsa_jax._runtime.run")
     monkeypatch.setattr(sim_mod, "QUANTILE_MAX_RECORDS", 2)  # so the default would be off
     out = tmp_path / "run"
     assert (

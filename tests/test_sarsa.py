@@ -10,7 +10,9 @@ from reference import assert_gap_to_noise_free_limit_halves
 from scipy import optimize
 
 import fedsa_jax as fj
-from fedsa_jax.algorithms._base import round_cohort
+from fedsa_jax.channel.cohorts import (
+    round_cohort,
+)
 
 N, S, A, D = 3, 3, 2, 3
 GAMMA, TAU = 0.8, 1.0

@@ -17,7 +17,8 @@ from conftest import Z_TOL
 from reference import gaussian_loop, scaffnew_coins, td_loop
 
 import fedsa_jax as fj
-from fedsa_jax import _kernel as sim_mod, theory
+from fedsa_jax import theory
+from fedsa_jax._runtime import kernel as sim_mod
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 import scale_worker
 
 import fedsa_jax as fj
-from fedsa_jax import _checkpoint
+from fedsa_jax._runtime import checkpoint as _checkpoint
 
 WORKER = str(Path(__file__).with_name("scale_worker.py"))
 
@@ -58,7 +58,7 @@ def test_seed_batches_give_identical_seeds(reference):
 
 
 def test_checkpoint_resume_after_a_crash(tmp_path, reference, monkeypatch):
-    sim_mod = sys.modules["fedsa_jax._kernel"]
+    sim_mod = sys.modules["fedsa_jax._runtime.kernel"]
     real = sim_mod._advance
     calls = {"n": 0}
 
@@ -96,7 +96,7 @@ def test_configurations_share_a_checkpoint_folder(tmp_path, monkeypatch):
     def no_more_rounds(*a, **k):
         raise AssertionError("a finished checkpoint must not run any round again")
 
-    monkeypatch.setattr(sys.modules["fedsa_jax._kernel"], "_advance", no_more_rounds)
+    monkeypatch.setattr(sys.modules["fedsa_jax._runtime.kernel"], "_advance", no_more_rounds)
     same(scale_worker.simulate(checkpoint_dir=tmp_path, num_rounds=4), first)  # both still resume
     same(fj.simulate(jax.random.key(8), p, alg, 4, 10, record_every=2, checkpoint_dir=tmp_path), other)
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import fedsa_jax as fj
-from fedsa_jax import _driver
-from fedsa_jax._kernel import by_slices
+from fedsa_jax._runtime import plan
+from fedsa_jax._runtime.kernel import by_slices
 from fedsa_jax.problems.protocol import merged_vmaps
 
 
@@ -30,12 +30,12 @@ def test_by_slices_gives_each_seed_the_values_of_one_call():
 
 
 def test_seed_slices_are_divisors_with_enough_agents(monkeypatch):
-    monkeypatch.setattr(_driver, "MIN_SLICE_AGENTS", 100)
-    assert _driver._seed_slices(1000, 10_000, 10, 0) == 1  # cache_bytes = 0: one pass
-    assert _driver._seed_slices(1000, 10_000, 10, 2**19) == 20  # 19.1 wanted: the nearest divisor
-    assert _driver._seed_slices(1000, 100, 10, 2**19) == 1  # everything fits
-    assert _driver._seed_slices(997, 10_000, 10, 2**19) == 1  # a prime: no divisor but 1 and itself
-    assert _driver._seed_slices(1000, 10_000, 1, 2**19) == 10  # slices of at least 100 agents
+    monkeypatch.setattr(plan, "MIN_SLICE_AGENTS", 100)
+    assert plan._seed_slices(1000, 10_000, 10, 0) == 1  # cache_bytes = 0: one pass
+    assert plan._seed_slices(1000, 10_000, 10, 2**19) == 20  # 19.1 wanted: the nearest divisor
+    assert plan._seed_slices(1000, 100, 10, 2**19) == 1  # everything fits
+    assert plan._seed_slices(997, 10_000, 10, 2**19) == 1  # a prime: no divisor but 1 and itself
+    assert plan._seed_slices(1000, 10_000, 1, 2**19) == 10  # slices of at least 100 agents
 
 
 PROBLEMS = {
@@ -59,7 +59,7 @@ def test_seed_slices_change_no_value(monkeypatch, family, algorithm):
     """60 seeds in 1 slice and in 5 or more (every agent count allowed): every seed's squared error
     and final iterate, and the statistics over seeds, are those of one pass to float rounding (XLA
     may vectorise a slice's arithmetic differently: a few units in the last place)."""
-    monkeypatch.setattr(_driver, "MIN_SLICE_AGENTS", 1)
+    monkeypatch.setattr(plan, "MIN_SLICE_AGENTS", 1)
     problem, alg = PROBLEMS[family](), ALGORITHMS[algorithm]()
 
     def run(cache_bytes):

@@ -13,7 +13,7 @@ import pytest
 
 import fedsa_jax as fj
 
-sim_mod = importlib.import_module("fedsa_jax._kernel")
+sim_mod = importlib.import_module("fedsa_jax._runtime.kernel")
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 
 import fedsa_jax as fj
 
-sim_mod = importlib.import_module("fedsa_jax._kernel")
-sweep_mod = importlib.import_module("fedsa_jax._sweep")
+sim_mod = importlib.import_module("fedsa_jax._runtime.kernel")
+sweep_mod = importlib.import_module("fedsa_jax._runtime.sweep")
 
 
 @pytest.fixture(scope="module")

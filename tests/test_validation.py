@@ -8,7 +8,7 @@ import pytest
 
 import fedsa_jax as fj
 
-sim_mod = importlib.import_module("fedsa_jax._kernel")
+sim_mod = importlib.import_module("fedsa_jax._runtime.kernel")
 
 P = np.array([[[0.5, 0.5], [0.2, 0.8]]])
 R = np.array([[1.0, 0.0]])

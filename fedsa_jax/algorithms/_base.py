@@ -11,7 +11,7 @@ step size, never recompiles.
 ``step(key, state, problem)`` advances **one seed** by one communication round;
 it is ``step_from(randomness(key, problem), state, problem)``: the round's random
 numbers (all agents' observations in one block, and a key for the channel) are
-drawn first; the driver draws them one round ahead (see :mod:`fedsa_jax._kernel`)
+drawn first; the driver draws them one round ahead (see :mod:`fedsa_jax._runtime.kernel`)
 and calls ``step_from``. Inside a step the agents are vmapped; the driver vmaps
 over seeds and scans rounds.
 """
@@ -26,20 +26,21 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedsa_jax import _validate, moments, optim
+from fedsa_jax import _validate, optim
 from fedsa_jax._describe import describe_value
 from fedsa_jax.channel import (
     Channel,
     Delivery,
     aggregate,
-    broadcast,
     channel,
+    cohorts,
+    delays,
+    downlink,
     downlink_arg,
-    downlink_key,
+    local_work,
     transmit,
 )
-from fedsa_jax.delays import DELAY_STREAM, Delays
-from fedsa_jax.local_work import WORK_STREAM, LocalWork
+from fedsa_jax.channel.local_work import LocalWork
 from fedsa_jax.problems.protocol import FOLLOWS_ITERATE_UNROLL, follows_iterate, local_unroll, merged_vmaps
 
 
@@ -129,27 +130,23 @@ class Algorithm:
         key for the channel (two independent streams split from ``key``); with a cohort of
         ``m < N`` agents (``clients_per_round``) also a key for drawing it, a third stream
         (``fold_in(key, COHORT_STREAM)``, ``COHORT_STREAM = 0x636F68``), so that ``m = N`` keeps the
-        numbers of every agent; with random local work (:mod:`fedsa_jax.local_work`) a key for the
+        numbers of every agent; with random local work (:mod:`fedsa_jax.channel.local_work`) a key for the
         agents' step counts, a fourth (``fold_in(key, WORK_STREAM)``); with delayed updates
-        (:mod:`fedsa_jax.delays`) a key for the delays (``fold_in(key, DELAY_STREAM)``). A config
+        (:mod:`fedsa_jax.channel.delays`) a key for the delays (``fold_in(key, DELAY_STREAM)``). A config
         with a method ``randomness(key, problem)`` draws its rounds' numbers itself
         (:func:`fedsa_jax.fedbuff`: one block per contribution)."""
         own = getattr(self.config, "randomness", None)
         if own is not None:
             return own(key, problem)
         k_obs, k_channel = jax.random.split(key)
-        if stepwise_observations(self.config, problem):  # (H_max, N, ...): one block per local step
+        if local_work.stepwise_observations(self.config, problem):  # (H_max, N, ...): a block per step
             keys = jax.random.split(k_obs, self.num_local_steps)
             obs = jax.vmap(lambda k: problem.randomness(k, problem.num_agents, 1, self.skip))(keys)
         else:
             obs = problem.randomness(k_obs, problem.num_agents, self.num_local_steps, self.skip)
         rand = RoundRandomness(obs, k_channel)
-        if cohort_active(self.config, problem.num_agents):
-            rand = rand._replace(cohort=jax.random.fold_in(key, COHORT_STREAM))
-        if getattr(self.config, "local_work", None) is not None:
-            rand = rand._replace(work=jax.random.fold_in(key, WORK_STREAM))
-        if getattr(self.config, "delays", None) is not None:
-            rand = rand._replace(delay=jax.random.fold_in(key, DELAY_STREAM))
+        for mechanism in (cohorts, local_work, delays):  # each adds its own stream where it is on
+            rand = mechanism.with_round_key(rand, key, self.config, problem)
         return rand
 
     def step_from(self, rand, state, problem):
@@ -254,251 +251,17 @@ def local_steps_config(
     return LocalStepsConfig(eta, up, H, k, opt, downlink_arg(downlink), local_work=work)
 
 
-def refuse_central_privacy(config, name: str) -> None:
-    """Refuses central privacy noise for an algorithm whose server sends each agent a control variate
-    computed from the exact mean of the others' messages (the guarantee would not cover it)."""
-    p = config.channel.privacy
-    if p is not None and p.mode == "central":
-        _validate.fail(
-            "privacy",
-            p.describe(),
-            f"{name}'s control variates, sent back to each agent, carry the server's exact mean of the "
-            "other agents' messages, which central noise does not cover: use mode='local'",
-        )
-
-
-def downlink_init(config, error: jax.Array) -> Any:
-    """The agents' copy of the model at start: ``()`` without a downlink, else ``error`` (error
-    coordinates)."""
-    return () if getattr(config, "downlink", None) is None else error
-
-
-def downlink_step(key: jax.Array, config, error: jax.Array, hat: Any) -> Any:
-    """The round's broadcast of the server's new model ``error`` to the agents' copy ``hat``
-    (:func:`fedsa_jax.channel.broadcast`, with the round's downlink key); ``()`` without one."""
-    dl = getattr(config, "downlink", None)
-    return hat if dl is None else broadcast(downlink_key(key), error, hat, dl)
-
-
-def from_reference(theta: jax.Array, reference: jax.Array, aggregate: jax.Array, config) -> jax.Array:
-    """The server's model moved by an aggregate computed from the agents' ``reference`` (their copy of
-    the model, :func:`server_update` on messages ``theta^c - reference``): ``theta + (aggregate -
-    reference)``; ``aggregate`` itself without a compressed downlink (``reference`` is ``theta``)."""
-    dl = getattr(config, "downlink", None)
-    return aggregate if dl is None or dl.trivial else theta + (aggregate - reference)
-
-
-def downlink_theory(y, config, into: str, target: str = "theta"):
-    """A compressed downlink in an exact recursion (:mod:`fedsa_jax.moments`), after the other blocks:
-    ``(reference, sent, shift, down)``, the agents' reference block (``target`` without a downlink;
-    else ``hat``, its block added), where the uplink's aggregate goes (``into``; else a scratch block
-    ``sent``), the phase moving ``into`` from ``target`` by ``sent - hat`` and the broadcast (None,
-    None without a downlink)."""
-    dl = getattr(config, "downlink", None)
-    if dl is None:
-        return target, into, None, None
-    moments.downlink_blocks(y, dl)
-    y.add("sent")
-    return "hat", "sent", moments.shift(y, into, "sent", base=target), moments.downlink(y, dl, target=target)
-
-
-def downlink_bits(config, num_agents: int, dim: int, broadcasts: Any = 1) -> Any:
-    """Downlink bits sent (= delivered) for ``broadcasts`` broadcasts to ``num_agents`` agents: 0
-    without a compressed downlink."""
-    dl = getattr(config, "downlink", None)
-    if dl is None:
-        return jnp.int32(0)
-    return jnp.asarray(broadcasts, jnp.int32) * jnp.int32(num_agents * dl.quantizer.bits(dim))
-
-
-# -- partial participation -----------------------------------------------------------------------
-
-COHORT_STREAM = 0x636F68  # fold_in tag of the cohort's key ("coh"): a stream of its own
-
-
-def with_clients_per_round(config, clients_per_round):
-    """``config`` with its ``clients_per_round`` field set, validated: None or an integer >= 1
-    (at most N is checked with the problem, :func:`check_clients_per_round`)."""
-    if clients_per_round is None:
-        return config
-    m = _validate.integer("clients_per_round", clients_per_round)
-    return dataclasses.replace(config, clients_per_round=m)
-
-
-def check_clients_per_round(config, num_agents: int, num_rounds: int | None = None) -> None:
-    """Refuses ``clients_per_round = m > N`` or ``buffer_size = K > N``, and a law with one row per
-    agent (local work, delays, durations) for another N (needs the problem's N; called before
-    compiling); then the config's own ``check_run(num_agents, num_rounds)`` where it has one
-    (FedBuff: its staleness weights over the reachable staleness, its clock's ticks)."""
-    for name in ("clients_per_round", "buffer_size"):
-        m = getattr(config, name, None)
-        if m is not None and m > num_agents:
-            _validate.fail(name, m, f"expected at most N = {num_agents} (the problem's agents)")
-    for law in (getattr(config, n, None) for n in ("local_work", "delays", "durations")):
-        if law is not None:
-            law.check(num_agents)
+def check_run(config, num_agents: int, num_rounds: int | None = None) -> None:
+    """Checks with the problem's N, before compiling: each mechanism's own (a cohort of at most N
+    agents, a law with one row per agent for this N: :mod:`fedsa_jax.channel.cohorts`,
+    :mod:`~fedsa_jax.channel.local_work`, :mod:`~fedsa_jax.channel.delays`), then the config's own
+    ``check_run(num_agents, num_rounds)`` where it has one (FedBuff: its buffer, its clock)."""
+    cohorts.check(config, num_agents)
+    local_work.check(config, num_agents)
+    delays.check(config, num_agents)
     own = getattr(config, "check_run", None)
     if callable(own):
         own(num_agents, num_rounds)
-
-
-def round_work(rand: RoundRandomness, config, problem) -> jax.Array | None:
-    """This round's local step counts ``H_{c,t}`` ``(N,) int32`` (:mod:`fedsa_jax.local_work`), or
-    None in lockstep."""
-    work = getattr(config, "local_work", None)
-    return None if work is None else work.draw(rand.work, problem.num_agents)
-
-
-def with_delays(config, delays):
-    """``config`` with its ``delays`` field (a :class:`fedsa_jax.delays.Delays`, or None: none)."""
-    if delays is None:
-        return config
-    if not isinstance(delays, Delays):
-        _validate.fail(
-            "delays", delays, "expected None or a law of fj.delays (fixed, uniform, geometric, law)"
-        )
-    if getattr(config, "downlink", None) is not None:
-        _validate.fail("delays", delays.name, "delayed updates with a compressed downlink are not built")
-    if isinstance(config.num_local_steps, optim.LocalSteps):
-        _validate.fail(
-            "delays", delays.name, "delayed updates with local steps growing with the round are not built"
-        )
-    return dataclasses.replace(config, delays=delays)
-
-
-def delayed_starts(rand: RoundRandomness, config, problem, error: jax.Array, past: Any):
-    """The agents' starts ``(N, d)``: ``theta_{t - tau_c}`` from the buffer ``past`` (``theta_{t-1},
-    ..., theta_{t - tau_max}``, error coordinates) with this round's delays; ``error`` without delays."""
-    law = getattr(config, "delays", None)
-    if law is None:
-        return error
-    lags = law.draw(rand.delay, problem.num_agents)
-    return jnp.concatenate([error[None], past])[lags]
-
-
-def delayed_messages(error: jax.Array, start: jax.Array, local: jax.Array):
-    """``(local, reference)`` for the server: with delayed starts (``start (N, d)``) each agent's update
-    ``local_c - start_c`` against its stale start moves the current iterate, ``error + (local_c -
-    start_c)`` against ``error``; ``(local, start)`` as they are otherwise."""
-    if start.ndim == 2:
-        return error + (local - start), error
-    return local, start
-
-
-def initial_past(config, error: jax.Array) -> Any:
-    """The buffer of the last ``tau_max`` iterates at the start: ``theta_0`` in every slot; ``()``
-    without delays."""
-    law = getattr(config, "delays", None)
-    return () if law is None else jnp.broadcast_to(error, (law.tau_max, error.shape[0]))
-
-
-def pushed(config, past: Any, error: jax.Array) -> Any:
-    """The buffer after a round that started at ``error``: ``(theta_t, theta_{t-1}, ...)``."""
-    if getattr(config, "delays", None) is None:
-        return past
-    return jnp.concatenate([error[None], past[:-1]])
-
-
-def delay_theory(y, config, steps: list, reference: str) -> list:
-    """A round's start and local phases under the config's delays (:mod:`fedsa_jax.delays`): each
-    agent starts from the lag-k block (``theta``, ``past1``, ...) with the law's probability
-    (:func:`fedsa_jax.moments.random_stop`, also copying it to the agent's ``lag`` block), runs
-    ``steps``, and its message is taken against its start: ``loc_c <- theta + loc_c - lag_c``; then
-    the buffer moves (``past_k <- past_{k-1}``, ``past1 <- theta``). Without delays: the broadcast
-    and the steps."""
-    law = getattr(config, "delays", None)
-    if law is None:
-        return [moments.broadcast(y, source=reference), *local_work_theory(y, config, steps, reference)]
-    law.check(y.N)
-    sources = ["theta"] + [f"past{k}" for k in range(1, law.tau_max + 1)]
-    stages = [
-        moments.chain(
-            y, ("lag", s), moments.broadcast(y, source=s), moments.broadcast(y, source=s, into="lag")
-        )
-        for s in sources
-    ]
-    pmf = law.pmf if law.shared else law.table(y.N)
-    start = moments.random_stop(y, stages, pmf, law.shared, blocks=("loc", "lag"), key=("delays", law))
-    push = moments.assign(y, **{s: {prev: 1.0} for prev, s in zip(sources[:-1], sources[1:])})
-    rebase = moments.rebase(y, iterates="loc", start="lag", base="theta")
-    return [start, *local_work_theory(y, config, steps, "lag"), rebase, push]
-
-
-def delay_blocks(y, config) -> None:
-    """The blocks delays add to the state: the buffer ``past1..past{tau_max}`` (carried, starting at
-    theta_0) and each agent's start ``lag``."""
-    law = getattr(config, "delays", None)
-    if law is None:
-        return
-    for k in range(1, law.tau_max + 1):
-        y.add(f"past{k}", initial=moments.START, carried=True)
-    y.add("lag", per_agent=True)
-
-
-def work_weights(counts: jax.Array | None, weights, num_steps: int, dtype):
-    """The multipliers of the agents' local updates ``(N, H_max)``: 1 on agent c's first ``H_c``
-    steps, 0 past them, times the bootstrap's ``weights`` where given; ``weights`` in lockstep."""
-    if counts is None:
-        return weights
-    mask = (jnp.arange(num_steps, dtype=jnp.int32)[None, :] < counts[:, None]).astype(dtype)
-    return mask if weights is None else weights * mask
-
-
-def control_denominator(config, etas, counts: jax.Array | None):
-    """SCAFFLSA's control-variate denominator: ``sum_h eta_h`` over the round's steps in lockstep;
-    under local work each agent's own ``D_c = sum_{h < H_c} eta_h`` ``(N, 1)`` (plain averaging),
-    or ``tau mean_h eta_h`` (FedNova: the messages are normalised to ``tau / H_c`` times the update,
-    :mod:`fedsa_jax.local_work`)."""
-    H = config.num_local_steps
-    if counts is None:
-        return optim.round_step_sum(etas, H)
-    steps = jnp.broadcast_to(etas, (optim.max_local_steps(H),))
-    if config.local_work.normalization == "fednova":
-        return config.local_work.tau(counts.shape[0]) * jnp.mean(steps)
-    mask = jnp.arange(steps.shape[0], dtype=jnp.int32)[None, :] < counts[:, None]
-    return jnp.sum(jnp.where(mask, steps, 0.0), axis=1, keepdims=True)
-
-
-def normalize_work(config, counts: jax.Array | None, start: jax.Array, local: jax.Array) -> jax.Array:
-    """FedNova's normalised updates (``normalization="fednova"``): agent c's update since ``start``
-    times ``tau / H_c``, ``tau = mean_c E[H_c]``; ``local`` otherwise."""
-    work = getattr(config, "local_work", None)
-    if counts is None or work is None or work.normalization == "none":
-        return local
-    scale = work.tau(local.shape[0]) / counts.astype(local.dtype)
-    return start + scale[:, None] * (local - start)
-
-
-def cohort_active(config, num_agents: int) -> bool:
-    """Whether rounds draw a cohort: ``clients_per_round = m < N`` (None or N: every agent, today's code)."""
-    m = getattr(config, "clients_per_round", None)
-    return m is not None and m < num_agents
-
-
-def cohort_mask(key: jax.Array, num_agents: int, clients_per_round: int) -> jax.Array:
-    """The cohort S as a mask ``(N,) bool``: m agents drawn uniformly without replacement
-    (the first m of a uniform random permutation of ``0..N-1``, ``jax.random.permutation(key, N)``)."""
-    chosen = jax.random.permutation(key, num_agents)[:clients_per_round]
-    return jnp.zeros((num_agents,), bool).at[chosen].set(True)
-
-
-def round_cohort(rand: RoundRandomness, config, problem) -> jax.Array | None:
-    """The round's cohort mask from ``rand.cohort`` (None when every agent takes part)."""
-    if not cohort_active(config, problem.num_agents):
-        return None
-    return cohort_mask(rand.cohort, problem.num_agents, config.clients_per_round)
-
-
-def keep_outside(cohort: jax.Array | None, new, old):
-    """``new`` for the cohort's agents, ``old`` for the others (pytrees with a leading agent axis N):
-    agents outside the cohort keep their state (samplers, iterates); ``cohort=None``: ``new``."""
-    if cohort is None:
-        return new
-
-    def pick(n, o):
-        return jnp.where(cohort.reshape(cohort.shape + (1,) * (jnp.ndim(n) - 1)), n, o)
-
-    return jax.tree.map(pick, new, old)
 
 
 def server_update(
@@ -619,7 +382,7 @@ def round_info(
     bits = channel().quantizer.bits(d) if ch is None else ch.quantizer.bits(d)
     drift = jnp.mean(jnp.sum((local - theta) ** 2, axis=-1))
     delivered = jnp.sum(delivery.delivered).astype(jnp.int32)
-    down = downlink_bits(config, N, d)
+    down = downlink.downlink_bits(config, N, d)
     return RoundInfo(
         client_drift=drift,
         messages_sent=jnp.int32(N),
@@ -782,48 +545,6 @@ def first_observation(problem, params, sampler, rand, theta, skip: int = 1):
         return problem.observe_step(params, sampler, jax.tree.map(lambda x: x[0], rand), theta)
     obs, sampler = problem.observe(params, sampler, rand, skip)
     return jax.tree.map(lambda x: x[0], obs), sampler
-
-
-def local_work_theory(y, config, steps: list, reference: str = "theta") -> list:
-    """A round's local ``steps`` (phases, one per step) under the config's local work: the steps
-    themselves in lockstep, else :func:`fedsa_jax.moments.random_stop` over them with the law of
-    ``H_c`` (and FedNova's scaling of each outcome, :func:`fedsa_jax.moments.scale_updates`, from
-    ``reference``, the agents' start)."""
-    work = getattr(config, "local_work", None)
-    if work is None:
-        return steps
-    work.check(y.N)
-    finish = None
-    if work.normalization == "fednova":
-        tau = work.tau(y.N)
-        finish = lambda k: y.memo(  # noqa: E731
-            ("fednova", tau, k, reference), lambda: moments.scale_updates(y, tau / (k + 1), reference)
-        )
-    key = (work, tuple(getattr(s, "eta", None) for s in steps), reference)
-    pmf = work.pmf if work.shared else work.table(y.N)  # a shared count: the one law's row
-    return [moments.random_stop(y, steps, pmf, work.shared, finish, key=key)]
-
-
-def stepwise_observations(config, problem) -> bool:
-    """Whether a round's observations are drawn one local step at a time (blocks ``(H_max, N,
-    ...)``, :meth:`Algorithm.randomness`): local steps that change with the round
-    (:class:`fedsa_jax.optim.LocalSteps`) or between agents (:mod:`fedsa_jax.local_work`) under
-    Markov sampling, so that a chain moves only on the steps its agent runs."""
-    varies = isinstance(getattr(config, "num_local_steps", 1), optim.LocalSteps) or (
-        getattr(config, "local_work", None) is not None
-    )
-    return varies and getattr(problem, "sampling", None) == "markov"
-
-
-def stepwise_active(config, problem, count, counts=None):
-    """The round's active steps where its observations are drawn step by step
-    (:func:`stepwise_observations`): ``(H_max,) bool`` (``h < H_t``), or ``(H_max, N)`` with the
-    agents' ``counts`` (``h < H_{c,t}``); else None (one block, every step drawn)."""
-    if not stepwise_observations(config, problem):
-        return None
-    if counts is not None:
-        return jnp.arange(config.num_local_steps, dtype=jnp.int32)[:, None] < counts[None, :]
-    return optim.active_steps(config.num_local_steps, count)
 
 
 def agent_step_sizes(step_size, weights):

@@ -66,12 +66,13 @@ class _Wrapper:
 
     @property
     def delays(self):
-        """The wrapped config's law of delays (:mod:`fedsa_jax.delays`), or None."""
+        """The wrapped config's law of delays (:mod:`fedsa_jax.channel.delays`), or None."""
         return getattr(self.inner.config, "delays", None)
 
     @property
     def local_work(self):
-        """The wrapped config's law of the agents' local work (:mod:`fedsa_jax.local_work`), or None."""
+        """The wrapped config's law of the agents' local work (:mod:`fedsa_jax.channel.local_work`),
+        or None."""
         return getattr(self.inner.config, "local_work", None)
 
     @property
@@ -81,7 +82,7 @@ class _Wrapper:
 
     @property
     def durations(self):
-        """The wrapped config's law of job durations (:mod:`fedsa_jax.clock`), or None."""
+        """The wrapped config's law of job durations (:mod:`fedsa_jax.channel.clock`), or None."""
         return getattr(self.inner.config, "durations", None)
 
     def randomness(self, key, problem):

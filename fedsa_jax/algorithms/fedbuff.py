@@ -19,7 +19,7 @@ any function of the staleness may be given. A round of :func:`fedsa_jax.simulate
 step (K contributions); a server optimizer (optax) takes ``theta_t - (that step's target)`` as its
 pseudo-gradient (``optax.sgd(eta_g)``: FedBuff's server learning rate ``eta_g``).
 
-**The clock** (:mod:`fedsa_jax.clock`). Time runs in integer ticks; a job started at the end of
+**The clock** (:mod:`fedsa_jax.channel.clock`). Time runs in integer ticks; a job started at the end of
 tick s arrives at tick ``s + D``, ``D`` drawn from the agent's law of durations. Arrivals at one tick
 are taken in the order of the agents' index (make ticks finer to make ties rarer); the server steps
 as soon as its buffer holds K contributions, possibly several times in one tick; the agents that
@@ -31,7 +31,7 @@ with an exact uplink and a weight ``s(0) = 1``; with a quantizer the same law, o
 The state carries each agent's start (its copy of the model), its version ``v_c``, the tick its
 job arrives and the clock; the metrics ``"wall_clock"`` (ticks elapsed at the round's server step)
 and ``"staleness"`` (the mean staleness of its buffer) record them. A synchronous round under the
-same law lasts ``max_c D_c`` ticks (:meth:`fedsa_jax.clock.Durations.sync_round_time`).
+same law lasts ``max_c D_c`` ticks (:meth:`fedsa_jax.channel.clock.Durations.sync_round_time`).
 
 Exact theory: not covered. Which agents fill a buffer and how stale their starts are follow the
 clock (the agents' remaining job times, a Markov chain of its own), so a round applies a random
@@ -63,8 +63,9 @@ from fedsa_jax.algorithms._base import (
     local_updates,
     observations_per_step,
 )
-from fedsa_jax.channel import Channel, channel
-from fedsa_jax.clock import CLOCK_STREAM, Durations, from_text as durations_from_text
+from fedsa_jax.channel import Channel, channel, clock
+from fedsa_jax.channel.clock import CLOCK_STREAM, Durations, from_text as durations_from_text
+from fedsa_jax.registry import Option, nonnegative_real, positive_int
 
 __all__ = ["FedBuffState", "fedbuff"]
 
@@ -94,7 +95,13 @@ class FedBuffConfig:
     def check_run(self, num_agents: int, num_rounds: int | None = None) -> None:
         """Checks with the problem's N, before compiling: a staleness function's weights are finite
         and ``> 0`` at every staleness a contribution can have (:func:`staleness_bound`), and the
-        clock's int32 ticks (without x64) stay below ``2^31`` over ``num_rounds`` server steps."""
+        clock's int32 ticks (without x64) stay below ``2^31`` over ``num_rounds`` server steps; ``K <= N``
+        and a law of durations with one row per agent for this N."""
+        if self.buffer_size > num_agents:
+            _validate.fail(
+                "buffer_size", self.buffer_size, f"expected at most N = {num_agents} (the problem's agents)"
+            )
+        self.durations.check(num_agents)
         if callable(self.staleness):
             bound = staleness_bound(self.durations, num_agents, self.buffer_size)
             where = (
@@ -128,7 +135,7 @@ class FedBuffState(NamedTuple):
 
 def _tick_dtype():
     """The clock's integer ticks: int64 where JAX has x64, else int32 (``fj.simulate`` then refuses a
-    run whose ticks could pass ``2^31 - 1``: :meth:`fedsa_jax.clock.Durations.check_ticks`)."""
+    run whose ticks could pass ``2^31 - 1``: :meth:`fedsa_jax.channel.clock.Durations.check_ticks`)."""
     return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -324,7 +331,7 @@ def fedbuff(
         steps done when the contribution is computed (:mod:`fedsa_jax.optim`).
       num_local_steps: ``H >= 1``, the local steps of every job.
       buffer_size: ``1 <= K <= N``: contributions per server step.
-      durations: the law of the jobs' durations in ticks (:mod:`fedsa_jax.clock`); default
+      durations: the law of the jobs' durations in ticks (:mod:`fedsa_jax.channel.clock`); default
         ``fj.clock.fixed(1)``, every job one tick.
       staleness: an exponent ``a >= 0``, contributions weighted ``(1 + tau)^(-a)`` (0.5, the default:
         FedBuff's ``1 / sqrt(1 + tau)``; 0: none), or a function ``s(tau)`` of the staleness (a float
@@ -399,14 +406,38 @@ def _from_options(step_size, args, **channel) -> Algorithm:
     )
 
 
+BUFFER_SIZE = Option(
+    ("--buffer-size",),
+    "buffer_size",
+    "buffered asynchronous aggregation: contributions K per server step, at most N",
+    positive_int,
+    2,
+    metavar="K",
+    group="algorithms",
+    params=("buffer_size",),
+)
+
+
+STALENESS = Option(
+    ("--staleness",),
+    "staleness",
+    "contributions weighted (1 + staleness)^-A (0.5: 1/sqrt(1 + staleness), 0: none)",
+    nonnegative_real,
+    0.5,
+    metavar="A",
+    group="algorithms",
+    params=("staleness",),
+)
+
+
 registry.register_algorithm(
     "fedbuff",
     _from_options,
     options=(
         registry.LOCAL_STEPS,
-        registry.BUFFER_SIZE,
-        registry.DURATIONS,
-        registry.STALENESS,
+        BUFFER_SIZE,
+        clock.DURATIONS,
+        STALENESS,
         registry.SKIP,
     ),
     title="FedBuff",

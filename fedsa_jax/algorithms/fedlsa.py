@@ -55,32 +55,41 @@ from fedsa_jax.algorithms._base import (
     ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
+    init_samplers,
+    initial_error,
+    local_steps_config,
+    round_info,
+    run_agents,
+    server_update,
+)
+from fedsa_jax.channel import cohorts, delays, local_work
+from fedsa_jax.channel.cohorts import (
+    keep_outside,
+    round_cohort,
+    with_clients_per_round,
+)
+from fedsa_jax.channel.delays import (
     delay_blocks,
     delay_theory,
     delayed_messages,
     delayed_starts,
+    from_text as delays_from_text,
+    initial_past,
+    pushed,
+    with_delays,
+)
+from fedsa_jax.channel.downlink import (
     downlink_init,
     downlink_step,
     downlink_theory,
     from_reference,
-    init_samplers,
-    initial_error,
-    initial_past,
-    keep_outside,
-    local_steps_config,
+)
+from fedsa_jax.channel.local_work import (
     normalize_work,
-    pushed,
-    round_cohort,
-    round_info,
     round_work,
-    run_agents,
-    server_update,
     stepwise_active,
-    with_clients_per_round,
-    with_delays,
     work_weights,
 )
-from fedsa_jax.delays import from_text as delays_from_text
 
 __all__ = ["FedLSAState", "fedlsa"]
 
@@ -144,7 +153,7 @@ def theory(config: LocalStepsConfig, problem) -> moments.Recursion:
     H local steps, the aggregate through the channel (into theta, or into a scratch block a for the
     server optimizer) and the optimizer's step. A compressed downlink adds the agents' copy hat
     (and EF14's memory): the agents start from hat, the aggregate of their messages against hat
-    moves theta, and the broadcast moves hat (:func:`fedsa_jax.moments.downlink`)."""
+    moves theta, and the broadcast moves hat (:func:`fedsa_jax.channel.downlink.downlink`)."""
     y = moments.Augmented(problem)
     delay_blocks(y, config)
     y.add("loc", per_agent=True)
@@ -206,7 +215,7 @@ def fedlsa(
         the server adds the aggregate of the messages to its own ``theta_t``.
       clients_per_round: None (every agent, every round: the code of the full round) or an
         integer ``1 <= m <= N``: a uniform cohort of m agents per round (see above).
-      delays: None, or a law of :mod:`fedsa_jax.delays`: agent c's update of round t starts from the
+      delays: None, or a law of :mod:`fedsa_jax.channel.delays`: agent c's update of round t starts from the
         server iterate ``tau_c`` rounds old and moves the current one (delayed updates).
       privacy: None, or the uplink's clipping and Gaussian noise, :func:`fedsa_jax.channel.privacy`
         (:mod:`fedsa_jax.channel.dp`); the run's epsilon is in ``result.privacy``.
@@ -252,11 +261,11 @@ registry.register_algorithm(
     options=(
         registry.LOCAL_STEPS,
         registry.LOCAL_STEPS_GROWTH,
-        *registry.LOCAL_WORK_OPTIONS,
-        registry.DELAYS,
-        registry.DELAYS_SHARED,
+        *local_work.OPTIONS,
+        delays.DELAYS,
+        delays.DELAYS_SHARED,
         registry.SKIP,
-        registry.CLIENTS_PER_ROUND,
+        cohorts.CLIENTS_PER_ROUND,
     ),
     title="FedLSA",
     bias="fedlsa_bias",

@@ -52,14 +52,16 @@ from fedsa_jax.algorithms._base import (
     RoundRandomness,
     init_samplers,
     initial_error,
-    keep_outside,
     local_steps_config,
     local_updates,
-    round_cohort,
     round_info,
+)
+from fedsa_jax.channel import cohorts, transmit
+from fedsa_jax.channel.cohorts import (
+    keep_outside,
+    round_cohort,
     with_clients_per_round,
 )
-from fedsa_jax.channel import transmit
 
 __all__ = ["ImportanceAveragingState", "importance_averaging", "importance_weights"]
 
@@ -194,7 +196,7 @@ def _from_options(step_size, args, **channel) -> Algorithm:
 registry.register_algorithm(
     "importance-averaging",
     _from_options,
-    options=(registry.LOCAL_STEPS, registry.CLIENTS_PER_ROUND),
+    options=(registry.LOCAL_STEPS, cohorts.CLIENTS_PER_ROUND),
     title="FedLSA with importance averaging",
     note="federated Q-learning: entries averaged with weights (1 - eta)^(-visits)",
     order=7,

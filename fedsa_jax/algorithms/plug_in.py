@@ -51,14 +51,18 @@ from fedsa_jax import _validate, moments, optim
 from fedsa_jax.algorithms._base import (
     Algorithm,
     RoundRandomness,
-    cohort_active,
     init_samplers,
-    keep_outside,
-    round_cohort,
-    stepwise_observations,
 )
 from fedsa_jax.algorithms.averaged import _error, _Wrapper
+from fedsa_jax.channel.cohorts import (
+    cohort_active,
+    keep_outside,
+    round_cohort,
+)
 from fedsa_jax.channel.dp import refuse_privacy
+from fedsa_jax.channel.local_work import (
+    stepwise_observations,
+)
 from fedsa_jax.problems.protocol import check_linear
 
 __all__ = ["PlugInMoments", "PlugInState", "lyapunov", "plug_in"]

@@ -41,19 +41,23 @@ from fedsa_jax.algorithms._base import (
     ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
-    downlink_init,
-    downlink_step,
     first_observation,
     init_samplers,
     initial_error,
-    keep_outside,
     local_steps_config,
-    round_cohort,
     round_info,
-    with_clients_per_round,
 )
 from fedsa_jax.algorithms.fedlsa import theory as fedlsa_theory
-from fedsa_jax.channel import Delivery, aggregate, transmit
+from fedsa_jax.channel import Delivery, aggregate, cohorts, transmit
+from fedsa_jax.channel.cohorts import (
+    keep_outside,
+    round_cohort,
+    with_clients_per_round,
+)
+from fedsa_jax.channel.downlink import (
+    downlink_init,
+    downlink_step,
+)
 
 __all__ = ["QFedTDState", "qfedtd"]
 
@@ -206,7 +210,7 @@ def _from_options(step_size, args, **channel) -> Algorithm:
 registry.register_algorithm(
     "qfedtd",
     _from_options,
-    options=(registry.CLIENTS_PER_ROUND,),
+    options=(cohorts.CLIENTS_PER_ROUND,),
     title="QFedTD",
     note="one local step per round",
     order=2,

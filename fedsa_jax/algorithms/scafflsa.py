@@ -65,35 +65,46 @@ from fedsa_jax.algorithms._base import (
     ErrorCoordinates,
     LocalStepsConfig,
     RoundRandomness,
-    control_denominator,
     control_variate_update,
+    init_samplers,
+    initial_error,
+    local_steps_config,
+    round_info,
+    run_agents,
+    server_update,
+)
+from fedsa_jax.channel import cohorts, delays, local_work
+from fedsa_jax.channel.cohorts import (
+    keep_outside,
+    round_cohort,
+    with_clients_per_round,
+)
+from fedsa_jax.channel.delays import (
     delay_blocks,
     delay_theory,
     delayed_messages,
     delayed_starts,
+    from_text as delays_from_text,
+    initial_past,
+    pushed,
+    with_delays,
+)
+from fedsa_jax.channel.downlink import (
     downlink_init,
     downlink_step,
     downlink_theory,
     from_reference,
-    init_samplers,
-    initial_error,
-    initial_past,
-    keep_outside,
-    local_steps_config,
-    normalize_work,
-    pushed,
+)
+from fedsa_jax.channel.dp import (
     refuse_central_privacy,
-    round_cohort,
-    round_info,
+)
+from fedsa_jax.channel.local_work import (
+    control_denominator,
+    normalize_work,
     round_work,
-    run_agents,
-    server_update,
     stepwise_active,
-    with_clients_per_round,
-    with_delays,
     work_weights,
 )
-from fedsa_jax.delays import from_text as delays_from_text
 
 __all__ = ["SCAFFLSAState", "scafflsa"]
 
@@ -286,7 +297,7 @@ def scafflsa(
         adds the aggregate of the messages to its own ``theta_t``.
       clients_per_round: None (every agent, every round) or ``1 <= m <= N``: a uniform cohort
         of m agents per round (see above).
-      delays: None, or a law of :mod:`fedsa_jax.delays`: agent c's local steps of round t start from
+      delays: None, or a law of :mod:`fedsa_jax.channel.delays`: agent c's local steps of round t start from
         the server iterate ``tau_c`` rounds old (with its current ``xi_c``), its update against that
         start moves the current iterate, and the control variates move against these updates as
         above (the limit is SCAFFLSA's, theta*).
@@ -333,11 +344,11 @@ registry.register_algorithm(
     options=(
         registry.LOCAL_STEPS,
         registry.LOCAL_STEPS_GROWTH,
-        *registry.LOCAL_WORK_OPTIONS,
-        registry.DELAYS,
-        registry.DELAYS_SHARED,
+        *local_work.OPTIONS,
+        delays.DELAYS,
+        delays.DELAYS_SHARED,
         registry.SKIP,
-        registry.CLIENTS_PER_ROUND,
+        cohorts.CLIENTS_PER_ROUND,
     ),
     title="SCAFFLSA",
     order=1,

@@ -88,30 +88,38 @@ import jax.numpy as jnp
 
 from fedsa_jax import _validate, moments, optim, registry
 from fedsa_jax.algorithms._base import (
-    COHORT_STREAM,
     Algorithm,
     ErrorCoordinates,
     RoundInfo,
     RoundRandomness,
+    control_variate_update,
+    init_samplers,
+    initial_error,
+    local_steps_config,
+    observations_per_step,
+    server_update,
+)
+from fedsa_jax.channel import Channel, broadcast, channel, cohorts, downlink_key
+from fedsa_jax.channel.cohorts import (
+    COHORT_STREAM,
     cohort_active,
     cohort_mask,
-    control_variate_update,
+    keep_outside,
+    with_clients_per_round,
+)
+from fedsa_jax.channel.downlink import (
     downlink_bits,
     downlink_init,
     downlink_theory,
     from_reference,
-    init_samplers,
-    initial_error,
-    keep_outside,
-    local_steps_config,
-    observations_per_step,
-    refuse_central_privacy,
-    server_update,
-    stepwise_active,
-    with_clients_per_round,
 )
-from fedsa_jax.channel import Channel, broadcast, channel, downlink_key
-from fedsa_jax.local_work import LocalWork
+from fedsa_jax.channel.dp import (
+    refuse_central_privacy,
+)
+from fedsa_jax.channel.local_work import (
+    LocalWork,
+    stepwise_active,
+)
 from fedsa_jax.problems.protocol import local_unroll
 
 __all__ = ["ScaffnewConfig", "ScaffnewState", "scaffnew"]
@@ -538,7 +546,7 @@ registry.register_algorithm(
         registry.LOCAL_STEPS,
         registry.LOCAL_STEPS_GROWTH,
         registry.SKIP,
-        registry.CLIENTS_PER_ROUND,
+        cohorts.CLIENTS_PER_ROUND,
     ),
     title="Scaffnew",
     order=3,

@@ -29,7 +29,7 @@ which clipping's bias shows (FedLSA and QFedTD, ``"divide_by_n"``).
 **What is protected.** The clipping bounds each agent's whole message, which depends on all its
 data: the guarantee is **client-level** (neighbouring datasets differ in one agent's entire data),
 not record-level (that would need per-observation clipping, not built). The accountant
-(:mod:`fedsa_jax.accounting`) states the neighbouring relation it uses for each option.
+(:mod:`fedsa_jax.channel.accounting`) states the neighbouring relation it uses for each option.
 
 The noise is drawn from the round's channel key folded with a tag of its own, so the quantizer's
 and the erasures' numbers are those of the same run without privacy.
@@ -61,7 +61,7 @@ class Privacy:
     clip_norm: float  # C
     mode: str = "central"  # "local" or "central"
     clip: bool = True  # False: the noise without the clipping (no guarantee; exact theory's reference)
-    delta: float = 1e-5  # the delta at which the run's epsilon is reported (fedsa_jax.accounting)
+    delta: float = 1e-5  # the delta at which the run's epsilon is reported (fedsa_jax.channel.accounting)
     target_quantile: float | None = None  # adaptive clipping: gamma, the quantile of the norms C tracks
     clip_lr: float = 0.2  # adaptive clipping: eta_C, C <- C exp(-eta_C (b~ - gamma))
     count_noise: float = 0.0  # adaptive clipping: sigma_b, the noise on the count of unclipped messages
@@ -115,7 +115,8 @@ def privacy(
     """The Gaussian mechanism with L2 clipping on the uplink (module docstring): noise multiplier
     ``sigma >= 0``, clipping norm ``C > 0`` (the noise's scale too), ``mode`` ``"local"`` or
     ``"central"``; ``clip=False``: the noise only (no guarantee; the exact theory's reference);
-    ``delta`` in (0, 1): where ``result.privacy`` reports the run's epsilon (:mod:`fedsa_jax.accounting`).
+    ``delta`` in (0, 1): where ``result.privacy`` reports the run's epsilon
+    (:mod:`fedsa_jax.channel.accounting`).
     No noise and no bound (``sigma = 0``, ``C = inf``) is no mechanism: None, today's channel.
 
     Adaptive clipping (``target_quantile = gamma`` in (0, 1), central mode; Andrew, Thakkar, McMahan,
@@ -251,3 +252,16 @@ def refuse_privacy(algorithm, wrapper: str, why: str) -> None:
     privacy_ = getattr(algorithm.channel, "privacy", None)
     if privacy_ is not None:
         _validate.fail("algorithm", algorithm.name, f"{wrapper} with a privacy mechanism is refused: {why}")
+
+
+def refuse_central_privacy(config, name: str) -> None:
+    """Refuses central privacy noise for an algorithm whose server sends each agent a control variate
+    computed from the exact mean of the others' messages (the guarantee would not cover it)."""
+    p = config.channel.privacy
+    if p is not None and p.mode == "central":
+        _validate.fail(
+            "privacy",
+            p.describe(),
+            f"{name}'s control variates, sent back to each agent, carry the server's exact mean of the "
+            "other agents' messages, which central noise does not cover: use mode='local'",
+        )

@@ -146,7 +146,7 @@ def local_steps(args):
 
 
 def local_work(args):
-    """The law of ``--local-work LAW:NUMBERS`` (:mod:`fedsa_jax.local_work`), one count per agent or
+    """The law of ``--local-work LAW:NUMBERS`` (:mod:`fedsa_jax.channel.local_work`), one count per agent or
     shared (``--local-work-shared``), plain or FedNova averaging (``--work-normalization``)."""
     shared = bool(getattr(args, "local_work_shared", False))
     norm = getattr(args, "work_normalization", "none") or "none"

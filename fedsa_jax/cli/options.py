@@ -252,7 +252,7 @@ def _channel() -> list[Option]:
 
 
 def _privacy() -> list[Option]:
-    """Differential privacy on the uplink (fj.channel.privacy, fedsa_jax.accounting)."""
+    """Differential privacy on the uplink (fj.channel.privacy, fedsa_jax.channel.accounting)."""
     return [
         Option(
             ("--clip-norm",),

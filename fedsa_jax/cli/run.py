@@ -309,7 +309,7 @@ def _check_runs(args, problem, algs, names: list[str]) -> None:
     import jax
 
     import fedsa_jax as fj
-    from fedsa_jax._driver import simulation_run
+    from fedsa_jax._runtime.driver import simulation_run
 
     key, seeds = jax.random.key(args.seed), _seeds(args)
     for alg, name in zip(algs, names, strict=True):
@@ -468,7 +468,7 @@ def _growth_note(res, problem) -> str:
     warns too): by how much."""
     import numpy as np
 
-    from fedsa_jax._driver import mse_growth
+    from fedsa_jax._runtime.growth import mse_growth
 
     star = np.asarray(problem.theta_star, np.float64)  # settled too high: said if no seed diverged
     diverged = bool(np.max(res.num_diverged))

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fedsa_jax import registry
-from fedsa_jax._sweep import config_name
+from fedsa_jax._runtime.sweep import config_name
 from fedsa_jax._validate import fail
 from fedsa_jax.cli.build import _make_algorithm, _make_problem, one_line, rounds_within
 from fedsa_jax.cli.checks import _as_option, law_reads
@@ -196,7 +196,7 @@ def _sweep_configs(grid: dict, limit: int | None) -> list[dict]:
     """The grid's configurations (at most ``limit``, default ``fedsa_jax.sweep.MAX_GRID``), each
     without the keys its algorithm does not read (:func:`_read_keys`): configurations that are then
     the same run appear once."""
-    from fedsa_jax import _sweep as sweep
+    from fedsa_jax._runtime import sweep as sweep
 
     configs, seen = [], set()
     for config in sweep._grid(grid, sweep.MAX_GRID if limit is None else limit):
@@ -267,7 +267,7 @@ class _Grid:
 def _report(entries) -> None:
     """One console line per configuration: the values that vary across the sweep (all of them
     legible; the file name, cut to a portable length, is in sweep.json), then its final MSE."""
-    from fedsa_jax._sweep import config_label, varying_keys
+    from fedsa_jax._runtime.sweep import config_label, varying_keys
 
     varying = varying_keys([e.config for e in entries]) or list(entries[0].config if entries else ())
     for e in entries:

@@ -98,6 +98,7 @@ Stich, Richtárik, ProxSkip, ICML 2022, arXiv:2202.09357 (Scaffnew).
 """
 
 from fedsa_jax import moments as _moments
+from fedsa_jax.channel.downlink import downlink, downlink_blocks
 from fedsa_jax.moments import (
     MAX_AUGMENTED_DIM,
     START,
@@ -105,10 +106,6 @@ from fedsa_jax.moments import (
     Augmented,
     Combination,
     Recursion,
-    _binomial_inverse_mean,
-    _expected_weights,
-    _quantizer_covariance,
-    _weight_covariance,
     agents_mean,
     aggregate,
     assign,
@@ -117,10 +114,7 @@ from fedsa_jax.moments import (
     chain,
     channel_memory,
     coin,
-    downlink,
-    downlink_blocks,
     local_step,
-    noise_model as _noise_model,
     random_stop,
     rebase,
     recursion_of,
@@ -171,4 +165,4 @@ __all__ = [
     "stationary_mse",
     "tv_to_stationary",
 ]
-__all__ += _moments.__all__
+__all__ += [*_moments.__all__, "downlink", "downlink_blocks"]

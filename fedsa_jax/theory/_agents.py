@@ -37,17 +37,9 @@ import copy
 
 import numpy as np
 
-from fedsa_jax.moments import (
-    Affine,
-    AgentsMean,
-    Aggregation,
-    Assign,
-    Broadcast,
-    Chain,
-    Coin,
-    LocalStep,
-    Recursion,
-)
+from fedsa_jax.moments.aggregation import Aggregation
+from fedsa_jax.moments.phases import AgentsMean, Assign, Broadcast, Chain, Coin, LocalStep
+from fedsa_jax.moments.state import Affine, Recursion
 from fedsa_jax.theory._rounds import _phases
 
 __all__ = ["FACTORED_RATIO", "Unfactored", "factored_mse", "factored_pays", "factored_round"]

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 
 from fedsa_jax import _validate, optim
-from fedsa_jax.moments import Chain, Coin, LocalStep, RandomStop, Recursion
+from fedsa_jax.moments.phases import Chain, Coin, LocalStep, RandomStop
+from fedsa_jax.moments.state import Recursion
 
 __all__ = ["changing_round", "round_operations", "round_map", "second_moment_round"]
 

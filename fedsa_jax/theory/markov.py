@@ -33,7 +33,9 @@ from typing import Any
 import numpy as np
 
 from fedsa_jax import _validate
-from fedsa_jax.moments import Aggregation, Augmented, Chain, Coin, LocalStep, RandomStop
+from fedsa_jax.moments.aggregation import Aggregation
+from fedsa_jax.moments.phases import Chain, Coin, LocalStep, RandomStop
+from fedsa_jax.moments.state import Augmented
 
 __all__ = ["MAX_MARKOV_ENTRIES", "MAX_MARKOV_UNKNOWNS"]
 

@@ -9,8 +9,8 @@ import numpy as np
 from scipy import linalg
 
 from fedsa_jax import _validate, algorithms, registry
-from fedsa_jax.local_work import LocalWork
-from fedsa_jax.moments import _arrays
+from fedsa_jax.channel.local_work import LocalWork
+from fedsa_jax.moments.noise import float64_arrays
 from fedsa_jax.problems.protocol import check_linear
 from fedsa_jax.theory.engine import stable_step_size
 from fedsa_jax.theory.stationary import mean_square_spectral_radius
@@ -30,7 +30,7 @@ def _fedlsa_round(problem, step_size, num_local_steps):
     ``B_c = I - eta A_bar[c]``; ``rho_bar`` is computed as
     ``eta mean_c sum_{k<H} B_c^k (b_c - A_c theta*)``, which needs no local inverse.
 
-    With local work (:mod:`fedsa_jax.local_work`) agent c's terms are averaged over its law,
+    With local work (:mod:`fedsa_jax.channel.local_work`) agent c's terms are averaged over its law,
     ``Gamma_c = sum_h P(H_c = h) B_c^h``, and FedNova's normalisation scales outcome h by
     ``tau / h``: ``Gamma_c = I - sum_h P(H_c = h) (tau / h) (I - B_c^h)``, likewise ``rho``."""
     if callable(step_size):
@@ -41,7 +41,7 @@ def _fedlsa_round(problem, step_size, num_local_steps):
             "schedule the mean iterate is fj.theory.exact_mean(problem, fj.fedlsa(schedule, H), T)",
         )
     eta = _validate.real("step_size", step_size, 0.0, low_open=True)
-    A, b, theta_star = _arrays(problem)
+    A, b, theta_star = float64_arrays(problem)
     N, d, _ = A.shape
     if isinstance(num_local_steps, LocalWork):
         num_local_steps.check(N)
@@ -77,7 +77,7 @@ def fedlsa_round_bias(problem, step_size: float, num_local_steps: int) -> np.nda
 def fedlsa_bias(problem, step_size: float, num_local_steps, num_rounds: int | None = None) -> np.ndarray:
     """FedLSA's heterogeneity bias (SCAFFLSA paper, Sec. 4; derived step by step in the documentation,
     ``docs/guide/theory.md``, "FedLSA's heterogeneity bias"). ``num_local_steps``: H, or a law of
-    heterogeneous or random local work (:mod:`fedsa_jax.local_work`, plain or FedNova averaging;
+    heterogeneous or random local work (:mod:`fedsa_jax.channel.local_work`, plain or FedNova averaging;
     ``docs/guide/lockstep.md``), whose limit is ``[sum_c (I - Gamma_c)]^{-1} sum_c (I - Gamma_c)
     (theta_c* - theta*)`` with ``Gamma_c = E (I - eta A_c)^{H_c}``.
 
@@ -240,7 +240,7 @@ def privacy_noise_floor(
     noise is fixed and the contraction per round is ``eta H``."""
     if privacy is None or privacy.noise_std == 0:
         return 0.0
-    A, _, _ = _arrays(problem)
+    A, _, _ = float64_arrays(problem)
     N, d, _ = A.shape
     s2 = privacy.noise_std**2 / (N if privacy.mode == "local" else N**2)
     if first_order:

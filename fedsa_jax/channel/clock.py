@@ -22,6 +22,7 @@ length :meth:`Durations.sync_round_time` is ``sum_{k >= 1} (1 - prod_c P(D_c < k
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from typing import Any
@@ -30,7 +31,7 @@ import jax
 import numpy as np
 
 from fedsa_jax import _validate
-from fedsa_jax.local_work import (
+from fedsa_jax.channel.local_work import (
     CountLaw,
     check_table,
     counts_law,
@@ -41,6 +42,7 @@ from fedsa_jax.local_work import (
     two_point_pmf,
     uniform_pmf,
 )
+from fedsa_jax.registry import Option, law_spec
 
 __all__ = ["Durations", "fixed", "from_text", "geometric", "law", "straggler", "uniform"]
 
@@ -148,3 +150,27 @@ def straggler(duration: int, prob: float, slowdown: float) -> Durations:
     slow = math.ceil(slowdown * D)  # an exact Python int, however large
     check_table("duration" if slowdown == 1 else "slowdown", duration if slowdown == 1 else slowdown, 1, slow)
     return _make(two_point_pmf(D, slow, p), "straggler")
+
+
+DURATION_LAWS = {"fixed": None, "uniform": 2, "geometric": 2, "straggler": 3}
+
+
+def durations_spec(text: str) -> str:
+    """``--durations``: ``LAW:NUMBERS`` (:mod:`fedsa_jax.channel.clock`)."""
+    expected = "fixed:D or fixed:D1,...,DN, uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:D,PROB,SLOWDOWN"
+    if text == "none":
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return law_spec(text, DURATION_LAWS, expected)
+
+
+DURATIONS = Option(
+    ("--durations",),
+    "durations",
+    "the agents' job durations in clock ticks: fixed:D (or fixed:D1,...,DN, one per agent), "
+    "uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:D,PROB,SLOWDOWN",
+    durations_spec,
+    "fixed:1",
+    metavar="LAW",
+    group="algorithms",
+    params=("durations",),
+)

@@ -19,7 +19,7 @@ carry it is materialised once; drawn inside the round, XLA:CPU fuses (recomputes
 the elementwise threefry hash into each of the ~20 gathers that consume it
 (measured: kernel CPU time 1.5 s -> 0.6 s). Memory: one extra block per seed.
 
-The host side (seed batches, round chunks, checkpoints) is :mod:`fedsa_jax._driver`.
+The host side (seed batches, round chunks, checkpoints) is :mod:`fedsa_jax._runtime.driver`.
 """
 
 from __future__ import annotations

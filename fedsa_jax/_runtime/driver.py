@@ -1,9 +1,10 @@
 """The host side of a Monte Carlo run: plan, seed batches and round chunks, checkpoints, results.
 
-:func:`simulate` validates its options (:mod:`fedsa_jax._run`), then :func:`execute` runs the
-compiled kernels of :mod:`fedsa_jax._kernel`:
+:func:`simulate` validates its options (:mod:`fedsa_jax._runtime.run`), then :func:`execute` runs the
+compiled kernels of :mod:`fedsa_jax._runtime.kernel`:
 
-- planning (:func:`_plan`): seeds per batch (what fits in memory) and rounds per chunk;
+- planning (:func:`fedsa_jax._runtime.plan.make_plan`): seeds per batch (what fits in memory) and
+  rounds per chunk;
 - the batch and chunk loop (:func:`_run_batches`): seed batches one after the other, each advanced
   by chunks of rounds, a progress bar per chunk; at each recorded round a batch is reduced to
   mergeable moments (:mod:`fedsa_jax.stats`) that the host combines, so neither chunking, batching
@@ -21,13 +22,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import sys
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,30 +35,31 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
-from fedsa_jax import _checkpoint, _kernel, _validate, accounting
-from fedsa_jax._kernel import Carry, KernelInputs, Reduction, SeedBatch
-from fedsa_jax._options import CACHE_BYTES, MIN_SLICE_AGENTS, Execution, Record, Recording, Until, grouped
-from fedsa_jax._run import Run, run_code, validate_run
+from fedsa_jax import _validate
+from fedsa_jax._runtime import checkpoint as _checkpoint, kernel as _kernel
+from fedsa_jax._runtime.growth import mse_growth, settings
+from fedsa_jax._runtime.kernel import Carry, KernelInputs, Reduction, SeedBatch
+from fedsa_jax._runtime.options import (
+    Execution,
+    Record,
+    Recording,
+    Until,
+    grouped,
+)
+from fedsa_jax._runtime.plan import Plan, make_plan
+from fedsa_jax._runtime.run import Run, run_code, validate_run
 from fedsa_jax._version import __version__
 from fedsa_jax.algorithms._base import Algorithm
+from fedsa_jax.channel import accounting
 from fedsa_jax.result import MetricStats, SimulationResult, count_arrays, recorded_rounds
 from fedsa_jax.stats import Moments, finalize, merge
 
 __all__ = [
-    "GROWTH_FACTOR",
-    "SETTLED_FACTOR",
-    "Growth",
     "execute",
     "execute_joint",
-    "mse_growth",
     "simulate",
     "simulation_run",
 ]
-
-STEPS_PER_CHUNK = 5e7  # default chunk: about this many agent-local steps (seconds on a CPU)
-MAX_BLOCKS_PER_CHUNK = 256  # recorded rounds per chunk at most (the kernel's statistics buffer)
-MAX_BATCH = 2**24  # seeds per batch at most (the per-batch sums of counter digits are uint32)
-UNTIL_BATCHES = 64  # a precision-targeted run's default seed batch: max_seeds / this (min_seeds at least)
 
 
 def simulate(
@@ -159,97 +160,6 @@ def simulation_run(
     )
 
 
-class _Plan(NamedTuple):
-    batch_size: int  # seeds per batch (before padding)
-    padded_batch: int  # per batch, a multiple of the device count
-    num_batches: int
-    chunk_rounds: int  # a multiple of record_every
-    max_blocks: int  # recorded rounds per chunk at most
-    seed_slices: int = 1  # a round runs its seeds in this many slices (_kernel.by_slices)
-
-    def seeds_done(self, batch: int, num_seeds: int) -> int:
-        """Seeds run once seed batch ``batch`` is finished (the last batch may be partly padding)."""
-        return min(num_seeds, (batch + 1) * self.batch_size)
-
-
-def _check_one_seed_fits(algorithms, carry_bytes, budget: float) -> None:
-    """Refuse, before compiling, bootstrap replicates (``trajectories > 1``) one seed of which needs
-    more than the memory budget (about 4 copies of its state): named as their number. (A plain
-    algorithm runs one seed per batch instead.)"""
-    for a in algorithms:
-        if a.trajectories == 1:
-            continue
-        need = 4 * carry_bytes(a)
-        if need > budget:
-            _validate.fail(
-                "num_replicates",
-                a.trajectories - 1,
-                f"one seed of {a.name} needs about {need / 2**30:.3g} GiB ({a.trajectories} trajectories, "
-                f"4 copies of its state), more than memory_budget = {budget / 2**30:.3g} GiB; fewer "
-                "replicates or a larger fj.Execution(memory_budget=...)",
-            )
-
-
-def _seed_slices(per_device: int, per_seed: int, num_agents: int, cache: int) -> int:
-    """In how many slices a round runs a device's ``per_device`` seeds (:func:`_kernel.by_slices`):
-    the divisor of ``per_device`` nearest to the count whose slices take ``cache`` bytes of states,
-    each slice holding at least ``MIN_SLICE_AGENTS`` agents. A divisor, so that the seed batch (and
-    the statistics reduced over it) is the same with and without slices: results are bitwise
-    equal."""
-    if not cache:
-        return 1
-    target = per_device * per_seed / cache
-    fits = [k for k in range(1, per_device + 1) if per_device % k == 0]
-    fits = [k for k in fits if k == 1 or (per_device // k) * num_agents >= MIN_SLICE_AGENTS]
-    return min(fits, key=lambda k: abs(math.log(k / target)) if target > 1 else k)
-
-
-def _plan(problem, algorithms: list[Algorithm], run: Run, *, num_configs: int, num_devices: int) -> _Plan:
-    """Seed batches and chunks for ``num_configs`` algorithms run side by side, each costing at most
-    what the costliest of ``algorithms`` costs."""
-    execution = run.execution
-
-    def carry_bytes(algorithm):
-        # one module-level function, the problem and algorithm as arguments: JAX's trace cache
-        # answers repeated calls (a closure made here would be traced anew at every call, ~70 ms)
-        shapes = jax.eval_shape(
-            _kernel._initial_carry,
-            jax.ShapeDtypeStruct((2,), jnp.uint32),
-            jax.ShapeDtypeStruct((1,), jnp.uint32),
-            problem,
-            algorithm,
-            jnp.asarray(run.theta0, problem.dtype),
-        )
-        return sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
-
-    per_seed = max(carry_bytes(a) for a in algorithms)
-    if execution.seed_batch_size is None:
-        _check_one_seed_fits(algorithms, carry_bytes, execution.memory_budget * num_devices)
-        # carry in, carry out and the round's temporaries: about 4 copies
-        batch_size = max(1, int(execution.memory_budget * num_devices // (4 * per_seed * num_configs)))
-        if run.until is not None:  # a precision target checks after each batch: 64 batches at most
-            batch_size = min(batch_size, max(run.until.min_seeds, -(-run.num_seeds // UNTIL_BATCHES)))
-    else:
-        batch_size = execution.seed_batch_size
-    batch_size = min(batch_size, run.num_seeds, MAX_BATCH)
-    padded_batch = -(-batch_size // num_devices) * num_devices
-    cache = (
-        CACHE_BYTES.get(jax.default_backend(), 0) if execution.cache_bytes is None else execution.cache_bytes
-    )
-    slices = _seed_slices(padded_batch // num_devices, per_seed * num_configs, problem.num_agents, cache)
-    num_batches = -(-run.num_seeds // batch_size)
-    every = run.record_every
-    if execution.chunk_rounds is None:
-        # Not capped by num_rounds, so that the number of rounds never changes the compiled program.
-        steps = max(a.num_local_steps * a.skip * a.trajectories for a in algorithms)
-        per_round = padded_batch * problem.num_agents * steps
-        per_round *= num_configs
-        blocks = min(MAX_BLOCKS_PER_CHUNK, max(1, int(STEPS_PER_CHUNK // max(per_round * every, 1))))
-    else:
-        blocks = min(MAX_BLOCKS_PER_CHUNK, -(-execution.chunk_rounds // every))  # whole recorded blocks
-    return _Plan(batch_size, padded_batch, num_batches, blocks * every, blocks, slices)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Setup:
     """A validated run of algorithms of one structure, placed on the devices and planned."""
@@ -260,7 +170,7 @@ class _Setup:
     stacked: Any  # the algorithms' leaves stacked along a leading config axis (host arrays)
     inputs: KernelInputs  # replicated on every device
     reduction: Reduction
-    plan: _Plan
+    plan: Plan
     seeds_sharding: NamedSharding
     num_devices: int
     codes: list[str]  # run_code of each algorithm
@@ -293,7 +203,7 @@ def _setup(run: Run, problem, algorithms: list[Algorithm], pairs: tuple | None =
         theta0=put(run.theta0.astype(dtype)),
         threshold=put(np.asarray(min(run.divergence_threshold * scale, float(jnp.finfo(dtype).max)), dtype)),
     )
-    plan = _plan(
+    plan = make_plan(
         problem,
         algorithms if pairs is not None else algorithms[:1],
         run,
@@ -704,146 +614,7 @@ def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
     return results
 
 
-GROWTH_FACTOR = 100.0  # a final MSE this many times its start, and sqrt(this) times its midpoint: growing
 # a final MSE this many times the larger of its start and |theta_star|^2 (the estimate 0's): settled too high
-SETTLED_FACTOR = 5.0
-
-
-class Growth(NamedTuple):
-    """A recorded MSE curve that grew by orders of magnitude (:func:`mse_growth`)."""
-
-    start_round: int
-    start: float
-    middle_round: int
-    middle: float
-    end_round: int
-    end: float
-    settled: float | None = None  # not blowing up: the second half's median, far above the start
-    base: float = math.nan  # ... and what it is far above: the start, or |theta_star|^2 if larger
-    reference: float = math.nan  # |theta_star|^2
-
-    @property
-    def factor(self) -> float:
-        """``end / start`` (``inf`` from a start at 0)."""
-        return _ratio(self.end, self.start)
-
-    def summary(self) -> str:
-        """``"grew 3.4e+03x from round 0 to 60"`` (settled: ``"stayed at 13x its start from round 30
-        to 60"``): what the command line's console line adds."""
-        if self.settled is not None:
-            return (
-                f"stayed at {self.settled / self.base:.2g}x {self._base_name()} from round "
-                f"{self.middle_round} to {self.end_round}"
-            )
-        return f"grew {self.factor:.2g}x from round {self.start_round} to {self.end_round}"
-
-    def _base_name(self) -> str:
-        return "its start" if self.start >= 0.999 * self.base else "|theta_star|^2"  # (equal from 0)
-
-    def note(self) -> str:
-        """What the console line adds: ``"the MSE grew ...: blowing up"`` (or ``": settled too high"``)."""
-        return f"the MSE {self.summary()}: " + ("too high" if self.settled is not None else "blowing up")
-
-    def message(self, algorithm: Algorithm) -> str:
-        """The warning, one line of at most about 500 characters."""
-        name = settings(algorithm)
-        if self.settled is not None:
-            return (
-                f"{name}: the MSE {self.summary()} (median {self.settled:.3g}; start {self.start:.3g}, "
-                f"|theta_star|^2 {self.reference:.3g}): settled far from theta_star, worse than its start "
-                "and the estimate 0. The step size or the local steps H are too large for this problem "
-                "(FedBuff: or the staleness damping too weak; privacy: or the noise); no seed diverged."
-            )
-        return (
-            f"{name}: the MSE {self.summary()} ({self.start:.3g} -> {self.end:.3g}, "
-            f"{_ratio(self.end, self.middle):.2g}x since round {self.middle_round}): the iterates are "
-            "blowing up; result.num_diverged counts only non-finite errors and errors above "
-            "divergence_threshold. A smaller step_size, or no error feedback with control variates, may "
-            "fix it (fj.theory.max_stable_step_size bounds the step where the exact theory applies)."
-        )
-
-
-def settings(algorithm: Algorithm, width: int = 160) -> str:
-    """``"fedbuff (step_size=0.05, num_local_steps=1000, buffer_size=5, durations=straggler, ...)"``: the
-    algorithm's name and its settings in a few words for a warning (a law by its name, a quantizer by
-    its kind, a table by its length; the exact channel and defaults left out), at most ``width``
-    characters. The full description is in the result's ``config``."""
-    described = dict(algorithm.describe())
-    described.pop("algorithm", None)
-    channel = described.pop("channel", None) or {}
-    parts = [f"{key}={_brief(value)}" for key, value in described.items() if value not in (None, 1, {})]
-    quantizer = (channel.get("quantizer") or {}).get("kind", "identity")
-    if quantizer != "identity":
-        parts.append(f"quantizer={quantizer}")
-    for key in ("error_feedback", "success_prob"):
-        if channel.get(key) not in (None, 1.0):
-            parts.append(f"{key}={channel[key]}")
-    return _validate._clip(f"{algorithm.name} ({', '.join(parts)})", width)
-
-
-def _brief(value: Any) -> str:
-    """A setting in a few characters: a law or quantizer by its name (``straggler shared fednova``), a
-    list by its length beyond 4 entries, a nested description by its keys' short forms."""
-    if isinstance(value, dict):
-        head = next((str(value[k]) for k in ("algorithm", "law", "kind", "name") if k in value), None)
-        if head is not None:
-            extras = [k for k in ("shared",) if value.get(k)] + [
-                str(value[k]) for k in ("normalization",) if value.get(k) not in (None, "none")
-            ]
-            return " ".join([head, *extras])
-        return "{" + ", ".join(f"{k}={_brief(v)}" for k, v in list(value.items())[:3]) + "}"
-    if isinstance(value, list | tuple) and len(value) > 4:
-        return f"[{len(value)} values]"
-    return str(value)
-
-
-def _ratio(end: float, start: float) -> float:
-    return end / start if start > 0 else math.inf
-
-
-def mse_growth(
-    rounds, mse_mean, factor: float = GROWTH_FACTOR, reference: float | None = None
-) -> Growth | None:
-    """The growth of a recorded MSE curve, or None where it neither grew by orders of magnitude nor
-    settled far above its start.
-
-    A curve grows when its last value exceeds ``factor`` times its first (round 0 of the record) and
-    ``sqrt(factor)`` times its value at the recorded round nearest the middle of the recorded span
-    (a first value of 0, a start at ``theta_star``: ``factor`` times ``reference`` when it is given).
-    The second condition keeps a run started at (or near) ``theta_star`` from counting: its MSE rises
-    from 0 to its noise floor, and the variance a stable linear recursion accumulates over ``2t``
-    rounds is at most about twice what it accumulates over ``t``, while a blow-up at rate ``rho > 1``
-    multiplies it by ``rho^t`` over the second half. Needs a recorded round strictly inside the span;
-    non-finite values (every seed diverged) never count as growth.
-
-    With ``reference`` (``|theta_star|^2``, the MSE of the estimate 0), a curve that does not blow up
-    but whose median over the second half (the records from the middle one on) is ``SETTLED_FACTOR``
-    times or more the larger of its first value and ``reference`` (``> 0``) has settled too high
-    (``settled``: that median): the run leaves the iterates farther from
-    ``theta_star`` than its start and than the estimate 0 (a step or H too large, a FedBuff whose
-    stale updates overshoot). A run started at or near ``theta_star`` rises to its noise floor; the
-    reference keeps it from counting unless that floor is itself far above ``|theta_star|^2``.
-    """
-    rounds = np.asarray(rounds, np.float64)
-    mse = np.asarray(mse_mean, np.float64)
-    if mse.size < 3:
-        return None
-    middle = int(np.argmin(np.abs(rounds - (rounds[0] + rounds[-1]) / 2)))
-    if not 0 < middle < mse.size - 1:
-        return None
-    start, mid, end = float(mse[0]), float(mse[middle]), float(mse[-1])
-    found = (int(rounds[0]), start, int(rounds[middle]), mid, int(rounds[-1]), end)
-    # a start at theta_star (MSE 0) says nothing of a scale: the curve must then also pass factor times
-    # |theta_star|^2 (a run whose local steps grow with the round rises from 0 faster than sqrt(factor)
-    # between its middle and its end, to its noise floor)
-    floor = start if start > 0 or reference is None else reference
-    if end > factor * floor and end > math.sqrt(factor) * mid:  # False on NaN
-        return Growth(*found)
-    base = max(start, reference or 0.0)
-    level = float(np.median(mse[middle:]))  # the second half: robust to a heavy-tailed last record
-    if reference is not None and base > 0 and level >= SETTLED_FACTOR * base:  # False on NaN
-        return Growth(*found, settled=level, base=base, reference=reference)
-    return None
 
 
 def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
@@ -866,7 +637,7 @@ def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
         config["until"] = setup.until_report
     counts = count_arrays(stats["counts"].T)
     spent = accounting.report(setup.algorithms[index], problem.num_agents, counts["communications"][-1])
-    if spent is not None:  # the epsilon of the run's releases (fedsa_jax.accounting)
+    if spent is not None:  # the epsilon of the run's releases (fedsa_jax.channel.accounting)
         config["privacy"] = spent
     return SimulationResult(
         rounds=setup.rounds,
@@ -891,7 +662,7 @@ def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
 
 
 def run_config(
-    run: Run, problem, algorithm: Algorithm, *, plan: _Plan, num_devices: int, code: str
+    run: Run, problem, algorithm: Algorithm, *, plan: Plan, num_devices: int, code: str
 ) -> dict[str, Any]:
     """The configuration a result file records: enough to rerun it, and how it ran."""
     import jaxlib  # only its version

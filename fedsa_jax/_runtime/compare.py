@@ -9,7 +9,7 @@ precision, by the factor ``(Var e_A + Var e_B) / Var(e_A - e_B)`` (``benchmarks/
 measures it).
 
 When streams are shared. Seed ``i``'s round ``t`` draws its random numbers with
-``algorithm.randomness(fold_in(k_rounds_i, t), problem)`` (:mod:`fedsa_jax._kernel`), the same key
+``algorithm.randomness(fold_in(k_rounds_i, t), problem)`` (:mod:`fedsa_jax._runtime.kernel`), the same key
 for every algorithm. With the default :meth:`~fedsa_jax.Algorithm.randomness` (every built-in
 algorithm) the observations are one block of shape ``(num_agents, H, ...)`` and the channel gets
 its own key: algorithms with the same number of local steps ``H`` and ``skip`` on the same problem
@@ -35,8 +35,8 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from fedsa_jax import _validate
-from fedsa_jax._driver import execute_joint, simulate, simulation_run
-from fedsa_jax._options import Until
+from fedsa_jax._runtime.driver import execute_joint, simulate, simulation_run
+from fedsa_jax._runtime.options import Until
 from fedsa_jax.algorithms._base import Algorithm
 from fedsa_jax.result import SimulationResult, short_repr, write_csv
 

@@ -16,8 +16,9 @@ import numpy as np
 
 from fedsa_jax import _io, _paths, _validate, metrics as metrics_mod, optim
 from fedsa_jax._digest import code_digest
-from fedsa_jax._options import Execution, Recording, Until
-from fedsa_jax.algorithms._base import Algorithm, RoundInfo, check_clients_per_round
+from fedsa_jax._runtime.options import Execution, Recording, Until
+from fedsa_jax.algorithms._base import Algorithm, RoundInfo, check_run
+from fedsa_jax.channel import downlink
 from fedsa_jax.problems import missing_members
 from fedsa_jax.result import recorded_rounds
 
@@ -90,9 +91,8 @@ def validate_run(
     quantiles = _check_quantiles(recording.quantiles, num_records(num_rounds, record_every))
     theta0 = _check_theta0(theta0, problem.dim)
     algorithm.channel.quantizer.check_dim(problem.dim)
-    check_clients_per_round(algorithm.config, problem.num_agents, num_rounds)
-    if getattr(algorithm.config, "downlink", None) is not None:  # a compressed downlink
-        algorithm.config.downlink.quantizer.check_dim(problem.dim)
+    check_run(algorithm.config, problem.num_agents, num_rounds)
+    downlink.check(algorithm.config, problem.dim)
     _check_underflow(algorithm, problem.dtype)
     optim.check_run(algorithm, num_rounds, problem.dtype)
     metrics = metrics_mod.resolve(recording.metrics)

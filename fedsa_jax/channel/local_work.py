@@ -58,7 +58,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedsa_jax import _validate
+from fedsa_jax import _validate, moments, optim
+from fedsa_jax.registry import Option, law_spec, shared_flag
 
 __all__ = ["CountLaw", "LocalWork", "fixed", "from_text", "geometric", "law", "straggler", "uniform"]
 
@@ -89,7 +90,7 @@ class CountLaw:
     a configuration: hashable, compared by value). ``pmf[c][k] = P(count_c = first + k)``: one row
     (every agent's law) or one per agent; ``shared``: one count drawn per round for every agent (one
     row only). The local work's counts start at 1 (:class:`LocalWork`), delays at 0
-    (:class:`fedsa_jax.delays.Delays`)."""
+    (:class:`fedsa_jax.channel.delays.Delays`)."""
 
     pmf: tuple[tuple[float, ...], ...]
     shared: bool = False
@@ -340,3 +341,148 @@ def straggler(
     check_table("steps", steps, 1, H)
     slow = max(1, math.ceil(fraction * H))
     return _make(two_point_pmf(H, slow, p), "straggler", shared, normalization)
+
+
+def round_work(rand, config, problem) -> jax.Array | None:
+    """This round's local step counts ``H_{c,t}`` ``(N,) int32`` (:mod:`fedsa_jax.channel.local_work`), or
+    None in lockstep."""
+    work = getattr(config, "local_work", None)
+    return None if work is None else work.draw(rand.work, problem.num_agents)
+
+
+def work_weights(counts: jax.Array | None, weights, num_steps: int, dtype):
+    """The multipliers of the agents' local updates ``(N, H_max)``: 1 on agent c's first ``H_c``
+    steps, 0 past them, times the bootstrap's ``weights`` where given; ``weights`` in lockstep."""
+    if counts is None:
+        return weights
+    mask = (jnp.arange(num_steps, dtype=jnp.int32)[None, :] < counts[:, None]).astype(dtype)
+    return mask if weights is None else weights * mask
+
+
+def control_denominator(config, etas, counts: jax.Array | None):
+    """SCAFFLSA's control-variate denominator: ``sum_h eta_h`` over the round's steps in lockstep;
+    under local work each agent's own ``D_c = sum_{h < H_c} eta_h`` ``(N, 1)`` (plain averaging),
+    or ``tau mean_h eta_h`` (FedNova: the messages are normalised to ``tau / H_c`` times the update,
+    :mod:`fedsa_jax.channel.local_work`)."""
+    H = config.num_local_steps
+    if counts is None:
+        return optim.round_step_sum(etas, H)
+    steps = jnp.broadcast_to(etas, (optim.max_local_steps(H),))
+    if config.local_work.normalization == "fednova":
+        return config.local_work.tau(counts.shape[0]) * jnp.mean(steps)
+    mask = jnp.arange(steps.shape[0], dtype=jnp.int32)[None, :] < counts[:, None]
+    return jnp.sum(jnp.where(mask, steps, 0.0), axis=1, keepdims=True)
+
+
+def normalize_work(config, counts: jax.Array | None, start: jax.Array, local: jax.Array) -> jax.Array:
+    """FedNova's normalised updates (``normalization="fednova"``): agent c's update since ``start``
+    times ``tau / H_c``, ``tau = mean_c E[H_c]``; ``local`` otherwise."""
+    work = getattr(config, "local_work", None)
+    if counts is None or work is None or work.normalization == "none":
+        return local
+    scale = work.tau(local.shape[0]) / counts.astype(local.dtype)
+    return start + scale[:, None] * (local - start)
+
+
+def local_work_theory(y, config, steps: list, reference: str = "theta") -> list:
+    """A round's local ``steps`` (phases, one per step) under the config's local work: the steps
+    themselves in lockstep, else :func:`fedsa_jax.moments.random_stop` over them with the law of
+    ``H_c`` (and FedNova's scaling of each outcome, :func:`fedsa_jax.moments.scale_updates`, from
+    ``reference``, the agents' start)."""
+    work = getattr(config, "local_work", None)
+    if work is None:
+        return steps
+    work.check(y.N)
+    finish = None
+    if work.normalization == "fednova":
+        tau = work.tau(y.N)
+        finish = lambda k: y.memo(  # noqa: E731
+            ("fednova", tau, k, reference), lambda: moments.scale_updates(y, tau / (k + 1), reference)
+        )
+    key = (work, tuple(getattr(s, "eta", None) for s in steps), reference)
+    pmf = work.pmf if work.shared else work.table(y.N)  # a shared count: the one law's row
+    return [moments.random_stop(y, steps, pmf, work.shared, finish, key=key)]
+
+
+def stepwise_observations(config, problem) -> bool:
+    """Whether a round's observations are drawn one local step at a time (blocks ``(H_max, N,
+    ...)``, :meth:`Algorithm.randomness`): local steps that change with the round
+    (:class:`fedsa_jax.optim.LocalSteps`) or between agents (:mod:`fedsa_jax.channel.local_work`) under
+    Markov sampling, so that a chain moves only on the steps its agent runs."""
+    varies = isinstance(getattr(config, "num_local_steps", 1), optim.LocalSteps) or (
+        getattr(config, "local_work", None) is not None
+    )
+    return varies and getattr(problem, "sampling", None) == "markov"
+
+
+def stepwise_active(config, problem, count, counts=None):
+    """The round's active steps where its observations are drawn step by step
+    (:func:`stepwise_observations`): ``(H_max,) bool`` (``h < H_t``), or ``(H_max, N)`` with the
+    agents' ``counts`` (``h < H_{c,t}``); else None (one block, every step drawn)."""
+    if not stepwise_observations(config, problem):
+        return None
+    if counts is not None:
+        return jnp.arange(config.num_local_steps, dtype=jnp.int32)[:, None] < counts[None, :]
+    return optim.active_steps(config.num_local_steps, count)
+
+
+def check(config, num_agents: int) -> None:
+    """Refuses a law with one row per agent for another N (called before compiling)."""
+    work = getattr(config, "local_work", None)
+    if work is not None:
+        work.check(num_agents)
+
+
+def with_round_key(rand, key: jax.Array, config, problem):
+    """``rand`` with the key of the round's step counts (``fold_in(key, WORK_STREAM)``) under random
+    local work."""
+    if getattr(config, "local_work", None) is None:
+        return rand
+    return rand._replace(work=jax.random.fold_in(key, WORK_STREAM))
+
+
+LOCAL_WORK_LAWS = {"fixed": None, "uniform": 2, "geometric": 2, "straggler": 2}  # law -> its numbers
+
+
+def local_work_spec(text: str) -> str:
+    """``--local-work``: ``none`` or ``LAW:NUMBERS`` (:mod:`fedsa_jax.channel.local_work`)."""
+    expected = "none, fixed:H1,...,HN, uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:PROB,FRACTION"
+    return law_spec(text, LOCAL_WORK_LAWS, expected)
+
+
+LOCAL_WORK = Option(
+    ("--local-work",),
+    "local_work",
+    "heterogeneous or random local work: agent c runs H_c steps a round, fixed:H1,...,HN (one per "
+    "agent), uniform:LOW,HIGH, geometric:MEAN,MAX or straggler:PROB,FRACTION (of --local-steps; "
+    "default none: H for every agent)",
+    local_work_spec,
+    "none",
+    metavar="LAW",
+    group="algorithms",
+    params=("local_work",),
+    read_by="fedlsa and scafflsa",
+)
+
+
+LOCAL_WORK_SHARED = shared_flag(
+    "local_work", "H", "fedlsa and scafflsa", ("uniform", "geometric", "straggler")
+)
+
+
+WORK_NORMALIZATION = Option(
+    ("--work-normalization",),
+    "work_normalization",
+    "how the server weighs unequal local work: none (plain averaging) or fednova (each update "
+    "divided by its H_c, the mean times the mean E[H_c])",
+    None,
+    "none",
+    choices=("none", "fednova"),
+    group="algorithms",
+    params=("normalization",),
+    read_by="fedlsa and scafflsa",
+    needs=("local_work", tuple(LOCAL_WORK_LAWS)),
+)
+
+
+OPTIONS = (LOCAL_WORK, LOCAL_WORK_SHARED, WORK_NORMALIZATION)  # the command line's options of the laws

@@ -39,11 +39,12 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from fedsa_jax import _checkpoint, _io, _paths, _validate
-from fedsa_jax._driver import execute
+from fedsa_jax import _io, _paths, _validate
 from fedsa_jax._io import DamagedFileError
-from fedsa_jax._options import Execution, Recording, Until, grouped
-from fedsa_jax._run import Run, validate_run
+from fedsa_jax._runtime import checkpoint as _checkpoint
+from fedsa_jax._runtime.driver import execute
+from fedsa_jax._runtime.options import Execution, Recording, Until, grouped
+from fedsa_jax._runtime.run import Run, validate_run
 from fedsa_jax.result import SimulationResult, load
 
 __all__ = ["MAX_GRID", "SweepEntry", "config_name", "grid", "sweep"]
