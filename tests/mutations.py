@@ -122,7 +122,7 @@ MUTATIONS = [
     ),
     Mutation(
         "checkpoint-ignores-theta0",
-        "fedsa_jax/_runtime/driver.py",
+        "fedsa_jax/_runtime/session.py",
         "        setup.stacked,\n        jax.random.key_data(run.key),\n        run.theta0,\n",
         "        setup.stacked,\n        jax.random.key_data(run.key),\n",
         (f"{BR}::test_checkpoint_does_not_resume_another_theta0_or_problem[theta0]",),
@@ -130,7 +130,7 @@ MUTATIONS = [
     ),
     Mutation(
         "checkpoint-ignores-problem-values",
-        "fedsa_jax/_runtime/driver.py",
+        "fedsa_jax/_runtime/session.py",
         "        problem,\n        setup.stacked,\n        jax.random.key_data(run.key),\n",
         "        setup.stacked,\n        jax.random.key_data(run.key),\n",
         (f"{BR}::test_checkpoint_does_not_resume_another_theta0_or_problem[problem]",),
@@ -544,7 +544,7 @@ MUTATIONS = [
     ),
     Mutation(
         "scafflsa-schedule-cv-first-step",
-        "fedsa_jax/optim.py",
+        "fedsa_jax/optim/schedules.py",
         "return etas * num_local_steps if etas.ndim == 0 else jnp.sum(etas)",
         "return etas * num_local_steps if etas.ndim == 0 else etas[0] * num_local_steps",
         (f"{NEW}::test_scafflsa_control_variates_divide_by_the_rounds_step_sum",),
@@ -552,7 +552,7 @@ MUTATIONS = [
     ),
     Mutation(
         "schedule-rescale-drops-own-scale",
-        "fedsa_jax/optim.py",
+        "fedsa_jax/optim/schedules.py",
         "return dataclasses.replace(self, scale=self.scale * factor)",
         "return dataclasses.replace(self, scale=factor)",
         (
@@ -571,7 +571,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server-optimizer-params-zero",
-        "fedsa_jax/optim.py",
+        "fedsa_jax/optim/schedules.py",
         "update(error - aggregate, opt_state, theta_star + error)",
         "update(error - aggregate, opt_state, jnp.zeros_like(error))",
         (f"{NEW}::test_server_optimizer_sees_theta_in_the_kernel_and_the_mean",),
@@ -579,7 +579,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server-optimizer-params-error",
-        "fedsa_jax/optim.py",
+        "fedsa_jax/optim/schedules.py",
         "update(error - aggregate, opt_state, theta_star + error)",
         "update(error - aggregate, opt_state, error)",
         (f"{NEW}::test_server_optimizer_sees_theta_in_the_kernel_and_the_mean",),
@@ -587,7 +587,7 @@ MUTATIONS = [
     ),
     Mutation(
         "server-optimizer-params-update",
-        "fedsa_jax/optim.py",
+        "fedsa_jax/optim/schedules.py",
         "update(error - aggregate, opt_state, theta_star + error)",
         "update(error - aggregate, opt_state, error - aggregate)",
         (f"{NEW}::test_server_optimizer_sees_theta_in_the_kernel_and_the_mean",),
@@ -712,7 +712,7 @@ MUTATIONS = [
     ),
     Mutation(
         "growth-from-the-start-only",
-        "fedsa_jax/_runtime/driver.py",
+        "fedsa_jax/_runtime/growth.py",
         "if end > factor * floor and end > math.sqrt(factor) * mid:  # False on NaN",
         "if end > factor * floor:  # False on NaN",
         ("tests/test_growth.py::test_growth_rule",),
@@ -1541,7 +1541,7 @@ MUTATIONS = [
     ),
     Mutation(
         "growth-settled-rule-off",
-        "fedsa_jax/_runtime/driver.py",
+        "fedsa_jax/_runtime/growth.py",
         "    if reference is not None and base > 0 and level >= SETTLED_FACTOR * base:  # False on NaN\n",
         "    if reference is not None and base > 0 and level >= 1e3 * SETTLED_FACTOR * base:  # False on NaN\n",
         (
@@ -1553,7 +1553,7 @@ MUTATIONS = [
     ),
     Mutation(
         "growth-settled-on-last-record",
-        "fedsa_jax/_runtime/driver.py",
+        "fedsa_jax/_runtime/growth.py",
         "    level = float(np.median(mse[middle:]))",
         "    level = end",
         ("tests/test_growth.py::test_settled_rule",),
@@ -1561,7 +1561,7 @@ MUTATIONS = [
     ),
     Mutation(
         "growth-settled-ignores-reference",
-        "fedsa_jax/_runtime/driver.py",
+        "fedsa_jax/_runtime/growth.py",
         "    base = max(start, reference or 0.0)\n",
         "    base = start\n",
         ("tests/test_growth.py::test_settled_rule",),

@@ -193,9 +193,9 @@ TINY = "--agents 3 --states 6 --dim 2 --local-steps 2 --rounds 3 --seeds 4 --alg
 
 
 def test_exact_parts_are_announced_when_long_and_each_timed(tmp_path, capsys, monkeypatch):
-    from fedsa_jax.cli import run
+    from fedsa_jax.cli import limits
 
-    monkeypatch.setattr(run, "LONG_EXACT_S", 0.0)  # every part "long"
+    monkeypatch.setattr(limits, "LONG_EXACT_S", 0.0)  # every part "long"
     assert cli.main(["run", *TINY, "--exact", "--no-plot", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert (
@@ -207,13 +207,13 @@ def test_exact_parts_are_announced_when_long_and_each_timed(tmp_path, capsys, mo
 
 
 def test_a_stationary_mse_too_long_is_skipped_with_its_sizes(tmp_path, capsys, monkeypatch):
-    from fedsa_jax.cli import run
+    from fedsa_jax.cli import limits
     from fedsa_jax.theory.engine import exact_cost
 
     monkeypatch.setattr(fj.theory, "stationary_mse", _never)
     cost = exact_cost(*_tiny_problem_and_algorithm(), 3)
     assert cost is not None and cost.stationary_rounds == 45
-    monkeypatch.setattr(run, "MAX_EXACT_S", cost.seconds(10))  # the curve's 3 rounds pass, 45 do not
+    monkeypatch.setattr(limits, "MAX_EXACT_S", cost.seconds(10))  # the curve's 3 rounds pass, 45 do not
     assert cli.main(["run", *TINY, "--exact", "--no-plot", "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "exact final MSE" in captured.out and "stationary MSE" not in captured.out

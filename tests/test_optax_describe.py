@@ -141,8 +141,9 @@ def test_optim_and_algorithms_do_not_import_each_other():
     """No import of ``fedsa_jax.algorithms`` in ``optim`` (a function-level one included) nor in the
     description helper both use."""
     root = Path(fj.__file__).parent
-    for name in ("optim.py", "_describe.py"):
-        for node in ast.walk(ast.parse((root / name).read_text())):
+    for path in [*sorted((root / "optim").glob("*.py")), root / "_describe.py"]:
+        name = path.name
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 assert not (node.module or "").startswith("fedsa_jax.algorithms"), (name, node.module)
             if isinstance(node, ast.Import):

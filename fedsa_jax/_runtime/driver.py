@@ -9,8 +9,8 @@ compiled kernels of :mod:`fedsa_jax._runtime.kernel`:
   by chunks of rounds, a progress bar per chunk; at each recorded round a batch is reduced to
   mergeable moments (:mod:`fedsa_jax.stats`) that the host combines, so neither chunking, batching
   nor the number of devices changes any seed's trajectory;
-- the checkpoint session (:class:`_CheckpointSession`): the configuration's file, locked for the
-  run, loaded once, replaced atomically after each chunk;
+- the checkpoint session (:class:`fedsa_jax._runtime.session.CheckpointSession`): the
+  configuration's file, locked for the run, loaded once, replaced atomically after each chunk;
 - ``on_record`` reporting (:func:`_report`) and result assembly (:func:`_results`).
 
 Memory: per-seed states ``O(seeds x agents x d)`` plus one round of random numbers, independent
@@ -26,7 +26,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -36,9 +35,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm  # plain text bar: no widget dependency in notebooks
 
 from fedsa_jax import _validate
-from fedsa_jax._runtime import checkpoint as _checkpoint, kernel as _kernel
+from fedsa_jax._runtime import kernel as _kernel
 from fedsa_jax._runtime.growth import mse_growth, settings
-from fedsa_jax._runtime.kernel import Carry, KernelInputs, Reduction, SeedBatch
+from fedsa_jax._runtime.kernel import KernelInputs, Reduction, SeedBatch
 from fedsa_jax._runtime.options import (
     Execution,
     Record,
@@ -48,6 +47,7 @@ from fedsa_jax._runtime.options import (
 )
 from fedsa_jax._runtime.plan import Plan, make_plan
 from fedsa_jax._runtime.run import Run, run_code, validate_run
+from fedsa_jax._runtime.session import CheckpointSession, Tally
 from fedsa_jax._version import __version__
 from fedsa_jax.algorithms._base import Algorithm
 from fedsa_jax.channel import accounting
@@ -262,21 +262,10 @@ def execute_joint(
     return _results(setup, tally), differences
 
 
-def _tally(setup: _Setup) -> _Tally:
+def _tally(setup: _Setup) -> Tally:
     with contextlib.ExitStack() as stack:  # holds the checkpoint's lock while the run uses it
-        session = _CheckpointSession.open(stack, setup)
+        session = CheckpointSession.open(stack, setup)
         return _run_batches(setup, session)
-
-
-@dataclasses.dataclass
-class _Tally:
-    """What the seed batches produced so far (restored from a checkpoint, then extended)."""
-
-    first_batch: int = 0  # the first batch this call runs
-    done: Moments | None = None  # finished batches, merged as they finish: arrays (num_configs, R, ...)
-    finals: list[np.ndarray] = dataclasses.field(default_factory=list)  # per batch, (num_configs, seeds, d)
-    resumed_from: dict | None = None  # where a checkpoint let this run start: seed batch and round
-    seed_rounds_run: int = 0  # the work this call did itself
 
 
 def _concat(parts: list[Moments]) -> Moments:
@@ -284,10 +273,10 @@ def _concat(parts: list[Moments]) -> Moments:
     return Moments(*(np.concatenate([getattr(m, f) for m in parts], axis=1) for f in Moments._fields))
 
 
-def _run_batches(setup: _Setup, session: _CheckpointSession | None) -> _Tally:
+def _run_batches(setup: _Setup, session: CheckpointSession | None) -> Tally:
     """Every seed batch not finished yet, one after the other."""
     plan, num_rounds = setup.plan, setup.run.num_rounds
-    tally = _Tally() if session is None else session.tally()
+    tally = Tally() if session is None else session.tally()
     label = setup.algorithms[0].name + (f" x{len(setup.algorithms)}" if len(setup.algorithms) > 1 else "")
     progress = setup.run.execution.progress
     total = num_rounds * plan.num_batches
@@ -335,7 +324,7 @@ class _Lines:
         pass
 
 
-def _target_met(setup: _Setup, tally: _Tally, batch: int) -> bool:
+def _target_met(setup: _Setup, tally: Tally, batch: int) -> bool:
     """Whether the precision target (``num_seeds=fj.until(...)``) is met once ``batch`` batches ran."""
     until = setup.run.until
     if until is None or batch == 0:
@@ -347,7 +336,7 @@ def _target_met(setup: _Setup, tally: _Tally, batch: int) -> bool:
     )
 
 
-def _stopped(setup: _Setup, tally: _Tally) -> _Setup:
+def _stopped(setup: _Setup, tally: Tally) -> _Setup:
     """A precision-targeted run's setup as the fixed-count run of the seeds it ran would have it, and
     why it stopped (``config["until"]``)."""
     until, batches = setup.run.until, len(tally.finals)
@@ -374,7 +363,7 @@ def _seed_batch(setup: _Setup, batch: int) -> SeedBatch:
     return SeedBatch(_global_array(ids, setup.seeds_sharding), _global_array(valid, setup.seeds_sharding))
 
 
-def _run_batch(setup: _Setup, session: _CheckpointSession | None, tally: _Tally, batch: int, bar) -> None:
+def _run_batch(setup: _Setup, session: CheckpointSession | None, tally: Tally, batch: int, bar) -> None:
     """Seed batch ``batch`` from round 0 (or from its checkpoint) to the last round, chunk by chunk."""
     run, plan = setup.run, setup.plan
     seeds = _seed_batch(setup, batch)
@@ -484,112 +473,7 @@ def _report(setup: _Setup, done: Moments | None, batch: int, rows: slice, curren
         )
 
 
-class _CheckpointSession:
-    """A run's checkpoint: its own file in the folder (named after the fingerprint of the configuration
-    and of the code that runs it), locked while the run uses it, loaded once, saved after each chunk."""
-
-    def __init__(self, directory: Path, fingerprint: str, configuration: str, saved: dict | None):
-        self.directory, self.fingerprint, self.configuration = directory, fingerprint, configuration
-        self.saved = saved  # the checkpoint found at the start, or None
-
-    @classmethod
-    def open(cls, stack: contextlib.ExitStack, setup: _Setup) -> _CheckpointSession | None:
-        """The session of ``setup``'s checkpoint folder (None without one), locked until ``stack`` closes."""
-        if setup.run.execution.checkpoint_dir is None:
-            return None
-        directory = Path(setup.run.execution.checkpoint_dir)
-        configuration = _configuration_fingerprint(setup)  # hashes every leaf: only when needed
-        fingerprint = _checkpoint.fingerprint(configuration=configuration, code=setup.codes)
-        stack.enter_context(_checkpoint.lock(directory, fingerprint))
-        saved = _checkpoint.load(directory, fingerprint)
-        if saved is None:
-            _checkpoint.notice_other_code(directory, fingerprint, configuration)
-        else:
-            first = int(saved["batch"])
-            _checkpoint.require(
-                saved,
-                [f"final{b}" for b in range(first)] + [f"done_{f}" for f in Moments._fields if first],
-                directory,
-                fingerprint,
-            )
-        return cls(directory, fingerprint, configuration, saved)
-
-    def tally(self) -> _Tally:
-        """The finished seed batches of the checkpoint."""
-        if self.saved is None:
-            return _Tally()
-        first = int(self.saved["batch"])
-        done = Moments(*(self.saved[f"done_{f}"] for f in Moments._fields)) if first else None
-        return _Tally(
-            first_batch=first,
-            done=done,
-            finals=[self.saved[f"final{b}"] for b in range(first)],
-            resumed_from={"seed_batch": first, "round": 0},
-        )
-
-    def restore(self, carry: Carry) -> tuple[Carry, list[Moments]] | None:
-        """The unfinished batch's carry and recorded rows (None if the checkpoint ended on a batch)."""
-        if self.saved is None or "carry0" not in self.saved:
-            return None
-        _checkpoint.require(
-            self.saved,
-            [f"cur_{f}" for f in Moments._fields] + [f"carry{i}" for i in range(len(jax.tree.leaves(carry)))],
-            self.directory,
-            self.fingerprint,
-        )
-        carry = _checkpoint.arrays_to_tree("carry", self.saved, carry)
-        return carry, [Moments(*(self.saved[f"cur_{f}"] for f in Moments._fields))]
-
-    def save(self, batch: int, tally: _Tally, *, current: Moments | None = None, carry: Carry | None = None):
-        """Batches before ``batch`` finished; with ``carry``, batch ``batch`` under way (``current``: its
-        rows so far)."""
-        arrays: dict[str, np.ndarray] = {
-            "fingerprint": np.array(self.fingerprint),
-            "configuration": np.array(self.configuration),
-            "batch": np.array(batch),
-        }
-        if tally.done is not None:
-            arrays.update({f"done_{f}": np.asarray(getattr(tally.done, f)) for f in Moments._fields})
-        for b, theta in enumerate(tally.finals):
-            arrays[f"final{b}"] = theta
-        if carry is not None:
-            arrays.update({f"cur_{f}": np.asarray(getattr(current, f)) for f in Moments._fields})
-            arrays.update(_checkpoint.tree_to_arrays("carry", carry))
-        _checkpoint.save(self.directory, self.fingerprint, arrays)
-
-
-def _configuration_fingerprint(setup: _Setup) -> str:
-    """The fingerprint of everything a checkpoint's numbers depend on, but the code."""
-    run, problem, plan = setup.run, setup.problem, setup.plan
-    return _checkpoint.fingerprint(
-        problem,
-        setup.stacked,
-        jax.random.key_data(run.key),
-        run.theta0,
-        problem_structure=problem.describe(),
-        algorithm_structure=[a.describe() for a in setup.algorithms],
-        num_rounds=run.num_rounds,
-        num_seeds=run.num_seeds,
-        record_every=run.record_every,
-        threshold=run.divergence_threshold,
-        batch=plan.batch_size,
-        padded=plan.padded_batch,
-        devices=setup.num_devices,
-        dtype=str(np.dtype(problem.dtype)),
-        statistics=Moments._fields,
-        quantiles=run.quantiles,
-        version=__version__,  # other statistics: refused
-        metrics=[name for name, _ in run.metrics],
-        keep_seeds=run.keep_seeds,
-        **({"pairs": [list(p) for p in setup.pairs]} if setup.joint else {}),  # joint runs only
-        # unrolling can change a step's rounding (Scaffnew): a resume keeps the program it started with
-        **({"local_unroll": setup.reduction.unroll} if setup.reduction.unroll is not None else {}),
-        # a resume runs the seeds in the slices it started with (rounding can depend on them)
-        **({"seed_slices": plan.seed_slices} if plan.seed_slices > 1 else {}),
-    )
-
-
-def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
+def _results(setup: _Setup, tally: Tally) -> list[SimulationResult]:
     """One result per algorithm, with a warning for each whose seeds diverged and for each whose
     MSE grew by orders of magnitude (:func:`mse_growth`)."""
     results = []
@@ -617,7 +501,7 @@ def _results(setup: _Setup, tally: _Tally) -> list[SimulationResult]:
 # a final MSE this many times the larger of its start and |theta_star|^2 (the estimate 0's): settled too high
 
 
-def _result(setup: _Setup, tally: _Tally, index: int) -> SimulationResult:
+def _result(setup: _Setup, tally: Tally, index: int) -> SimulationResult:
     run, problem, dtype = setup.run, setup.problem, setup.problem.dtype
     metric_names = [name for name, _ in run.metrics]
     stats = finalize(merge([_config_moments(tally.done, index)]), run.num_seeds)  # pyright: ignore[reportArgumentType]

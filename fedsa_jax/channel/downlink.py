@@ -44,9 +44,11 @@ import numpy as np
 
 from fedsa_jax import _validate
 from fedsa_jax.channel.erasures import Channel, transmit
+from fedsa_jax.channel.quantizers import quantizer_option
 from fedsa_jax.moments.aggregation import _channel_key
 from fedsa_jax.moments.phases import shift
 from fedsa_jax.moments.state import START, Affine, Augmented
+from fedsa_jax.registry import Option
 
 __all__ = ["broadcast", "downlink_arg", "downlink_key"]
 
@@ -213,3 +215,14 @@ def check(config, dim: int) -> None:
     dl = getattr(config, "downlink", None)
     if dl is not None:
         dl.quantizer.check_dim(dim)
+
+
+def options(read_by: str) -> list[Option]:
+    """The command line's compressed downlink (``--downlink-quantizer``, any registered quantizer)."""
+    help = (
+        "compressed downlink: the server broadcasts C(theta - theta_hat) to the agents' copy "
+        "theta_hat with this quantizer (names as --quantizer, its parameters --k, --levels, --bits "
+        "shared with the uplink; a contractive one: top-k, rand-k-unscaled, scaled-sign; none: the "
+        "model goes down exact and uncounted)"
+    )
+    return [quantizer_option("--downlink-quantizer", help, read_by)]

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from fedsa_jax import _prng, _validate
+from fedsa_jax.registry import Option, nonnegative_real, positive_real
 
 __all__ = ["MODES", "Privacy", "clip", "privacy", "refuse_privacy"]
 
@@ -265,3 +266,108 @@ def refuse_central_privacy(config, name: str) -> None:
             f"{name}'s control variates, sent back to each agent, carry the server's exact mean of the "
             "other agents' messages, which central noise does not cover: use mode='local'",
         )
+
+
+def options(read_by: str) -> list[Option]:
+    """The command line's privacy options: the mechanism, its accountant's target, the noise alone
+    (``--no-clip``) and adaptive clipping (Andrew et al. 2021)."""
+    return [
+        Option(
+            ("--clip-norm",),
+            "clip_norm",
+            "differential privacy: clip each agent's message to L2 norm C (and the noise's scale); "
+            "default none: no privacy mechanism",
+            positive_real,
+            None,
+            metavar="C",
+            group="channel",
+            params=("clip_norm",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--noise-multiplier",),
+            "noise_multiplier",
+            "Gaussian noise of standard deviation SIGMA * C per coordinate (needs --clip-norm)",
+            nonnegative_real,
+            0.0,
+            metavar="SIGMA",
+            group="channel",
+            params=("noise_multiplier",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--target-epsilon",),
+            "target_epsilon",
+            "pick SIGMA so that --rounds releases cost this epsilon at --delta (dp-accounting's RDP)",
+            positive_real,
+            None,
+            metavar="EPS",
+            group="channel",
+            params=("target_epsilon",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--dp-mode",),
+            "dp_mode",
+            "where the noise goes: central (once on the sum, a trusted server) or local (on each message)",
+            default="central",
+            choices=("central", "local"),
+            group="channel",
+            params=("mode",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--delta",),
+            "delta",
+            "the delta at which epsilon is reported, in (0, 1)",
+            positive_real,
+            1e-5,
+            group="channel",
+            params=("delta",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--no-clip",),
+            "no_clip",
+            "the noise without the clipping: no privacy guarantee, but exact curves (--exact) apply",
+            action="store_true",
+            default=False,
+            group="channel",
+            params=("clip",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--target-quantile",),
+            "target_quantile",
+            "adaptive clipping (central): the clipping norm follows this quantile of the messages' norms, "
+            "starting from --clip-norm (Andrew et al. 2021)",
+            positive_real,
+            None,
+            metavar="GAMMA",
+            group="channel",
+            params=("target_quantile",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--clip-lr",),
+            "clip_lr",
+            "adaptive clipping: the geometric step of the norm, C <- C exp(-LR (fraction unclipped - GAMMA))",
+            positive_real,
+            0.2,
+            metavar="LR",
+            group="channel",
+            params=("clip_lr",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--count-noise",),
+            "count_noise",
+            "adaptive clipping: the noise on the count of unclipped messages (more than SIGMA / 2)",
+            nonnegative_real,
+            None,
+            metavar="SIGMA_B",
+            group="channel",
+            params=("count_noise",),
+            read_by=read_by,
+        ),
+    ]

@@ -52,6 +52,7 @@ from fedsa_jax.channel.dp import (
     split_memory,
 )
 from fedsa_jax.channel.quantizers import Quantizer, identity
+from fedsa_jax.registry import Option, real
 
 __all__ = ["AGGREGATIONS", "ERROR_FEEDBACK", "Channel", "Delivery", "aggregate", "channel", "transmit"]
 
@@ -225,3 +226,41 @@ def aggregate(delivery: Delivery) -> jax.Array:
     if isinstance(delivery.noise, float):  # no central noise: the aggregate as it was
         return out
     return out + jnp.max(delivery.weights) * delivery.noise  # the sum's noise, divided as the sum is
+
+
+def options(read_by: str) -> list[Option]:
+    """The command line's options of the channel: erasures, the aggregation rule, error feedback."""
+    return [
+        Option(
+            ("--success-prob", "-p"),
+            "success_prob",
+            "probability that an uplink message is delivered (Bernoulli erasures)",
+            real,
+            1.0,
+            group="channel",
+            params=("success_prob",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--aggregation",),
+            "aggregation",
+            "server rule: sum of delivered messages over N, or over the number received",
+            default="divide_by_n",
+            choices=("divide_by_n", "divide_by_received"),
+            group="channel",
+            params=("aggregation",),
+            read_by=read_by,
+        ),
+        Option(
+            ("--error-feedback",),
+            "error_feedback",
+            "error feedback on the uplink, for a compressor (--quantizer top-k, scaled-sign, "
+            "rand-k-unscaled, ...): ef14 (the agent adds its compression error to the next message) "
+            "or ef21 (both sides keep the agent's last reconstruction g_c)",
+            default="none",
+            choices=("none", "ef14", "ef21"),
+            group="channel",
+            params=("error_feedback",),
+            read_by=read_by,
+        ),
+    ]

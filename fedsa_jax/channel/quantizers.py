@@ -350,3 +350,23 @@ registry.register_quantizer(
 )
 registry.register_quantizer("top-k", lambda args: top_k(args.k), options=(K,), caption=lambda a: f" k={a.k}")
 registry.register_quantizer("scaled-sign", lambda args: scaled_sign())
+
+
+def quantizer_option(flag: str, help: str, read_by: str) -> registry.Option:
+    """A command-line choice among the registered quantizers (``--quantizer``, ``--downlink-quantizer``;
+    default none)."""
+    return registry.Option(
+        (flag,),
+        flag[2:].replace("-", "_"),
+        help,
+        default="none",
+        choices=tuple(registry.quantizers()),
+        group="channel",
+        read_by=read_by,
+    )
+
+
+def options(read_by: str) -> list[registry.Option]:
+    """The command line's choice of the uplink's quantizer (``--quantizer``, any registered name)."""
+    help = "quantizer of the uplink message (FedLSA/SCAFFLSA: the model difference; QFedTD: the TD direction)"
+    return [quantizer_option("--quantizer", help, read_by)]

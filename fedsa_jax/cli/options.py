@@ -14,12 +14,12 @@ import fedsa_jax.algorithms  # noqa: F401  (these register the built-in algorith
 import fedsa_jax.channel  # noqa: F401
 import fedsa_jax.problems  # noqa: F401
 from fedsa_jax import registry
+from fedsa_jax.channel import downlink, dp, erasures, quantizers
 from fedsa_jax.registry import (
     GROUPS,
     Option,
     name_or_number,
     nonnegative_int,
-    nonnegative_real,
     positive_int,
     positive_real,
     real,
@@ -183,187 +183,13 @@ def _common() -> list[Option]:
         ),
         *_schedule(),
         *_inference(),
-        *_channel(),
-        *_simulation(),
-    ]
-
-
-def _channel() -> list[Option]:
-    """The uplink's options (the built-in algorithms read them)."""
-    return [
-        Option(
-            ("--quantizer",),
-            "quantizer",
-            "quantizer of the uplink message (FedLSA/SCAFFLSA: the model "
-            "difference; QFedTD: the TD direction)",
-            default="none",
-            choices=tuple(registry.quantizers()),
-            group="channel",
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--success-prob", "-p"),
-            "success_prob",
-            "probability that an uplink message is delivered (Bernoulli erasures)",
-            real,
-            1.0,
-            group="channel",
-            params=("success_prob",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--aggregation",),
-            "aggregation",
-            "server rule: sum of delivered messages over N, or over the number received",
-            default="divide_by_n",
-            choices=("divide_by_n", "divide_by_received"),
-            group="channel",
-            params=("aggregation",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--error-feedback",),
-            "error_feedback",
-            "error feedback on the uplink, for a compressor (--quantizer top-k, scaled-sign, "
-            "rand-k-unscaled, ...): ef14 (the agent adds its compression error to the next message) "
-            "or ef21 (both sides keep the agent's last reconstruction g_c)",
-            default="none",
-            choices=("none", "ef14", "ef21"),
-            group="channel",
-            params=("error_feedback",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--downlink-quantizer",),
-            "downlink_quantizer",
-            "compressed downlink: the server broadcasts C(theta - theta_hat) to the agents' copy "
-            "theta_hat with this quantizer (names as --quantizer, its parameters --k, --levels, --bits "
-            "shared with the uplink; a contractive one: top-k, rand-k-unscaled, scaled-sign; none: the "
-            "model goes down exact and uncounted)",
-            default="none",
-            choices=tuple(registry.quantizers()),
-            group="channel",
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        *_privacy(),
+        *quantizers.options(BUILT_IN_CHANNEL),
+        *erasures.options(BUILT_IN_CHANNEL),
+        *downlink.options(BUILT_IN_CHANNEL),
+        *dp.options(BUILT_IN_CHANNEL),
         *_simulation(),
         *_statistics(),
     ]
-
-
-def _privacy() -> list[Option]:
-    """Differential privacy on the uplink (fj.channel.privacy, fedsa_jax.channel.accounting)."""
-    return [
-        Option(
-            ("--clip-norm",),
-            "clip_norm",
-            "differential privacy: clip each agent's message to L2 norm C (and the noise's scale); "
-            "default none: no privacy mechanism",
-            positive_real,
-            None,
-            metavar="C",
-            group="channel",
-            params=("clip_norm",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--noise-multiplier",),
-            "noise_multiplier",
-            "Gaussian noise of standard deviation SIGMA * C per coordinate (needs --clip-norm)",
-            nonnegative_real,
-            0.0,
-            metavar="SIGMA",
-            group="channel",
-            params=("noise_multiplier",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--target-epsilon",),
-            "target_epsilon",
-            "pick SIGMA so that --rounds releases cost this epsilon at --delta (dp-accounting's RDP)",
-            positive_real,
-            None,
-            metavar="EPS",
-            group="channel",
-            params=("target_epsilon",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--dp-mode",),
-            "dp_mode",
-            "where the noise goes: central (once on the sum, a trusted server) or local (on each message)",
-            default="central",
-            choices=("central", "local"),
-            group="channel",
-            params=("mode",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--delta",),
-            "delta",
-            "the delta at which epsilon is reported, in (0, 1)",
-            positive_real,
-            1e-5,
-            group="channel",
-            params=("delta",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        _no_clip(),
-        *_adaptive_clipping(),
-    ]
-
-
-def _adaptive_clipping() -> list[Option]:
-    """Adaptive clipping of the uplink's privacy mechanism (Andrew et al. 2021)."""
-    return [
-        Option(
-            ("--target-quantile",),
-            "target_quantile",
-            "adaptive clipping (central): the clipping norm follows this quantile of the messages' norms, "
-            "starting from --clip-norm (Andrew et al. 2021)",
-            positive_real,
-            None,
-            metavar="GAMMA",
-            group="channel",
-            params=("target_quantile",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--clip-lr",),
-            "clip_lr",
-            "adaptive clipping: the geometric step of the norm, C <- C exp(-LR (fraction unclipped - GAMMA))",
-            positive_real,
-            0.2,
-            metavar="LR",
-            group="channel",
-            params=("clip_lr",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-        Option(
-            ("--count-noise",),
-            "count_noise",
-            "adaptive clipping: the noise on the count of unclipped messages (more than SIGMA / 2)",
-            nonnegative_real,
-            None,
-            metavar="SIGMA_B",
-            group="channel",
-            params=("count_noise",),
-            read_by=BUILT_IN_CHANNEL,
-        ),
-    ]
-
-
-def _no_clip() -> Option:
-    return Option(
-        ("--no-clip",),
-        "no_clip",
-        "the noise without the clipping: no privacy guarantee, but exact curves (--exact) apply",
-        action="store_true",
-        default=False,
-        group="channel",
-        params=("clip",),
-        read_by=BUILT_IN_CHANNEL,
-    )
 
 
 def _schedule() -> list[Option]:

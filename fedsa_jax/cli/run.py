@@ -4,17 +4,15 @@ a figure."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 from fedsa_jax import registry
-from fedsa_jax.cli.build import _make_algorithm, _make_problem, local_steps
-from fedsa_jax.cli.checks import in_option_terms, options_checked
-from fedsa_jax.cli.limits import no_closed_form, noise_free_limits
+from fedsa_jax.cli.build import _make_algorithm, _make_problem
+from fedsa_jax.cli.checks import options_checked
+from fedsa_jax.cli.limits import bias_lines, exact_costs, exact_curves
 from fedsa_jax.cli.parser import progress_mode
 from fedsa_jax.cli.titles import cohort_caption, run_title
-from fedsa_jax.problems.protocol import nonlinear_reason
 
 
 def _prepare_jax(args, dtype: str) -> None:
@@ -482,131 +480,12 @@ def _seeds_note(res) -> str:
     return "" if until is None else f", {res.num_seeds} seeds ({until['stopped']})"
 
 
-def _bias_lines(args, problem, summary: dict) -> dict:
-    """The squared limit bias of every algorithm whose entry names a closed form (constant step)."""
-    import numpy as np
-
-    import fedsa_jax as fj
-
-    lines = {}
-    for name, entry in registry.algorithms().items():
-        if entry.bias is None or name not in args.algorithms or args.schedule != "constant":
-            continue
-        if getattr(args, "local_steps_growth", 0.0):  # the closed form is for one H
-            continue
-        if getattr(args, "clip_norm", None) is not None:  # clipping moves the limit: not the unclipped one
-            continue
-        reason = nonlinear_reason(problem)  # SARSA, Q-learning: the closed form is for linear SA
-        if reason is not None:
-            no_closed_form(entry.title, name, summary, reason)
-            continue
-        bias = getattr(fj.theory, entry.bias)(problem, args.step_size, local_steps(args))  # H or a law
-        level = float(np.sum(bias**2))
-        summary[f"{name}_predicted_squared_bias"] = level
-        lines[rf"{entry.title} predicted $\|\mathrm{{bias}}\|^2$"] = level
-        print(f"{entry.title} predicted squared bias |theta_inf - theta_star|^2 = {level:.4g}")
-        if getattr(problem, "sampling", "generative") != "generative":
-            summary[f"{name}_predicted_squared_bias_note"] = MARKOV_BIAS_NOTE
-            print(f"  note: {MARKOV_BIAS_NOTE}", file=sys.stderr)
-    return lines
-
-
 # Under Markov sampling the closed form is the i.i.d. limit; the exact limit differs by the Markov bias.
-MARKOV_BIAS_NOTE = (
-    "the closed form assumes i.i.d. observations; under Markov sampling the limit also carries a "
-    "Markov bias of order eta (less with --skip): --exact draws the exact stationary MSE on small chains"
-)
 
 
 # --exact: an exact part whose estimate (fj.theory.engine.exact_cost) exceeds LONG_EXACT_S is announced
 # before it starts; one above MAX_EXACT_S is refused (exact_mse: before the simulation) or skipped
 # (the stationary MSE). The estimates are good to a few times.
-LONG_EXACT_S = 20.0
-MAX_EXACT_S = 1800.0
-
-
-def _duration(seconds: float) -> str:
-    return (
-        f"{seconds:.0f} s"
-        if seconds < 120
-        else f"{seconds / 60:.0f} min"
-        if seconds < 7200
-        else f"{seconds / 3600:.1f} h"
-    )
-
-
-def _exact_costs(args, problem, algs) -> dict:
-    """``--exact``: each algorithm's estimated cost (None where the sizes do not set it); an exact MSE
-    estimated above ``MAX_EXACT_S`` is refused here, before anything runs, naming its sizes."""
-    from fedsa_jax.theory.engine import exact_cost
-
-    costs = {alg.name: exact_cost(problem, alg, args.rounds) for alg in algs} if args.exact else {}
-    for name, cost in costs.items():
-        if cost is not None and cost.seconds(cost.rounds) > MAX_EXACT_S:
-            raise ValueError(
-                f"--exact is invalid: the exact MSE of {name} would take roughly "
-                f"{_duration(cost.seconds(cost.rounds))} ({cost.sizes(cost.rounds)}) > the limit of "
-                f"{_duration(MAX_EXACT_S)}: lower --local-steps or --rounds, or run without --exact"
-            )
-    return costs
-
-
-def _announce(name: str, what: str, seconds: float, sizes: str) -> None:
-    if seconds > LONG_EXACT_S:
-        print(f"{name:9s} {what}: roughly {_duration(seconds)} ({sizes})...", flush=True)
-
-
-def _exact_curves(args, problem, algs, summary: dict, lines: dict) -> dict:
-    """``--exact``: the exact MSE of every algorithm that has an exact description (built-in or not),
-    and, with a constant step, its stationary MSE (the floor, a dashed line in ``lines``); each part
-    timed, announced when its estimate is long, the stationary MSE skipped when too long."""
-    import fedsa_jax as fj
-
-    if args.exact and nonlinear_reason(problem) is not None:  # no exact MSE: the noise-free limits
-        noise_free_limits(args, problem, algs, summary, lines)
-        return {}
-    exact, costs = {}, getattr(args, "exact_costs", {})
-    for alg in algs if args.exact else ():
-        cost = costs.get(alg.name)
-        if cost is not None:
-            _announce(alg.name, "exact MSE", cost.seconds(cost.rounds), cost.sizes(cost.rounds))
-        start = time.perf_counter()
-        try:
-            exact[alg.name] = fj.theory.exact_mse(problem, alg, args.rounds)
-        except ValueError as err:
-            print(
-                f"fedsa-jax: no exact curve for {alg.name}: {in_option_terms(str(err), args)}",
-                file=sys.stderr,
-            )
-            continue
-        summary["runs"][alg.name]["exact_final_mse"] = float(exact[alg.name][-1])
-        seconds = time.perf_counter() - start
-        print(f"{alg.name:9s} exact final MSE {exact[alg.name][-1]:.4g} ({seconds:.1f} s)", flush=True)
-        if cost is not None and cost.stationary_rounds is not None:
-            estimate, sizes = cost.seconds(cost.stationary_rounds), cost.sizes(cost.stationary_rounds)
-            if estimate > MAX_EXACT_S:
-                print(
-                    f"fedsa-jax: no stationary MSE for {alg.name}: it would take roughly "
-                    f"{_duration(estimate)} (GMRES, up to {sizes}) > the limit of {_duration(MAX_EXACT_S)}; "
-                    "lower --local-steps",
-                    file=sys.stderr,
-                )
-                continue
-            _announce(alg.name, "stationary MSE", estimate, f"GMRES, up to {sizes}")
-        start = time.perf_counter()
-        try:
-            floor = fj.theory.stationary_mse(problem, alg)
-        except ValueError as err:  # a schedule, an unstable step, too many unknowns: no floor
-            print(f"fedsa-jax: no stationary MSE for {alg.name}: {err}", file=sys.stderr)
-            continue
-        summary["runs"][alg.name]["stationary_mse"] = floor
-        lines[f"{alg.name} stationary MSE"] = floor
-        seconds = time.perf_counter() - start
-        print(
-            f"{alg.name:9s} stationary MSE {floor:.4g} (the limit with this constant step; {seconds:.1f} s)",
-            flush=True,
-        )
-    return exact
 
 
 def _check_compare(args, algs) -> None:
@@ -635,7 +514,7 @@ def cmd_run(args) -> int:
     args.intervals = _interval_metrics(args, problem)
     _check_compare(args, algs)
     _check_runs(args, problem, algs, names)  # every error before the first line printed
-    args.exact_costs = _exact_costs(args, problem, algs)
+    args.exact_costs = exact_costs(args, problem, algs)
     builtin = [alg for spec, alg in zip(args.algorithms, algs, strict=True) if spec in registry.algorithms()]
     if builtin and (args.quantizer != "none" or args.success_prob != 1.0):
         print(f"uplink channel: {json.dumps(builtin[0].config.channel.describe())}")
@@ -649,8 +528,8 @@ def cmd_run(args) -> int:
             alg.name: _simulate_one(args, problem, alg, name, summary)
             for alg, name in zip(algs, names, strict=True)
         }
-    lines = _bias_lines(args, problem, summary)
-    exact = _exact_curves(args, problem, algs, summary, lines)
+    lines = bias_lines(args, problem, summary)
+    exact = exact_curves(args, problem, algs, summary, lines)
     if not args.no_plot:
         import matplotlib
 
