@@ -23,7 +23,7 @@ from reference import enumerated_algorithm_mse
 
 import fedsa_jax as fj
 from fedsa_jax import plotting
-from fedsa_jax.moments import aggregation
+from fedsa_jax.moments import aggregation as aggregation_moments
 from fedsa_jax.result import SimulationResult
 
 
@@ -71,7 +71,7 @@ def test_rand_k_error_covariance_matches_subset_enumeration(d, k):
     for sub in subsets:
         E = np.diag(np.isin(np.arange(d), sub) * (d / k)) - np.eye(d)
         exact += E @ S @ E.T / len(subsets)
-    got = aggregation._quantizer_covariance(fj.channel.rand_k(k), d)(S)
+    got = aggregation_moments._quantizer_covariance(fj.channel.rand_k(k), d)(S)
     np.testing.assert_allclose(got, exact, rtol=1e-12, atol=1e-12)
 
 
@@ -125,9 +125,9 @@ def test_channel_weight_moments_match_enumeration(aggregation):
         for p in (0.3, 0.85):
             ch = fj.channel.channel(None, p, aggregation)
             mean, same, other, c_same, c_other = delivery_moments(N, p, aggregation)
-            got = aggregation._expected_weights(ch, N)
+            got = aggregation_moments._expected_weights(ch, N)
             np.testing.assert_allclose(got, (mean, same, other), rtol=1e-12, atol=1e-15)
-            cov = aggregation._weight_covariance(ch, N)
+            cov = aggregation_moments._weight_covariance(ch, N)
             n_pairs = 2 if N > 1 else 1  # with one agent there is no pair (c, j != c)
             np.testing.assert_allclose(cov[:n_pairs], (c_same, c_other)[:n_pairs], rtol=1e-10, atol=1e-15)
 
@@ -136,12 +136,12 @@ def test_channel_weight_moments_for_many_agents():
     """N = 1500 (log-space binomials): sum_c 1{c in R}/|R| = 1{|R| > 0} gives closed forms."""
     N, p = 1500, 0.003  # about 4.5 messages received per round, none with probability 1 %
     ch = fj.channel.channel(None, p, "divide_by_received")
-    mean, same, other = aggregation._expected_weights(ch, N)
+    mean, same, other = aggregation_moments._expected_weights(ch, N)
     some = 1 - (1 - p) ** N
     assert mean == pytest.approx(some / N, rel=1e-12)
     assert same == pytest.approx(some / N, rel=1e-10)
     assert same + (N - 1) * other == pytest.approx(p, rel=1e-10)  # E[sum_j 1{c,j in R}/|R|] = p
-    c_same, c_other = aggregation._weight_covariance(ch, N)
+    c_same, c_other = aggregation_moments._weight_covariance(ch, N)
     # N E[w^2] + N (N-1) E[w_c w_j] = E[(sum_c w_c)^2] = P(|R| > 0), and N E[w^2] = E[1/|R|; |R| > 0]
     assert N * (c_same + mean**2) + N * (N - 1) * (c_other + mean**2) == pytest.approx(some, rel=1e-9)
     k = np.arange(1, N + 1)  # |R| ~ Binomial(N, p), pmf by the ratio recursion

@@ -77,7 +77,7 @@ def test_exact_gaussian_mse_with_lossy_channel_matches_monte_carlo(het_gaussian,
 
 def test_weights_for_many_agents(het_gaussian):
     """Binomial weights in log space: no overflow for N > 1000."""
-    from fedsa_jax.theory import _binomial_inverse_mean
+    from fedsa_jax.moments.aggregation import _binomial_inverse_mean
 
     n, p = 3000, 0.3
     # closed form: E[1 / (1 + X)] = (1 - (1 - p)^(n+1)) / ((n + 1) p)

@@ -13,6 +13,7 @@ import pytest
 from conftest import Z_TOL
 
 import fedsa_jax as fj
+from fedsa_jax.moments import state as moments_state
 from fedsa_jax.theory import _agents, _operator, _rounds, engine
 
 T = 600
@@ -158,7 +159,7 @@ def test_beyond_the_full_recursions_size_on_factored_blocks(alg, monkeypatch):
     fast = fj.theory.exact_mse(problem, alg, 3, theta0)
     with pytest.raises(ValueError, match="MAX_AUGMENTED_DIM = 2000"):
         fj.theory.exact_mean(problem, alg, 3)  # no factored form of the mean: refused with the sizes
-    monkeypatch.setattr(fj.moments, "MAX_AUGMENTED_DIM", 3000)
+    monkeypatch.setattr(moments_state, "MAX_AUGMENTED_DIM", 3000)
     monkeypatch.setattr(_agents, "FACTORED_RATIO", 10**9)
     np.testing.assert_allclose(fast, fj.theory.exact_mse(problem, alg, 3, theta0), rtol=1e-10)
 
@@ -173,7 +174,7 @@ def test_scaffnew_beyond_the_full_recursions_size_on_factored_blocks(monkeypatch
     )
     alg, theta0 = fj.scaffnew(0.05, 0.5, 2), np.array([1.0, -1.0])
     with monkeypatch.context() as m:
-        m.setattr(fj.moments, "MAX_AUGMENTED_DIM", 100)
+        m.setattr(moments_state, "MAX_AUGMENTED_DIM", 100)
         m.setattr(_operator, "CURVE_RATIO", 10**9)
         fast = fj.theory.exact_mse(problem, alg, 4, theta0)
         downlink = fj.scaffnew(0.05, 0.5, 2, downlink=fj.channel.channel(fj.channel.rand_k(1)))
@@ -346,13 +347,13 @@ def test_a_random_stop_finishes_only_its_possible_outcomes(het_gaussian, monkeyp
     """A straggler's law puts its mass on two counts of 10: SCAFFLSA's control-variate update (a dense
     map of the whole moment) runs for those two outcomes only, not for all ten (five times the rounds'
     cost at H = 20, hours at H = 1000), and ``round_operations`` counts what runs."""
-    from fedsa_jax import moments
     from fedsa_jax.moments import recursion_of
+    from fedsa_jax.moments.phases import RandomStop
 
     ended = []
-    original = moments.RandomStop._ended
+    original = RandomStop._ended
     monkeypatch.setattr(
-        moments.RandomStop, "_ended", lambda self, k, *a, **kw: ended.append(k) or original(self, k, *a, **kw)
+        RandomStop, "_ended", lambda self, k, *a, **kw: ended.append(k) or original(self, k, *a, **kw)
     )
     alg = fj.scafflsa(0.05, fj.local_work.straggler(10, 0.3, 0.5, normalization="fednova"))
     fj.theory.exact_mse(het_gaussian, alg, 2)

@@ -12,6 +12,8 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.algorithms._base import Algorithm
 
+__all__ = ["GROWTH_FACTOR", "SETTLED_FACTOR", "Growth", "settings", "mse_growth"]
+
 GROWTH_FACTOR = 100.0  # a final MSE this many times its start, and sqrt(this) times its midpoint: growing
 
 

@@ -15,6 +15,8 @@ from fedsa_jax._runtime.options import CACHE_BYTES, MIN_SLICE_AGENTS
 from fedsa_jax._runtime.run import Run
 from fedsa_jax.algorithms._base import Algorithm
 
+__all__ = ["STEPS_PER_CHUNK", "MAX_BLOCKS_PER_CHUNK", "MAX_BATCH", "UNTIL_BATCHES", "Plan", "make_plan"]
+
 STEPS_PER_CHUNK = 5e7  # default chunk: about this many agent-local steps (seconds on a CPU)
 
 

@@ -18,6 +18,8 @@ from fedsa_jax._runtime.kernel import Carry
 from fedsa_jax._version import __version__
 from fedsa_jax.stats import Moments
 
+__all__ = ["Tally", "CheckpointSession", "configuration_fingerprint"]
+
 
 @dataclasses.dataclass
 class Tally:

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from fedsa_jax import _validate
 from fedsa_jax.registry import Option, positive_int
 
+__all__ = ["cohort_mask", "keep_outside", "round_cohort"]
+
 COHORT_STREAM = 0x636F68  # fold_in tag of the cohort's key ("coh"): a stream of its own
 
 

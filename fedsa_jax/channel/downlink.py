@@ -50,7 +50,7 @@ from fedsa_jax.moments.phases import shift
 from fedsa_jax.moments.state import START, Affine, Augmented
 from fedsa_jax.registry import Option
 
-__all__ = ["broadcast", "downlink_arg", "downlink_key"]
+__all__ = ["broadcast", "downlink_arg", "downlink_key", "downlink", "downlink_blocks"]
 
 
 def downlink_arg(downlink: Any) -> Channel | None:

@@ -49,16 +49,7 @@ import numpy as np
 
 from fedsa_jax import _prng, _validate, registry
 
-__all__ = [
-    "Quantizer",
-    "identity",
-    "natural",
-    "qsgd",
-    "rand_k",
-    "scaled_sign",
-    "stochastic_uniform",
-    "top_k",
-]
+__all__ = ["Quantizer", "identity", "natural", "qsgd", "rand_k", "scaled_sign", "stochastic_uniform", "top_k"]
 
 KINDS = ("identity", "stochastic_uniform", "qsgd", "rand_k", "natural", "top_k", "scaled_sign")
 DETERMINISTIC = ("identity", "top_k", "scaled_sign")  # draw no uniforms

@@ -17,6 +17,20 @@ from fedsa_jax.cli.build import local_steps
 from fedsa_jax.cli.checks import in_option_terms
 from fedsa_jax.problems.protocol import nonlinear_reason
 
+__all__ = [
+    "no_closed_form_note",
+    "ROUNDING_UNITS",
+    "SOLVER_TOL",
+    "no_closed_form",
+    "noise_free_limits",
+    "bias_lines",
+    "MARKOV_BIAS_NOTE",
+    "LONG_EXACT_S",
+    "MAX_EXACT_S",
+    "exact_costs",
+    "exact_curves",
+]
+
 
 def no_closed_form_note(reason: str) -> str:
     """Why a run on such a problem prints no predicted squared bias (``reason``:

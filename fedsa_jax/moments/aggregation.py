@@ -17,6 +17,8 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.moments.state import Affine, Augmented
 
+__all__ = ["aggregate", "channel_memory"]
+
 
 def aggregate(
     y: Augmented,

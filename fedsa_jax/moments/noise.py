@@ -9,6 +9,8 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.problems.protocol import check_linear, direction_second_moment
 
+__all__ = []
+
 
 def residuals(problem) -> np.ndarray:
     """``rho_c = A_bar[c] theta_star - b_bar[c]`` (N, d), in float64: the constant term of a local

@@ -16,6 +16,21 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.moments.state import Affine, Augmented
 
+__all__ = [
+    "agents_mean",
+    "assign",
+    "averaging",
+    "broadcast",
+    "chain",
+    "coin",
+    "local_step",
+    "random_stop",
+    "rebase",
+    "scale_updates",
+    "server_step",
+    "shift",
+]
+
 
 class LocalStep:
     """One local step of every agent (:func:`local_step`)."""

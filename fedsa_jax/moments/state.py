@@ -18,6 +18,8 @@ import numpy as np
 from fedsa_jax import _validate
 from fedsa_jax.moments.noise import float64_arrays, noise_model, residuals
 
+__all__ = ["MAX_AUGMENTED_DIM", "START", "Affine", "Augmented", "Combination", "Recursion", "recursion_of"]
+
 MAX_AUGMENTED_DIM = 2000
 
 

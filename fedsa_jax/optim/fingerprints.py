@@ -20,6 +20,8 @@ import numpy as np
 from fedsa_jax._describe import describe_value
 from fedsa_jax._digest import _library, code_digest
 
+__all__ = ["fingerprint"]
+
 _MAX_COUNT = 2**31 - 1  # local-step indices are int32, as in optax
 
 

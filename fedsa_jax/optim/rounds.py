@@ -14,6 +14,8 @@ import numpy as np
 
 from fedsa_jax import _validate
 
+__all__ = ["LocalSteps", "growing_local_steps", "local_steps"]
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalSteps:

@@ -16,6 +16,20 @@ from fedsa_jax import _validate
 from fedsa_jax.optim.fingerprints import _MAX_COUNT, _Built, _split
 from fedsa_jax.optim.rounds import LocalSteps, active_steps, check_horizon, max_local_steps, total_local_steps
 
+__all__ = [
+    "Schedule",
+    "ServerOptimizer",
+    "init_server",
+    "inverse_power",
+    "inverse_time",
+    "optimizer",
+    "schedule",
+    "server_optimizer_arg",
+    "server_step",
+    "step_size_arg",
+    "step_sizes",
+]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
