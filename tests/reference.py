@@ -538,24 +538,53 @@ def step_trajectories(problem, algorithm, key, T, num_seeds, theta0=None):
     return np.asarray(_step_trajectories(problem, algorithm, key, T, num_seeds, theta0))
 
 
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _joint_step_trajectories(problem, algorithms, key, T, num_seeds, theta0):
+    return tuple(_step_trajectories(problem, a, key, T, num_seeds, theta0) for a in algorithms)
+
+
+def step_trajectories_jointly(problem, algorithms, key, T, num_seeds, theta0=None):
+    """``[step_trajectories(problem, a, key, T, num_seeds, theta0) for a in algorithms]`` in one
+    compiled program (one compile instead of one per algorithm; the same computations)."""
+    theta0 = jnp.zeros(problem.dim, problem.dtype) if theta0 is None else jnp.asarray(theta0, problem.dtype)
+    out = _joint_step_trajectories(problem, tuple(algorithms), key, T, num_seeds, theta0)
+    return [np.asarray(x) for x in out]
+
+
 def check_against_loop(
-    problem, algorithm, loop, T, num_seeds, theta0=None, key=None, driver=True, rtol=1e-12, atol=1e-13
+    problem,
+    algorithm,
+    loop,
+    T,
+    num_seeds,
+    theta0=None,
+    key=None,
+    driver=True,
+    rtol=1e-12,
+    atol=1e-13,
+    trajectories=None,
+    result=None,
 ):
     """Compare every seed's trajectory with ``loop`` (:func:`td_loop` or :func:`gaussian_loop`).
 
     ``driver=True``: through :func:`fedsa_jax.simulate`, last iterates seed by seed and the
     mean, standard error and MSE statistics at every round against those of the loop's
-    trajectories; ``driver=False``: every round of every seed from :func:`step_trajectories`.
-    Returns the loop's trajectories ``(num_seeds, T + 1, d)``."""
+    trajectories; ``driver=False``: every round of every seed from :func:`step_trajectories`, or
+    ``trajectories`` where given (the same, from :func:`step_trajectories_jointly` with these
+    arguments). ``result``: the driver's run where given (the same, from :func:`run_jointly` with
+    these arguments) instead of ``fj.simulate``'s. Returns the loop's trajectories
+    ``(num_seeds, T + 1, d)``."""
     import fedsa_jax as fj
 
     key = jax.random.key(11) if key is None else key
     refs = np.stack([loop(problem, algorithm, key, s, T, theta0=theta0) for s in range(num_seeds)])
     if not driver:
-        got = step_trajectories(problem, algorithm, key, T, num_seeds, theta0)
+        got = trajectories
+        if got is None:
+            got = step_trajectories(problem, algorithm, key, T, num_seeds, theta0)
         np.testing.assert_allclose(got, refs, rtol=rtol, atol=atol)
         return refs
-    res = fj.simulate(key, problem, algorithm, T, num_seeds, theta0=theta0)
+    res = fj.simulate(key, problem, algorithm, T, num_seeds, theta0=theta0) if result is None else result
     np.testing.assert_allclose(res.final_theta, refs[:, -1], rtol=rtol, atol=atol)
     n = num_seeds
     np.testing.assert_allclose(res.theta_mean, refs.mean(0), rtol=rtol, atol=atol)
@@ -770,17 +799,72 @@ def assert_monte_carlo_matches_exact(problem, alg, T: int = 8, n: int = 4000, se
     """``alg`` on ``problem`` from ``linspace(1, -1, d)``: the MC MSE within Z_TOL standard errors of
     ``exact_mse`` at every round after the first, the MC mean within Z_TOL of ``exact_mean``. Returns
     the exact MSE curve."""
+    import fedsa_jax as fj
+
+    theta0 = np.linspace(1.0, -1.0, problem.dim)
+    res = fj.simulate(jax.random.key(seed), problem, alg, T, n, theta0=theta0)
+    return assert_result_matches_exact(problem, alg, res, T, n)
+
+
+def assert_result_matches_exact(problem, alg, res, T: int = 8, n: int = 4000, label=""):
+    """The checks of :func:`assert_monte_carlo_matches_exact` on ``res``, a run of ``alg`` from
+    ``linspace(1, -1, d)`` (:func:`monte_carlo_jointly`). Returns the exact MSE curve."""
     from conftest import Z_TOL
 
     import fedsa_jax as fj
 
     theta0 = np.linspace(1.0, -1.0, problem.dim)
-    res = fj.simulate(jax.random.key(seed), problem, alg, T, n, theta0=theta0)
     exact = fj.theory.exact_mse(problem, alg, T, theta0=theta0)
     z = np.abs(res.mse_mean[1:] - exact[1:]) / res.mse_sem[1:]
-    assert np.all(z < Z_TOL), z
+    assert np.all(z < Z_TOL), (label, z)
     mean = fj.theory.exact_mean(problem, alg, T, theta0=theta0)
-    assert np.all(np.abs(res.theta_mean - mean) <= Z_TOL * np.sqrt(exact[:, None] / n) + 1e-12)
+    assert np.all(np.abs(res.theta_mean - mean) <= Z_TOL * np.sqrt(exact[:, None] / n) + 1e-12), label
+    return exact
+
+
+def run_jointly(key, problem, algorithms, num_rounds, num_seeds, group: int = 5, **options):
+    """``[fj.simulate(key, problem, a, num_rounds, num_seeds, **options) for a in algorithms]``, run
+    side by side by :func:`fedsa_jax.compare`, ``group`` algorithms to a compiled program (a last
+    lone one joins the group before it): each result is the algorithm's lone run with the same key,
+    up to float rounding (bitwise where the compiler emits the same code;
+    tests/test_statistics.py::test_compared_results_are_the_lone_runs), at about a third of the
+    compile time per algorithm. For checks to float rounding, not for bitwise ones."""
+    import fedsa_jax as fj
+
+    algorithms = list(algorithms)
+    assert len(algorithms) >= 2, "one algorithm: call fj.simulate"
+    starts = list(range(0, len(algorithms), group))
+    if len(algorithms) - starts[-1] == 1:
+        starts.pop()
+    results = []
+    for i, start in enumerate(starts):
+        stop = starts[i + 1] if i + 1 < len(starts) else len(algorithms)
+        chunk = {str(j): algorithms[j] for j in range(start, stop)}
+        joint = fj.compare(key, problem, chunk, num_rounds, num_seeds, **options)
+        results += [joint.results[name] for name in chunk]
+    return results
+
+
+def monte_carlo_jointly(problem, algorithms, T: int = 8, n: int = 4000, seed: int = 7):
+    """The runs of :func:`assert_monte_carlo_matches_exact` (``n`` seeds from ``linspace(1, -1, d)``,
+    key ``seed``) of each of ``algorithms``, side by side (:func:`run_jointly`), for
+    :func:`assert_result_matches_exact`: each algorithm is held to the same tolerance as alone."""
+    theta0 = np.linspace(1.0, -1.0, problem.dim)
+    return run_jointly(jax.random.key(seed), problem, algorithms, T, n, theta0=theta0)
+
+
+def assert_monte_carlo_matches_exact_jointly(problem, algorithms, T: int = 8, n: int = 4000, seed: int = 7):
+    """:func:`assert_monte_carlo_matches_exact` for each of ``algorithms`` (``{name: alg}``, two or
+    more), run side by side (:func:`monte_carlo_jointly`): every algorithm is checked, and every
+    failing one named. Returns ``{name: exact MSE curve}``."""
+    results = monte_carlo_jointly(problem, algorithms.values(), T, n, seed)
+    exact, failed = {}, []
+    for (name, alg), res in zip(algorithms.items(), results):
+        try:
+            exact[name] = assert_result_matches_exact(problem, alg, res, T, n, label=name)
+        except AssertionError as err:
+            failed.append(f"{name}: {err}")
+    assert not failed, "\n".join(failed)
     return exact
 
 

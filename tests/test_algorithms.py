@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import Z_TOL
-from reference import check_against_loop, gaussian_loop, td_loop
+from reference import check_against_loop, gaussian_loop, run_jointly, td_loop
 
 import fedsa_jax as fj
 from fedsa_jax.problems import td as td_module
@@ -21,38 +21,84 @@ from fedsa_jax.problems import td as td_module
 ALGS = {"fedlsa": fj.fedlsa, "scafflsa": fj.scafflsa}
 
 
-@pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
-@pytest.mark.parametrize(
-    "sampling,skip", [("generative", 1), ("markov", 1), ("markov", 3), ("state-tables", 1)]
-)
-def test_td_matches_numpy_loop(tiny_td, name, sampling, skip, monkeypatch):
+TD_THETA0 = np.array([0.5, -0.2])
+
+
+def _td_problem(tiny_td, sampling):
+    """``sampling``'s problem; "state-tables": generative, on the path of large S (per-state alias
+    tables and feature rows; build and run it under ``PAIR_TABLE_MAX = 0``)."""
     P, r, Phi = tiny_td
-    if sampling == "state-tables":  # the path of large S: per-state alias tables and feature rows
-        monkeypatch.setattr(td_module, "PAIR_TABLE_MAX", 0)
-        sampling = "generative"
-    problem = fj.problems.federated_td(P, r, Phi, 0.9, sampling=sampling)
+    problem = fj.problems.federated_td(
+        P, r, Phi, 0.9, sampling=sampling.replace("state-tables", "generative")
+    )
     assert problem.pair_tables == (td_module.PAIR_TABLE_MAX > 0)
+    return problem
+
+
+@pytest.fixture(scope="module")
+def td_runs(tiny_td):
+    """``(name, sampling, skip) -> (problem, result)``: the driver's runs of the test below (6 rounds, 3
+    seeds, key 11), FedLSA and SCAFFLSA of one problem side by side in one compiled program
+    (``run_jointly``: each the lone ``fj.simulate``, to float rounding)."""
+    runs = {}
+    for sampling, skip in TD_CASES:
+        with pytest.MonkeyPatch.context() as mp:
+            if sampling == "state-tables":
+                mp.setattr(td_module, "PAIR_TABLE_MAX", 0)
+            problem = _td_problem(tiny_td, sampling)
+            algs = [ALGS[name](0.3, 4, skip=skip) for name in ALGS]
+            results = run_jointly(jax.random.key(11), problem, algs, 6, 3, theta0=TD_THETA0)
+        runs.update({(name, sampling, skip): (problem, res) for name, res in zip(ALGS, results)})
+    return runs
+
+
+TD_CASES = [("generative", 1), ("markov", 1), ("markov", 3), ("state-tables", 1)]
+
+
+@pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
+@pytest.mark.parametrize("sampling,skip", TD_CASES)
+def test_td_matches_numpy_loop(tiny_td, td_runs, name, sampling, skip):
+    problem, res = td_runs[name, sampling, skip]
+    assert problem.pair_tables == (sampling != "state-tables")
     alg = ALGS[name](0.3, 4, skip=skip)
     # seed by seed, and the seeds' mean, standard error and MSE statistics at every recorded round
     check_against_loop(
-        problem, alg, td_loop, T=6, num_seeds=3, theta0=np.array([0.5, -0.2]), key=jax.random.key(11)
+        problem, alg, td_loop, T=6, num_seeds=3, theta0=TD_THETA0, key=jax.random.key(11), result=res
     )
 
 
+@pytest.fixture(scope="module")
+def pair_runs(het_gaussian):
+    """``name -> result`` per test below, FedLSA and SCAFFLSA side by side in one compiled program
+    (``run_jointly``: each the lone ``fj.simulate``, to float rounding)."""
+
+    def both(key, problem, H, eta, T, n, theta0=None):
+        algs = [ALGS[name](eta, H) for name in ALGS]
+        return dict(zip(ALGS, run_jointly(jax.random.key(key), problem, algs, T, n, theta0=theta0)))
+
+    garnet = fj.problems.garnet(jax.random.key(1), num_agents=4, num_states=8, dim=3)
+    return {
+        "gaussian_loop": both(2, het_gaussian, 3, 0.1, 5, 2),
+        "second_moments": both(7, het_gaussian, 4, 0.15, 40, 4000, np.array([1.0, -1.0, 0.5])),
+        "td_mean": (garnet, both(2, garnet, 5, 0.5, 30, 4000, np.ones(3))),
+    }
+
+
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
-def test_gaussian_matches_numpy_loop(het_gaussian, name):
+def test_gaussian_matches_numpy_loop(het_gaussian, pair_runs, name):
+    res = pair_runs["gaussian_loop"][name]
     check_against_loop(
-        het_gaussian, ALGS[name](0.1, 3), gaussian_loop, T=5, num_seeds=2, key=jax.random.key(2)
+        het_gaussian, ALGS[name](0.1, 3), gaussian_loop, T=5, num_seeds=2, key=jax.random.key(2), result=res
     )
 
 
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
-def test_gaussian_mse_matches_exact_second_moments(het_gaussian, name):
+def test_gaussian_mse_matches_exact_second_moments(het_gaussian, pair_runs, name):
     """Monte Carlo MSE vs the exact second-moment recursion, every round."""
     alg = ALGS[name](0.15, 4)
-    T, n = 40, 4000
-    theta0 = np.array([1.0, -1.0, 0.5])
-    res = fj.simulate(jax.random.key(7), het_gaussian, alg, T, n, theta0=theta0)
+    T, theta0 = 40, np.array([1.0, -1.0, 0.5])
+    res = pair_runs["second_moments"][name]  # fj.simulate(key(7), het_gaussian, alg, T, 4000, theta0=theta0)
+    assert res.num_seeds == 4000
     exact = fj.theory.exact_mse(het_gaussian, alg, T, theta0=theta0)
     z = (res.mse_mean[1:] - exact[1:]) / res.mse_sem[1:]
     assert np.all(np.abs(z) < Z_TOL), z
@@ -82,19 +128,29 @@ def test_exact_mse_against_scalar_closed_recursion():
 
 
 @pytest.mark.parametrize("name", ["fedlsa", "scafflsa"])
-def test_td_mean_matches_exact_mean_recursion(name):
+def test_td_mean_matches_exact_mean_recursion(pair_runs, name):
     """Generative TD: E[theta_t] follows the noise-free mean recursion exactly."""
-    p = fj.problems.garnet(jax.random.key(1), num_agents=4, num_states=8, dim=3)
+    p, runs = pair_runs["td_mean"]  # garnet(key(1), num_agents=4, num_states=8, dim=3)
     alg = ALGS[name](0.5, 5)
-    T, n = 30, 4000
-    res = fj.simulate(jax.random.key(2), p, alg, T, n, theta0=np.ones(3))
+    T = 30
+    res = runs[name]  # fj.simulate(key(2), p, alg, T, 4000, theta0=ones(3))
+    assert res.num_seeds == 4000
     exact = fj.theory.exact_mean(p, alg, T, theta0=np.ones(3))
     z = (res.theta_mean[1:] - exact[1:]) / res.theta_sem[1:]
     assert np.all(np.abs(z) < Z_TOL), np.abs(z).max()
     assert np.linalg.norm(exact[0] - exact[-1]) > 50 * Z_TOL * res.theta_sem[-1].max()
 
 
-def test_fedlsa_bias_closed_form(het_gaussian):
+@pytest.fixture(scope="module")
+def quiet_runs(het_gaussian):
+    """``name -> result``: FedLSA and SCAFFLSA (eta 0.1, H = 8) on ``het_gaussian`` without noise, one
+    seed, 3000 rounds from 0, side by side in one compiled program (each the lone run, key 0)."""
+    quiet = fj.problems.gaussian_lsa(het_gaussian.A_bar, het_gaussian.b_bar, 0.0, 0.0)
+    algs = [ALGS[name](0.1, 8) for name in ALGS]
+    return dict(zip(ALGS, run_jointly(jax.random.key(0), quiet, algs, 3000, 1, record_every=3000)))
+
+
+def test_fedlsa_bias_closed_form(het_gaussian, quiet_runs):
     eta, H = 0.1, 8
     bias = fj.theory.fedlsa_bias(het_gaussian, eta, H)
     theta_star = np.asarray(het_gaussian.theta_star)
@@ -111,9 +167,8 @@ def test_fedlsa_bias_closed_form(het_gaussian):
     # the exact mean recursion converges there ...
     mean = fj.theory.exact_mean(het_gaussian, fj.fedlsa(eta, H), 3000)
     np.testing.assert_allclose(mean[-1] - theta_star, bias, rtol=1e-9, atol=1e-12)
-    # ... and so does a noise-free simulation
-    quiet = fj.problems.gaussian_lsa(het_gaussian.A_bar, het_gaussian.b_bar, 0.0, 0.0)
-    res = fj.simulate(jax.random.key(0), quiet, fj.fedlsa(eta, H), 3000, 1, record_every=3000)
+    # ... and so does a noise-free simulation: fj.simulate(key(0), quiet, fj.fedlsa(eta, H), 3000, 1)
+    res = quiet_runs["fedlsa"]
     np.testing.assert_allclose(res.final_theta[0] - theta_star, bias, rtol=1e-9, atol=1e-12)
     # ... and the Monte Carlo mean of the noisy run, within standard errors
     noisy = fj.simulate(jax.random.key(0), het_gaussian, fj.fedlsa(eta, H), 400, 4000, record_every=400)
@@ -125,13 +180,14 @@ def test_fedlsa_bias_closed_form(het_gaussian):
     assert np.linalg.norm(fj.theory.fedlsa_bias(same, eta, H)) < 1e-12
 
 
-def test_scafflsa_mean_reaches_theta_star(het_gaussian):
+def test_scafflsa_mean_reaches_theta_star(het_gaussian, quiet_runs):
     eta, H = 0.1, 8
     theta_star = np.asarray(het_gaussian.theta_star)
     mean = fj.theory.exact_mean(het_gaussian, fj.scafflsa(eta, H), 3000)
     np.testing.assert_allclose(mean[-1], theta_star, rtol=1e-9, atol=1e-12)
     quiet = fj.problems.gaussian_lsa(het_gaussian.A_bar, het_gaussian.b_bar, 0.0, 0.0)
-    res = fj.simulate(jax.random.key(0), quiet, fj.scafflsa(eta, H), 3000, 1, record_every=3000)
+    # fj.simulate(key(0), quiet, fj.scafflsa(eta, H), 3000, 1, record_every=3000)
+    res = quiet_runs["scafflsa"]
     np.testing.assert_allclose(res.final_theta[0], theta_star, rtol=1e-9, atol=1e-12)
     # and the ideal control variates are reached: xi_c* = A_c theta* - b_c, summing to 0
     problem = het_gaussian

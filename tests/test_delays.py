@@ -9,9 +9,17 @@
 * Bad input is a one-line error before compiling.
 """
 
+import jax
 import numpy as np
 import pytest
-from reference import assert_monte_carlo_matches_exact, check_against_loop, gaussian_loop, td_loop
+from reference import (
+    assert_result_matches_exact,
+    check_against_loop,
+    gaussian_loop,
+    monte_carlo_jointly,
+    step_trajectories_jointly,
+    td_loop,
+)
 
 import fedsa_jax as fj
 
@@ -23,20 +31,48 @@ LAWS = {
 }
 
 
+def _td_round_cases():
+    """The TD round-by-round cases (FedLSA and SCAFFLSA): ``(test, index, alg)``."""
+    work = fj.local_work.uniform(1, 3, normalization="fednova")
+    q = fj.channel.stochastic_uniform(bits=3)
+    return [
+        ("fedlsa", 0, fj.fedlsa(0.1, 2, delays=fj.delays.uniform(2))),
+        ("fedlsa", 1, fj.fedlsa(0.1, work, delays=fj.delays.fixed(1), success_prob=0.7)),
+        ("scafflsa", 0, fj.scafflsa(0.1, 2, delays=fj.delays.uniform(2))),
+        ("scafflsa", 1, fj.scafflsa(0.1, 3, delays=fj.delays.fixed(1), quantizer=q, success_prob=0.7)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def step_runs(het_gaussian, tiny_td_sampled):
+    """``(test, case, problem key) -> (problem, alg, T, trajectories)``: every seed's every round (3
+    seeds, key 11) of the round-by-round tests below from the algorithms' own steps, the algorithms of
+    one problem traced into one compiled program (``step_trajectories_jointly``)."""
+    gaussian = [("fedlsa", law, fj.fedlsa(0.05, 3, delays=LAWS[law]())) for law in LAWS]
+    gaussian.append(("scafflsa", "geometric", fj.scafflsa(0.05, 3, delays=fj.delays.geometric(1.0, 3))))
+    groups = [(het_gaussian, "gaussian", 7, gaussian)]
+    groups += [(tiny_td_sampled[s], s, 6, _td_round_cases()) for s in ("generative", "markov")]
+    runs = {}
+    for problem, name, T, cases in groups:
+        got = step_trajectories_jointly(problem, [c[2] for c in cases], jax.random.key(11), T, 3)
+        runs.update({(test, case, name): (problem, alg, T, g) for (test, case, alg), g in zip(cases, got)})
+    return runs
+
+
+def _check_steps(runs, loop, *case):
+    problem, alg, T, got = runs[case]
+    check_against_loop(problem, alg, loop, T=T, num_seeds=3, driver=False, trajectories=got)
+
+
 @pytest.mark.parametrize("law", list(LAWS))
-def test_gaussian_round_by_round_against_numpy(het_gaussian, law):
-    alg = fj.fedlsa(0.05, 3, delays=LAWS[law]())
-    check_against_loop(het_gaussian, alg, gaussian_loop, T=7, num_seeds=3, driver=False)
+def test_gaussian_round_by_round_against_numpy(step_runs, law):
+    _check_steps(step_runs, gaussian_loop, "fedlsa", law, "gaussian")
 
 
 @pytest.mark.parametrize("sampling", ["generative", "markov"])
-def test_td_round_by_round_against_numpy(tiny_td_sampled, sampling):
-    work = fj.local_work.uniform(1, 3, normalization="fednova")
-    for alg in (
-        fj.fedlsa(0.1, 2, delays=fj.delays.uniform(2)),
-        fj.fedlsa(0.1, work, delays=fj.delays.fixed(1), success_prob=0.7),
-    ):
-        check_against_loop(tiny_td_sampled[sampling], alg, td_loop, T=6, num_seeds=3, driver=False)
+def test_td_round_by_round_against_numpy(step_runs, sampling):
+    for case in (0, 1):
+        _check_steps(step_runs, td_loop, "fedlsa", case, sampling)
 
 
 def test_no_delay_is_today_bitwise(het_gaussian):
@@ -47,38 +83,57 @@ def test_no_delay_is_today_bitwise(het_gaussian):
     assert a.config == b.config
 
 
+@pytest.fixture(scope="module")
+def monte_carlo_runs(het_gaussian, tiny_td_sampled):
+    """``(test, law) -> (problem, alg, result)``: the Monte Carlo runs (8 rounds, 4000 seeds) of the
+    tests below, those of one problem side by side (``monte_carlo_jointly``: each is the lone run,
+    checked on its own with the same tolerance)."""
+    td = tiny_td_sampled["generative"]
+    groups = [
+        (
+            het_gaussian,
+            [("fedlsa", law, fj.fedlsa(0.05, 3, delays=LAWS[law]())) for law in LAWS]
+            + [("scafflsa", law, fj.scafflsa(0.05, 3, delays=LAWS[law]())) for law in ("uniform", "shared")],
+        ),
+        (td, [("td", law, fj.fedlsa(0.1, 2, delays=LAWS[law]())) for law in ("uniform", "shared")]),
+    ]
+    runs = {}
+    for problem, cases in groups:
+        results = monte_carlo_jointly(problem, [alg for _, _, alg in cases], T=8, n=4000)
+        runs.update({(test, law): (problem, alg, res) for (test, law, alg), res in zip(cases, results)})
+    return runs
+
+
+def _check_monte_carlo(runs, test, law):
+    problem, alg, res = runs[test, law]
+    assert_result_matches_exact(problem, alg, res, T=8, n=4000)
+    return alg
+
+
 @pytest.mark.parametrize("law", list(LAWS))
-def test_monte_carlo_matches_exact_mse_gaussian(het_gaussian, law):
-    assert_monte_carlo_matches_exact(het_gaussian, fj.fedlsa(0.05, 3, delays=LAWS[law]()), T=8, n=4000)
+def test_monte_carlo_matches_exact_mse_gaussian(monte_carlo_runs, law):
+    _check_monte_carlo(monte_carlo_runs, "fedlsa", law)
 
 
 @pytest.mark.parametrize("sampling", ["generative", "markov"])
-def test_scafflsa_round_by_round_against_numpy(het_gaussian, tiny_td_sampled, sampling):
+def test_scafflsa_round_by_round_against_numpy(step_runs, sampling):
     """SCAFFLSA: agent c's steps from its stale start with its current xi_c, its update against that
     start moving the current iterate and its control variate (the loop's messages)."""
-    q = fj.channel.stochastic_uniform(bits=3)
-    problem = tiny_td_sampled[sampling]
-    for alg in (
-        fj.scafflsa(0.1, 2, delays=fj.delays.uniform(2)),
-        fj.scafflsa(0.1, 3, delays=fj.delays.fixed(1), quantizer=q, success_prob=0.7),
-    ):
-        check_against_loop(problem, alg, td_loop, T=6, num_seeds=3, driver=False)
-    alg = fj.scafflsa(0.05, 3, delays=fj.delays.geometric(1.0, 3))
-    check_against_loop(het_gaussian, alg, gaussian_loop, T=7, num_seeds=3, driver=False)
+    for case in (0, 1):
+        _check_steps(step_runs, td_loop, "scafflsa", case, sampling)
+    _check_steps(step_runs, gaussian_loop, "scafflsa", "geometric", "gaussian")
 
 
 @pytest.mark.parametrize("law", ["uniform", "shared"])
-def test_scafflsa_monte_carlo_matches_exact_and_the_limit_is_theta_star(het_gaussian, law):
-    alg = fj.scafflsa(0.05, 3, delays=LAWS[law]())
-    assert_monte_carlo_matches_exact(het_gaussian, alg, T=8, n=4000)
+def test_scafflsa_monte_carlo_matches_exact_and_the_limit_is_theta_star(het_gaussian, monte_carlo_runs, law):
+    alg = _check_monte_carlo(monte_carlo_runs, "scafflsa", law)
     mean = fj.theory.exact_mean(het_gaussian, alg, 3000)[-1]
     np.testing.assert_allclose(mean, np.asarray(het_gaussian.theta_star), rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("law", ["uniform", "shared"])
-def test_monte_carlo_matches_exact_mse_td(tiny_td_sampled, law):
-    alg = fj.fedlsa(0.1, 2, delays=LAWS[law]())
-    assert_monte_carlo_matches_exact(tiny_td_sampled["generative"], alg, T=8, n=4000)
+def test_monte_carlo_matches_exact_mse_td(monte_carlo_runs, law):
+    _check_monte_carlo(monte_carlo_runs, "td", law)
 
 
 def test_the_limit_is_the_undelayed_one_and_shared_differs_in_the_second_moment(het_gaussian):

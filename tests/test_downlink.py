@@ -8,7 +8,13 @@ import json
 import jax
 import numpy as np
 import pytest
-from reference import _round_keys, assert_monte_carlo_matches_exact, scaffnew_coins
+from reference import (
+    _round_keys,
+    assert_result_matches_exact,
+    monte_carlo_jointly,
+    run_jointly,
+    scaffnew_coins,
+)
 from test_error_feedback import compress
 
 import fedsa_jax as fj
@@ -87,16 +93,20 @@ def loop(problem, name, alg, T):
     return np.array(thetas), np.array(hats)
 
 
-def simulate(problem, alg, T):
-    """The library's run of seed 0: ``(thetas (T+1, d), hats (T+1, d))`` (the copy in the state)."""
+def simulate_jointly(problem, algs, T):
+    """The library's runs of seed 0 of ``algs``, side by side in one compiled program (``run_jointly``:
+    each is the algorithm's lone run with the driver's keys, to float rounding): a list of
+    ``(thetas (T+1, d), hats (T+1, d))`` (the copy in the state)."""
 
     def coordinate(i):
         return lambda s, p: s.hat[i] + p.theta_star[i]
 
     metrics = {f"h{i}": coordinate(i) for i in range(D)}
-    res = fj.simulate(KEY, problem, alg, T, 1, theta0=THETA0, metrics=metrics)
-    hats = np.stack([res.metrics[f"h{i}"].mean for i in range(D)], axis=-1)
-    return np.asarray(res.theta_mean), hats, res
+    results = run_jointly(KEY, problem, algs, T, 1, group=len(algs), theta0=THETA0, metrics=metrics)
+    return [
+        (np.asarray(res.theta_mean), np.stack([res.metrics[f"h{i}"].mean for i in range(D)], axis=-1))
+        for res in results
+    ]
 
 
 MAKERS = {
@@ -122,12 +132,20 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def seed_0_runs(flat):
+    """``case -> (thetas, hats)``: the library's seed 0 of every case of CASES over 6 rounds, all in
+    one compiled program; each test below checks its own case."""
+    runs = simulate_jointly(flat, [MAKERS[name](downlink=DOWNLINKS[down]) for name, down in CASES], 6)
+    return dict(zip(CASES, runs))
+
+
 @pytest.mark.parametrize(("name", "downlink"), CASES)
-def test_rounds_match_numpy_loop(flat, name, downlink):
+def test_rounds_match_numpy_loop(flat, seed_0_runs, name, downlink):
     """Without erasures each algorithm with a compressed downlink is the numpy loop, round by round
     (the server's model and the agents' copy), to float64 rounding."""
     alg = MAKERS[name](downlink=DOWNLINKS[downlink])
-    got, got_hat, _ = simulate(flat, alg, 6)
+    got, got_hat = seed_0_runs[name, downlink]
     want, want_hat = loop(flat, name, alg, 6)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got_hat, want_hat, rtol=1e-12, atol=1e-12)
@@ -281,11 +299,7 @@ THEORY_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("family", "name", "down", "up"), THEORY_CASES)
-def test_monte_carlo_matches_exact_mse(tiny_td, het_gaussian, family, name, down, up):
-    """A downlink through rand-k (scaled or not; an uplink compressor or not): the round is linear
-    in (state, agents' copy), and the MC MSE is within Z_TOL standard errors of ``exact_mse``
-    at every round, the MC mean within Z_TOL of ``exact_mean``."""
+def _theory_case(tiny_td, het_gaussian, family, name, down, up):
     P, r, Phi = tiny_td
     problem = het_gaussian if family == "gaussian" else fj.problems.federated_td(P, r, Phi, 0.9)
     kw = dict(quantizer=up, downlink=fj.channel.channel(down))
@@ -295,8 +309,29 @@ def test_monte_carlo_matches_exact_mse(tiny_td, het_gaussian, family, name, down
         "scaffnew": lambda: fj.scaffnew(0.2, 0.5, 2, **kw),
         "qfedtd": lambda: fj.qfedtd(0.5, **kw),
     }
-    alg = makers[name]()
-    exact = assert_monte_carlo_matches_exact(problem, alg, T=8)
+    return problem, makers[name]()
+
+
+@pytest.fixture(scope="module")
+def theory_runs(tiny_td, het_gaussian):
+    """Case index -> ``(problem, alg, result)``: the Monte Carlo run of every case of THEORY_CASES
+    (``monte_carlo_jointly``, 8 rounds, 4000 seeds), the cases of one problem side by side."""
+    cases = [_theory_case(tiny_td, het_gaussian, *c) for c in THEORY_CASES]
+    runs = {}
+    for family in ("gaussian", "td"):
+        mine = [i for i, c in enumerate(THEORY_CASES) if c[0] == family]
+        results = monte_carlo_jointly(cases[mine[0]][0], [cases[i][1] for i in mine], T=8)
+        runs.update({i: (*cases[i], res) for i, res in zip(mine, results)})
+    return runs
+
+
+@pytest.mark.parametrize(("family", "name", "down", "up"), THEORY_CASES)
+def test_monte_carlo_matches_exact_mse(theory_runs, family, name, down, up):
+    """A downlink through rand-k (scaled or not; an uplink compressor or not): the round is linear
+    in (state, agents' copy), and the MC MSE is within Z_TOL standard errors of ``exact_mse``
+    at every round, the MC mean within Z_TOL of ``exact_mean``."""
+    problem, alg, res = theory_runs[THEORY_CASES.index((family, name, down, up))]
+    exact = assert_result_matches_exact(problem, alg, res, T=8)
     # the downlink is seen: without it the exact curve differs by more than float64 rounding
     plain = fj.theory.exact_mse(
         problem, _without_downlink(alg), 8, theta0=np.linspace(1.0, -1.0, problem.dim)

@@ -7,7 +7,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from reference import assert_monte_carlo_matches_exact, channel_uniforms
+from reference import assert_result_matches_exact, channel_uniforms, monte_carlo_jointly, run_jointly
 
 import fedsa_jax as fj
 
@@ -93,17 +93,25 @@ def loop(problem, name, alg, T, theta0):
     return np.array(thetas), np.array(memories)
 
 
-def simulate(problem, alg, T, theta0):
-    """The library's run of seed 0: ``(thetas (T+1, d), memories (T+1, N, d))`` (zeros without
-    error feedback)."""
-
+def _memory_metrics():
     def coordinate(c, i):
         return lambda s, p: s.memory[c, i] if len(s.memory) else 0.0 * s.error[0]
 
-    metrics = {f"m{c}_{i}": coordinate(c, i) for c in range(N) for i in range(D)}
-    res = fj.simulate(KEY, problem, alg, T, 1, theta0=theta0, metrics=metrics)
+    return {f"m{c}_{i}": coordinate(c, i) for c in range(N) for i in range(D)}
+
+
+def _seed_0(res):
+    """``(thetas (T+1, d), memories (T+1, N, d))`` of a run of seed 0 (zeros without error feedback)."""
     memory = np.array([[res.metrics[f"m{c}_{i}"].mean for i in range(D)] for c in range(N)])
     return np.asarray(res.theta_mean), np.moveaxis(memory, -1, 0)
+
+
+def simulate_jointly(problem, algs, T, theta0):
+    """The library's runs of seed 0 of ``algs``, side by side in a few compiled programs
+    (``run_jointly``: each is the algorithm's lone run with the driver's keys, to float rounding):
+    a list of ``(thetas (T+1, d), memories (T+1, N, d))``."""
+    results = run_jointly(KEY, problem, algs, T, 1, theta0=theta0, metrics=_memory_metrics())
+    return [_seed_0(res) for res in results]
 
 
 MAKERS = {
@@ -125,40 +133,59 @@ ROUND_CASES = [("fedlsa", c, ef) for c in COMPRESSORS for ef in (None, "ef14", "
 ]
 
 
-@pytest.mark.parametrize(("name", "compressor", "error_feedback"), ROUND_CASES)
-def test_rounds_match_numpy_loop(flat, name, compressor, error_feedback):
-    """Without erasures, each compressor and error-feedback rule is the numpy loop, round by round
-    (iterate and memory), to float64 rounding."""
-    alg = MAKERS[name](quantizer=COMPRESSORS[compressor], error_feedback=error_feedback)
-    theta0 = np.linspace(-1.0, 2.0, D)
-    got, got_mem = simulate(flat, alg, 6, theta0)
-    want, want_mem = loop(flat, name, alg, 6, theta0)
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(got_mem, want_mem, rtol=1e-12, atol=1e-12)
+def _round_alg(name, compressor, error_feedback):
+    return MAKERS[name](quantizer=COMPRESSORS[compressor], error_feedback=error_feedback)
 
 
-@pytest.mark.parametrize(
-    ("name", "error_feedback", "aggregation"),
-    [
-        ("fedlsa", "ef14", "divide_by_n"),
-        ("fedlsa", "ef14", "divide_by_received"),
-        ("fedlsa", "ef21", "divide_by_n"),
-        ("scafflsa", "ef21", "divide_by_n"),
-        ("scafflsa", "ef14", "divide_by_received"),
-        ("qfedtd", "ef21", "divide_by_n"),
-    ],
-)
-def test_memories_under_erasures_match_numpy_loop(flat, name, error_feedback, aggregation):
-    """A lost message leaves the agent's memory as it was (EF14's e_c, EF21's g_c); EF21's server
-    keeps the last g_c it received and averages all N of them."""
-    alg = MAKERS[name](
+ERASURE_CASES = [
+    ("fedlsa", "ef14", "divide_by_n"),
+    ("fedlsa", "ef14", "divide_by_received"),
+    ("fedlsa", "ef21", "divide_by_n"),
+    ("scafflsa", "ef21", "divide_by_n"),
+    ("scafflsa", "ef14", "divide_by_received"),
+    ("qfedtd", "ef21", "divide_by_n"),
+]
+
+
+def _erasure_alg(name, error_feedback, aggregation):
+    return MAKERS[name](
         quantizer=fj.channel.rand_k(2, unbiased=False),
         error_feedback=error_feedback,
         success_prob=0.5,
         aggregation=aggregation,
     )
+
+
+@pytest.fixture(scope="module")
+def seed_0_runs(flat):
+    """``case -> (thetas, memories)``: the library's seed 0 of every case of ROUND_CASES (6 rounds)
+    and ERASURE_CASES (8 rounds), from ``linspace(-1, 2, D)``, run side by side (one compile per few
+    cases instead of one per case); each test below checks its own case."""
     theta0 = np.linspace(-1.0, 2.0, D)
-    got, got_mem = simulate(flat, alg, 8, theta0)
+    rounds = simulate_jointly(flat, [_round_alg(*c) for c in ROUND_CASES], 6, theta0)
+    erasures = simulate_jointly(flat, [_erasure_alg(*c) for c in ERASURE_CASES], 8, theta0)
+    return dict(zip(ROUND_CASES + ERASURE_CASES, rounds + erasures))
+
+
+@pytest.mark.parametrize(("name", "compressor", "error_feedback"), ROUND_CASES)
+def test_rounds_match_numpy_loop(flat, seed_0_runs, name, compressor, error_feedback):
+    """Without erasures, each compressor and error-feedback rule is the numpy loop, round by round
+    (iterate and memory), to float64 rounding."""
+    alg = _round_alg(name, compressor, error_feedback)
+    theta0 = np.linspace(-1.0, 2.0, D)
+    got, got_mem = seed_0_runs[name, compressor, error_feedback]
+    want, want_mem = loop(flat, name, alg, 6, theta0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_mem, want_mem, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("name", "error_feedback", "aggregation"), ERASURE_CASES)
+def test_memories_under_erasures_match_numpy_loop(flat, seed_0_runs, name, error_feedback, aggregation):
+    """A lost message leaves the agent's memory as it was (EF14's e_c, EF21's g_c); EF21's server
+    keeps the last g_c it received and averages all N of them."""
+    alg = _erasure_alg(name, error_feedback, aggregation)
+    theta0 = np.linspace(-1.0, 2.0, D)
+    got, got_mem = seed_0_runs[name, error_feedback, aggregation]
     want, want_mem = loop(flat, name, alg, 8, theta0)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got_mem, want_mem, rtol=1e-12, atol=1e-12)
@@ -308,15 +335,32 @@ THEORY_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("family", "name", "q", "error_feedback", "p"), THEORY_CASES)
-def test_monte_carlo_matches_exact_mse(tiny_td, het_gaussian, family, name, q, error_feedback, p):
-    """Unscaled (biased) rand-k, and rand-k with EF14 or EF21, erasures or not: the round is linear in
-    (state, memory), and the MC MSE is within Z_TOL standard errors of ``exact_mse`` at every round."""
+def _theory_case(tiny_td, het_gaussian, family, name, q, error_feedback, p):
     P, r, Phi = tiny_td
     problem = het_gaussian if family == "gaussian" else fj.problems.federated_td(P, r, Phi, 0.9)
     kw = dict(quantizer=q, error_feedback=error_feedback, success_prob=p)
-    alg = fj.fedlsa(0.2, 2, **kw) if name == "fedlsa" else fj.qfedtd(0.5, **kw)
-    assert_monte_carlo_matches_exact(problem, alg, T=8)
+    return problem, (fj.fedlsa(0.2, 2, **kw) if name == "fedlsa" else fj.qfedtd(0.5, **kw))
+
+
+@pytest.fixture(scope="module")
+def theory_runs(tiny_td, het_gaussian):
+    """Case index -> ``(problem, alg, result)``: the Monte Carlo run of every case of THEORY_CASES
+    (``monte_carlo_jointly``, 8 rounds, 4000 seeds), the cases of one problem side by side."""
+    cases = [_theory_case(tiny_td, het_gaussian, *c) for c in THEORY_CASES]
+    runs = {}
+    for family in ("gaussian", "td"):
+        mine = [i for i, c in enumerate(THEORY_CASES) if c[0] == family]
+        results = monte_carlo_jointly(cases[mine[0]][0], [cases[i][1] for i in mine], T=8)
+        runs.update({i: (*cases[i], res) for i, res in zip(mine, results)})
+    return runs
+
+
+@pytest.mark.parametrize(("family", "name", "q", "error_feedback", "p"), THEORY_CASES)
+def test_monte_carlo_matches_exact_mse(theory_runs, family, name, q, error_feedback, p):
+    """Unscaled (biased) rand-k, and rand-k with EF14 or EF21, erasures or not: the round is linear in
+    (state, memory), and the MC MSE is within Z_TOL standard errors of ``exact_mse`` at every round."""
+    problem, alg, res = theory_runs[THEORY_CASES.index((family, name, q, error_feedback, p))]
+    assert_result_matches_exact(problem, alg, res, T=8)
 
 
 def test_theory_refuses_what_is_not_linear(het_gaussian):

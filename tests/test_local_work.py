@@ -16,7 +16,15 @@ import jax
 import numpy as np
 import pytest
 from conftest import Z_TOL
-from reference import assert_monte_carlo_matches_exact, check_against_loop, gaussian_loop, td_loop
+from reference import (
+    assert_result_matches_exact,
+    check_against_loop,
+    gaussian_loop,
+    monte_carlo_jointly,
+    run_jointly,
+    step_trajectories_jointly,
+    td_loop,
+)
 
 import fedsa_jax as fj
 
@@ -29,29 +37,65 @@ LAWS = {
 }
 
 
+TD_LAWS = ["fixed", "uniform", "straggler-fednova"]
+
+
+def _scafflsa_round_cases(law):
+    """SCAFFLSA's round-by-round cases of ``law``: ``(problem key, alg)``, Gaussian and lossy Markov TD."""
+    return [
+        ("gaussian", fj.scafflsa(0.05, SCAFFLSA_LAWS[law]())),
+        ("markov", fj.scafflsa(0.1, SCAFFLSA_LAWS[law](), success_prob=0.7)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def step_runs(het_gaussian, tiny_td_sampled):
+    """``(test, law, problem key) -> (problem, alg, trajectories)``: every seed's every round (3 seeds, 6
+    rounds, key 11) of the round-by-round tests below from the algorithms' own steps, the algorithms of
+    one problem traced into one compiled program (``step_trajectories_jointly``)."""
+    problems = {"gaussian": het_gaussian, **tiny_td_sampled}
+    cases = [("fedlsa", law, "gaussian", fj.fedlsa(0.05, LAWS[law]())) for law in LAWS]
+    cases += [
+        ("td", law, s, fj.fedlsa(0.1, LAWS[law]())) for s in ("generative", "markov") for law in TD_LAWS
+    ]
+    cases += [("scafflsa", law, p, alg) for law in SCAFFLSA_LAWS for p, alg in _scafflsa_round_cases(law)]
+    runs = {}
+    for name, problem in problems.items():
+        mine = [c for c in cases if c[2] == name]
+        got = step_trajectories_jointly(problem, [c[3] for c in mine], jax.random.key(11), 6, 3)
+        runs.update({c[:3]: (problem, c[3], g) for c, g in zip(mine, got)})
+    return runs
+
+
 @pytest.mark.parametrize("law", list(LAWS))
-def test_gaussian_round_by_round_against_numpy(het_gaussian, law):
-    alg = fj.fedlsa(0.05, LAWS[law]())
-    check_against_loop(het_gaussian, alg, gaussian_loop, T=6, num_seeds=3, driver=False)
+def test_gaussian_round_by_round_against_numpy(step_runs, law):
+    problem, alg, got = step_runs["fedlsa", law, "gaussian"]
+    check_against_loop(problem, alg, gaussian_loop, T=6, num_seeds=3, driver=False, trajectories=got)
 
 
 @pytest.mark.parametrize("sampling", ["generative", "markov"])
-@pytest.mark.parametrize("law", ["fixed", "uniform", "straggler-fednova"])
-def test_td_round_by_round_against_numpy(tiny_td_sampled, sampling, law):
-    alg = fj.fedlsa(0.1, LAWS[law]())
-    check_against_loop(tiny_td_sampled[sampling], alg, td_loop, T=6, num_seeds=3, driver=False)
+@pytest.mark.parametrize("law", TD_LAWS)
+def test_td_round_by_round_against_numpy(step_runs, sampling, law):
+    problem, alg, got = step_runs["td", law, sampling]
+    check_against_loop(problem, alg, td_loop, T=6, num_seeds=3, driver=False, trajectories=got)
 
 
 def test_through_the_driver_and_the_counts(tiny_td_sampled):
     problem = tiny_td_sampled["markov"]
     law = fj.local_work.fixed([1, 3, 5])
-    check_against_loop(problem, fj.fedlsa(0.1, law), td_loop, T=5, num_seeds=4)  # statistics too
-    res = fj.simulate(0, problem, fj.fedlsa(0.1, law), 5, 8)
+    check_against_loop(problem, fj.fedlsa(0.1, law), td_loop, T=5, num_seeds=8)  # statistics too
+    res = fj.simulate(0, problem, fj.fedlsa(0.1, law), 5, 8)  # the same compiled kernel, another key
     np.testing.assert_array_equal(res.samples, 9 * res.rounds)  # 1 + 3 + 5 observations a round
-    random = fj.simulate(0, problem, fj.fedlsa(0.1, fj.local_work.uniform(1, 4)), 400, 64)
+    # random counts and a cohort's, side by side in one compiled program (each its lone run)
+    random, cohort = run_jointly(
+        0,
+        problem,
+        [fj.fedlsa(0.1, fj.local_work.uniform(1, 4)), fj.fedlsa(0.1, law, clients_per_round=2)],
+        400,
+        64,
+    )
     per_round = random.samples[-1] / 400  # E sum_c H_c = 3 x 2.5, a mean over 400 x 64 draws
     assert abs(per_round - 7.5) < Z_TOL * np.sqrt(3 * 1.25 / (400 * 64))
-    cohort = fj.simulate(0, problem, fj.fedlsa(0.1, law, clients_per_round=2), 5, 8)
     assert np.all(cohort.samples[1:] < 9 * cohort.rounds[1:])  # only the cohort's counts
 
 
@@ -66,14 +110,47 @@ def test_lockstep_is_the_integer_and_bitwise_today(het_gaussian):
     assert a.config == b.config
 
 
-@pytest.mark.parametrize("law", ["fixed", "uniform", "shared", "straggler-fednova"])
-def test_monte_carlo_matches_exact_mse_gaussian(het_gaussian, law):
-    assert_monte_carlo_matches_exact(het_gaussian, fj.fedlsa(0.05, LAWS[law]()), T=8, n=4000)
+MC_GAUSSIAN_LAWS = ["fixed", "uniform", "shared", "straggler-fednova"]
+MC_TD_LAWS = ["fixed", "geometric", "straggler-fednova"]
+MC_SCAFFLSA_LAWS = ["fixed", "fixed-fednova", "uniform-fednova"]
 
 
-@pytest.mark.parametrize("law", ["fixed", "geometric", "straggler-fednova"])
-def test_monte_carlo_matches_exact_mse_td(tiny_td_sampled, law):
-    assert_monte_carlo_matches_exact(tiny_td_sampled["generative"], fj.fedlsa(0.1, LAWS[law]()), T=8, n=4000)
+@pytest.fixture(scope="module")
+def monte_carlo_runs(het_gaussian, tiny_td_sampled):
+    """``(test, law) -> (problem, alg, T, result)``: the Monte Carlo runs (4000 seeds) of the three
+    tests below, those of one problem and horizon side by side (``monte_carlo_jointly``: each is the
+    lone run, checked on its own with the same tolerance)."""
+    td = tiny_td_sampled["generative"]
+    groups = [
+        (
+            het_gaussian,
+            8,
+            [("fedlsa", law, fj.fedlsa(0.05, LAWS[law]())) for law in MC_GAUSSIAN_LAWS]
+            + [("scafflsa", law, fj.scafflsa(0.05, SCAFFLSA_LAWS[law]())) for law in MC_SCAFFLSA_LAWS],
+        ),
+        (td, 8, [("td", law, fj.fedlsa(0.1, LAWS[law]())) for law in MC_TD_LAWS]),
+        (td, 6, [("scafflsa-td", law, fj.scafflsa(0.1, SCAFFLSA_LAWS[law]())) for law in MC_SCAFFLSA_LAWS]),
+    ]
+    runs = {}
+    for problem, T, cases in groups:
+        results = monte_carlo_jointly(problem, [alg for _, _, alg in cases], T=T, n=4000)
+        runs.update({(test, law): (problem, alg, T, res) for (test, law, alg), res in zip(cases, results)})
+    return runs
+
+
+def _check_monte_carlo(runs, test, law):
+    problem, alg, T, res = runs[test, law]
+    assert_result_matches_exact(problem, alg, res, T=T, n=4000)
+
+
+@pytest.mark.parametrize("law", MC_GAUSSIAN_LAWS)
+def test_monte_carlo_matches_exact_mse_gaussian(monte_carlo_runs, law):
+    _check_monte_carlo(monte_carlo_runs, "fedlsa", law)
+
+
+@pytest.mark.parametrize("law", MC_TD_LAWS)
+def test_monte_carlo_matches_exact_mse_td(monte_carlo_runs, law):
+    _check_monte_carlo(monte_carlo_runs, "td", law)
 
 
 def _theta_H(problem, law):
@@ -208,21 +285,18 @@ SCAFFLSA_LAWS = {
 
 
 @pytest.mark.parametrize("law", list(SCAFFLSA_LAWS))
-def test_scafflsa_round_by_round_against_numpy(het_gaussian, tiny_td_sampled, law):
+def test_scafflsa_round_by_round_against_numpy(step_runs, law):
     """SCAFFLSA's control variates divide by the agent's own step sum (plain) or by tau eta
     (FedNova's normalised messages); through a lossy channel too."""
-    check_against_loop(
-        het_gaussian, fj.scafflsa(0.05, SCAFFLSA_LAWS[law]()), gaussian_loop, 6, 3, driver=False
-    )
-    lossy = fj.scafflsa(0.1, SCAFFLSA_LAWS[law](), success_prob=0.7)
-    check_against_loop(tiny_td_sampled["markov"], lossy, td_loop, 6, 3, driver=False)
+    for p, loop in (("gaussian", gaussian_loop), ("markov", td_loop)):
+        problem, alg, got = step_runs["scafflsa", law, p]
+        check_against_loop(problem, alg, loop, 6, 3, driver=False, trajectories=got)
 
 
-@pytest.mark.parametrize("law", ["fixed", "fixed-fednova", "uniform-fednova"])
-def test_scafflsa_monte_carlo_matches_exact_mse(het_gaussian, tiny_td_sampled, law):
-    assert_monte_carlo_matches_exact(het_gaussian, fj.scafflsa(0.05, SCAFFLSA_LAWS[law]()), T=8, n=4000)
-    alg = fj.scafflsa(0.1, SCAFFLSA_LAWS[law]())
-    assert_monte_carlo_matches_exact(tiny_td_sampled["generative"], alg, T=6, n=4000)
+@pytest.mark.parametrize("law", MC_SCAFFLSA_LAWS)
+def test_scafflsa_monte_carlo_matches_exact_mse(monte_carlo_runs, law):
+    _check_monte_carlo(monte_carlo_runs, "scafflsa", law)  # Gaussian LSA, 8 rounds
+    _check_monte_carlo(monte_carlo_runs, "scafflsa-td", law)  # generative TD, 6 rounds
 
 
 def test_scafflsa_limits(het_gaussian):

@@ -104,12 +104,6 @@ def test_idle_agents_samplers_do_not_move_and_accounting(name, tiny_td):
     assert np.all(moved > 0)  # every agent's chain moved when it was in the cohort
 
 
-def _z_scores(problem, alg, T, n, theta0):
-    res = fj.simulate(jax.random.key(1), problem, alg, T, n, theta0=theta0)
-    exact = fj.theory.exact_mse(problem, alg, T, theta0=theta0)[res.rounds]
-    return res, (res.mse_mean[1:] - exact[1:]) / res.mse_sem[1:]
-
-
 CASES = [  # (name, m of N = 3, channel): m = 2 for the control variates (with m = 1 they cannot move)
     ("fedlsa", 1, dict(quantizer=fj.channel.rand_k(2), success_prob=0.7, aggregation="divide_by_received")),
     ("scafflsa", 2, {}),
@@ -118,19 +112,39 @@ CASES = [  # (name, m of N = 3, channel): m = 2 for the control variates (with m
 ]
 
 
+@pytest.fixture(scope="module")
+def cohort_runs(het_gaussian, tiny_td):
+    """``(case name, family) -> (problem, result)``: every case of CASES on Gaussian LSA and generative
+    TD, 6 rounds, 6000 seeds started at theta_star, the cases of one problem side by side in one
+    compiled program (each result the case's lone ``fj.simulate`` with key 1, to float rounding)."""
+    from reference import run_jointly
+
+    P, r, Phi = tiny_td
+    td = fj.problems.federated_td(P, r, Phi, 0.9)
+    runs = {}
+    for problem in (het_gaussian, td):
+        algs = [ALGORITHMS[name](clients_per_round=m, **channel) for name, m, channel in CASES]
+        star = np.asarray(problem.theta_star)
+        results = run_jointly(jax.random.key(1), problem, algs, 6, 6000, theta0=star)
+        family = problem.describe()["family"]
+        runs.update({(name, family): (problem, res) for (name, _, _), res in zip(CASES, results)})
+    return runs
+
+
 @pytest.mark.parametrize("name,m,channel", CASES, ids=[c[0] for c in CASES])
-def test_monte_carlo_matches_exact_mse_with_cohorts(name, m, channel, het_gaussian, tiny_td):
+def test_monte_carlo_matches_exact_mse_with_cohorts(name, m, channel, cohort_runs):
     """MC within Z_TOL s.e. of exact_mse at every recorded round, on Gaussian LSA and generative TD;
     the full-participation curve is far outside (the test has power). Started at theta_star, the MSE
     is all noise, which a cohort of one or two agents in three multiplies."""
-    P, r, Phi = tiny_td
-    td = fj.problems.federated_td(P, r, Phi, 0.9)
-    T, n = 6, 6000
-    for problem in (het_gaussian, td):
+    T = 6
+    mine = [(family, run) for (case, family), run in cohort_runs.items() if case == name]
+    assert len(mine) == 2  # both problems
+    for family, (problem, res) in mine:
         alg = ALGORITHMS[name](clients_per_round=m, **channel)
         star = np.asarray(problem.theta_star)
-        res, z = _z_scores(problem, alg, T, n, star)
-        assert np.max(np.abs(z)) < Z_TOL, (problem.describe()["family"], z)
+        exact = fj.theory.exact_mse(problem, alg, T, theta0=star)[res.rounds]
+        z = (res.mse_mean[1:] - exact[1:]) / res.mse_sem[1:]
+        assert np.max(np.abs(z)) < Z_TOL, (family, z)
         full = fj.theory.exact_mse(problem, ALGORITHMS[name](**channel), T, theta0=star)[res.rounds]
         assert np.max(np.abs(res.mse_mean[1:] - full[1:]) / res.mse_sem[1:]) > 3 * Z_TOL
 
@@ -243,14 +257,14 @@ def test_cohort_with_error_feedback_equals_a_numpy_loop():
 def test_cohort_with_a_downlink_matches_exact_mse(het_gaussian):
     """A cohort and an unscaled rand-k downlink together: MC within Z_TOL s.e. of the exact curve
     (FedLSA and Scaffnew), the cohort's exact theory composed with the downlink's."""
-    from reference import assert_monte_carlo_matches_exact
+    from reference import assert_monte_carlo_matches_exact_jointly
 
     down = fj.channel.channel(fj.channel.rand_k(2, unbiased=False))
-    for alg in (
-        fj.fedlsa(0.2, 2, downlink=down, clients_per_round=2),
-        fj.scaffnew(0.2, 0.5, 2, downlink=down, clients_per_round=2),
-    ):
-        assert_monte_carlo_matches_exact(het_gaussian, alg, T=6, n=4000)
+    algorithms = {  # side by side in one compiled program, each checked on its own
+        "fedlsa": fj.fedlsa(0.2, 2, downlink=down, clients_per_round=2),
+        "scaffnew": fj.scaffnew(0.2, 0.5, 2, downlink=down, clients_per_round=2),
+    }
+    assert_monte_carlo_matches_exact_jointly(het_gaussian, algorithms, T=6, n=4000)
 
 
 def test_cohort_exact_theory_with_error_feedback_is_refused(het_gaussian):

@@ -24,7 +24,7 @@ import pytest
 from conftest import Z_TOL
 from dp_accounting import rdp
 from dp_accounting.pld import PLDAccountant
-from reference import assert_monte_carlo_matches_exact
+from reference import assert_monte_carlo_matches_exact_jointly
 
 import fedsa_jax as fj
 
@@ -223,31 +223,37 @@ def test_epsilon_is_monotone_and_the_target_is_met():
     assert eps(sigma, 100) == pytest.approx(2.0, rel=1e-3)
 
 
-@pytest.mark.parametrize("mode", ["local", "central"])
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {},
-        dict(success_prob=0.3),  # rounds where nothing arrives: no noise then
-        dict(success_prob=0.6, aggregation="divide_by_received"),
-        dict(clients_per_round=2),
-        dict(quantizer="rand_k"),
-    ],
-)
-def test_monte_carlo_matches_exact_mse_without_clipping(het_gaussian, mode, extra):
-    extra = dict(extra)
-    if extra.get("quantizer") == "rand_k":
-        extra["quantizer"] = fj.channel.rand_k(2)
-    alg = fj.fedlsa(0.05, 3, privacy=fj.channel.privacy(0.7, 0.5, mode, clip=False), **extra)
-    assert_monte_carlo_matches_exact(het_gaussian, alg, T=8, n=4000)
+# each channel around the noise: rounds where nothing arrives (no noise then), division by the
+# messages received, a cohort, a random sparsifier
+CHANNELS = {
+    "plain": {},
+    "erasures": dict(success_prob=0.3),
+    "divide_by_received": dict(success_prob=0.6, aggregation="divide_by_received"),
+    "cohort": dict(clients_per_round=2),
+    "rand_k": dict(quantizer="rand_k"),
+}
 
 
 @pytest.mark.parametrize("mode", ["local", "central"])
-def test_monte_carlo_matches_exact_mse_td(tiny_td_sampled, mode):
-    problem = tiny_td_sampled["generative"]
-    privacy = fj.channel.privacy(1.0, 0.3, mode, clip=False)
-    for alg in (fj.fedlsa(0.1, 2, privacy=privacy), fj.qfedtd(0.2, privacy=privacy, success_prob=0.7)):
-        assert_monte_carlo_matches_exact(problem, alg, T=8, n=4000)
+def test_monte_carlo_matches_exact_mse_without_clipping(het_gaussian, mode):
+    """Each channel of CHANNELS checked on its own (one compiled program runs them side by side)."""
+    algorithms = {}
+    for name, extra in CHANNELS.items():
+        extra = dict(extra)
+        if extra.get("quantizer") == "rand_k":
+            extra["quantizer"] = fj.channel.rand_k(2)
+        algorithms[name] = fj.fedlsa(0.05, 3, privacy=fj.channel.privacy(0.7, 0.5, mode, clip=False), **extra)
+    assert_monte_carlo_matches_exact_jointly(het_gaussian, algorithms, T=8, n=4000)
+
+
+def test_monte_carlo_matches_exact_mse_td(tiny_td_sampled):
+    """Local and central noise, FedLSA and QFedTD through erasures, each checked on its own."""
+    algorithms = {}
+    for mode in ("local", "central"):
+        privacy = fj.channel.privacy(1.0, 0.3, mode, clip=False)
+        algorithms[f"fedlsa-{mode}"] = fj.fedlsa(0.1, 2, privacy=privacy)
+        algorithms[f"qfedtd-{mode}"] = fj.qfedtd(0.2, privacy=privacy, success_prob=0.7)
+    assert_monte_carlo_matches_exact_jointly(tiny_td_sampled["generative"], algorithms, T=8, n=4000)
 
 
 def test_noise_floor_in_closed_form(het_gaussian):
