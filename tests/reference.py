@@ -853,6 +853,18 @@ def monte_carlo_jointly(problem, algorithms, T: int = 8, n: int = 4000, seed: in
     return run_jointly(jax.random.key(seed), problem, algorithms, T, n, theta0=theta0)
 
 
+def monte_carlo_by_family(cases, families, T: int = 8) -> dict:
+    """Case index -> ``(*case, result)`` for ``cases`` (each ``(problem, alg, ...)``): the
+    :func:`monte_carlo_jointly` run of every case, the cases of one family (``families[i]``, the same
+    problem) side by side."""
+    runs = {}
+    for family in dict.fromkeys(families):
+        mine = [i for i, f in enumerate(families) if f == family]
+        results = monte_carlo_jointly(cases[mine[0]][0], [cases[i][1] for i in mine], T=T)
+        runs.update({i: (*cases[i], res) for i, res in zip(mine, results)})
+    return runs
+
+
 def assert_monte_carlo_matches_exact_jointly(problem, algorithms, T: int = 8, n: int = 4000, seed: int = 7):
     """:func:`assert_monte_carlo_matches_exact` for each of ``algorithms`` (``{name: alg}``, two or
     more), run side by side (:func:`monte_carlo_jointly`): every algorithm is checked, and every

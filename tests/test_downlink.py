@@ -11,7 +11,7 @@ import pytest
 from reference import (
     _round_keys,
     assert_result_matches_exact,
-    monte_carlo_jointly,
+    monte_carlo_by_family,
     run_jointly,
     scaffnew_coins,
 )
@@ -315,14 +315,9 @@ def _theory_case(tiny_td, het_gaussian, family, name, down, up):
 @pytest.fixture(scope="module")
 def theory_runs(tiny_td, het_gaussian):
     """Case index -> ``(problem, alg, result)``: the Monte Carlo run of every case of THEORY_CASES
-    (``monte_carlo_jointly``, 8 rounds, 4000 seeds), the cases of one problem side by side."""
+    (``monte_carlo_by_family``, 8 rounds, 4000 seeds), the cases of one problem side by side."""
     cases = [_theory_case(tiny_td, het_gaussian, *c) for c in THEORY_CASES]
-    runs = {}
-    for family in ("gaussian", "td"):
-        mine = [i for i, c in enumerate(THEORY_CASES) if c[0] == family]
-        results = monte_carlo_jointly(cases[mine[0]][0], [cases[i][1] for i in mine], T=8)
-        runs.update({i: (*cases[i], res) for i, res in zip(mine, results)})
-    return runs
+    return monte_carlo_by_family(cases, [c[0] for c in THEORY_CASES], T=8)
 
 
 @pytest.mark.parametrize(("family", "name", "down", "up"), THEORY_CASES)

@@ -336,6 +336,13 @@ def options(read_by: str) -> list[Option]:
             params=("clip",),
             read_by=read_by,
         ),
+        *_adaptive_clipping_options(read_by),
+    ]
+
+
+def _adaptive_clipping_options(read_by: str) -> list[Option]:
+    """Adaptive clipping's options (central mode; Andrew et al. 2021)."""
+    return [
         Option(
             ("--target-quantile",),
             "target_quantile",
