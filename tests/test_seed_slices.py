@@ -58,7 +58,8 @@ ALGORITHMS = {
 def test_seed_slices_change_no_value(monkeypatch, family, algorithm):
     """60 seeds in 1 slice and in 5 or more (every agent count allowed): every seed's squared error
     and final iterate, and the statistics over seeds, are those of one pass to float rounding (XLA
-    may vectorise a slice's arithmetic differently: a few units in the last place)."""
+    may vectorise a slice's arithmetic differently: a few units in the last place, a few dozen where
+    SARSA's softmax carries them across rounds)."""
     monkeypatch.setattr(plan, "MIN_SLICE_AGENTS", 1)
     problem, alg = PROBLEMS[family](), ALGORITHMS[algorithm]()
 
@@ -72,7 +73,7 @@ def test_seed_slices_change_no_value(monkeypatch, family, algorithm):
     assert whole.config["execution"]["seed_slices"] == 1
     assert sliced.config["execution"]["seed_slices"] >= 5
     assert sliced.config["execution"]["padded_batch"] == whole.config["execution"]["padded_batch"]
-    rtol = 16 * np.finfo(problem.dtype).eps
+    rtol = 64 * np.finfo(problem.dtype).eps
     for name in ("seed_mse", "final_theta", "mse_mean", "mse_sem", "mse_quantiles"):
         want = np.asarray(getattr(whole, name))
         got = getattr(sliced, name)
