@@ -379,7 +379,7 @@ GENERATION_SEEDS = Option(
 GAMMA = Option(
     ("--gamma",),
     "gamma",
-    "discount factor gamma in [0, 1) (sarsa-garnet and q-learning default 0.9)",
+    "discount factor gamma in [0, 1) (sarsa-garnet, q-learning and the classic-control problems default 0.9)",
     discount,
     None,
     group="problem",

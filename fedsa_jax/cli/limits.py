@@ -121,6 +121,31 @@ def bias_lines(args, problem, summary: dict) -> dict:
     return lines
 
 
+REFERENCE_MARGIN = 10.0  # a final MSE below this many times the reference's own error is warned
+
+
+def reference_lines(problem, results: dict, summary: dict) -> dict:
+    """For a problem whose ``theta_star`` is itself an estimate (``reference_mse``: what its error
+    adds to an MSE measured against it, e.g. the classic-control problems' Monte Carlo reference):
+    the line printed, saved and drawn, and a warning for every run whose final MSE is not far above
+    it (below ``REFERENCE_MARGIN`` times)."""
+    level = getattr(problem, "reference_mse", None)
+    if level is None:
+        return {}
+    summary["reference_mse"] = float(level)
+    print(f"reference theta*: estimated by Monte Carlo; its error adds about {level:.3g} to every MSE")
+    for name, result in results.items():
+        final = float(result.mse_mean[-1])
+        if final < REFERENCE_MARGIN * level:
+            warning = (
+                f"{name}'s final MSE {final:.3g} is within {REFERENCE_MARGIN:g}x of the reference's own "
+                f"error {level:.3g}: the curve's floor is not resolved (a larger --reference)"
+            )
+            summary.setdefault("warnings", []).append(warning)
+            print(f"warning: {warning}", file=sys.stderr)
+    return {r"reference $\mathrm{tr\,Cov}(\hat\theta^\star)$": float(level)}
+
+
 MARKOV_BIAS_NOTE = (
     "the closed form assumes i.i.d. observations; under Markov sampling the limit also carries a "
     "Markov bias of order eta (less with --skip): --exact draws the exact stationary MSE on small chains"

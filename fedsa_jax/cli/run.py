@@ -10,7 +10,7 @@ from pathlib import Path
 from fedsa_jax import registry
 from fedsa_jax.cli.build import _make_algorithm, _make_problem
 from fedsa_jax.cli.checks import options_checked
-from fedsa_jax.cli.limits import bias_lines, exact_costs, exact_curves
+from fedsa_jax.cli.limits import bias_lines, exact_costs, exact_curves, reference_lines
 from fedsa_jax.cli.parser import progress_mode
 from fedsa_jax.cli.titles import cohort_caption, run_title
 
@@ -528,7 +528,7 @@ def cmd_run(args) -> int:
             alg.name: _simulate_one(args, problem, alg, name, summary)
             for alg, name in zip(algs, names, strict=True)
         }
-    lines = bias_lines(args, problem, summary)
+    lines = bias_lines(args, problem, summary) | reference_lines(problem, results, summary)
     exact = exact_curves(args, problem, algs, summary, lines)
     if not args.no_plot:
         import matplotlib

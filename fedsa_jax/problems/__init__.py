@@ -1,8 +1,17 @@
 """Federated SA problems: the protocol every problem follows, the built-in families
-(Gaussian LSA, federated TD(0), least squares, federated SARSA and Q-learning, the noise-free
-version of any problem) and the pieces for writing a new one."""
+(Gaussian LSA, federated TD(0), least squares, federated SARSA and Q-learning, federated TD(0) on
+gymnax's classic control, the noise-free version of any problem) and the pieces for writing a new
+one, linear features of a continuous observation included."""
 
+from fedsa_jax.problems import features
 from fedsa_jax.problems._base import alias_draw, alias_tables, fixed_points
+from fedsa_jax.problems.classic_control import (
+    ClassicControlTD,
+    LinearPolicy,
+    agent_env_params,
+    classic_control_td,
+)
+from fedsa_jax.problems.features import fourier_basis, radial_basis, state_action, tile_coding
 from fedsa_jax.problems.federated_q_learning import (
     QLearning,
     QLearningMeanField,
@@ -33,24 +42,30 @@ from fedsa_jax.problems.regression import LeastSquares, least_squares
 from fedsa_jax.problems.td import FederatedTD, federated_td
 
 __all__ = [
+    "ClassicControlTD",
     "ExpectedProblem",
     "FederatedSARSA",
     "FederatedTD",
     "FiniteSupport",
     "GaussianLSA",
     "LeastSquares",
+    "LinearPolicy",
     "Problem",
     "QLearning",
     "QLearningMeanField",
     "SARSAMeanField",
+    "agent_env_params",
     "alias_draw",
     "alias_tables",
     "check_linear",
+    "classic_control_td",
     "direction_second_moment",
     "expected",
+    "features",
     "federated_td",
     "fixed_points",
     "follows_iterate",
+    "fourier_basis",
     "garnet",
     "garnet_control",
     "garnet_control_mdp",
@@ -61,7 +76,10 @@ __all__ = [
     "optimal_q",
     "q_learning",
     "qfedtd_mdp",
+    "radial_basis",
     "random_gaussian_lsa",
     "sarsa",
+    "state_action",
+    "tile_coding",
     "two_state_q_learning",
 ]
