@@ -4,6 +4,7 @@ per-agent physics really differ; the Monte Carlo reference is reproducible, its 
 spread of independent references and shrinks as 1/sqrt(samples); FedLSA with H = 1 settles on the
 reference within its own error bar; refusals; the command line."""
 
+import functools
 import json
 import operator
 
@@ -29,12 +30,14 @@ def cartpole():
 
 def _gymnax_loop(problem, c, key, rand):
     """Agent c's trajectory stepped by gymnax itself, with its own parameters and the same keys."""
-    env, _ = gymnax.make("CartPole-v1")
+    env, _ = gymnax.make(cc.ENVIRONMENTS[problem.env].gymnax_id)
+    torques = cc.ENVIRONMENTS[problem.env].actions
     params = jax.tree.map(operator.itemgetter(c), problem.env_params)
     x, state = env.reset(key, params)
     rows = []
     for bits, u in zip(np.asarray(rand.keys[c]), np.asarray(rand.u[c])):
         action = problem.policy(x, u)
+        action = action if torques is None else np.float64(torques[int(action)])
         new_x, state, reward, terminated, _, info = env.step(
             jax.random.wrap_key_data(bits), state, action, params
         )
@@ -43,19 +46,40 @@ def _gymnax_loop(problem, c, key, rand):
     return rows, np.asarray(x)
 
 
-def test_the_kernels_steps_are_gymnax_steps_with_each_agents_parameters(cartpole):
-    H = 300
-    keys = jax.random.split(jax.random.key(5), 2)
-    rand = cartpole.randomness(jax.random.key(6), 2, H)
-    samplers = jax.vmap(cartpole.init_sampler)(keys, cartpole.agent_params())
-    moves, after = jax.jit(jax.vmap(cartpole.observe))(cartpole.agent_params(), samplers, rand)
-    for c in range(2):
-        rows, last = _gymnax_loop(cartpole, c, keys[c], rand)
-        np.testing.assert_array_equal(np.asarray(moves.x[c]), np.stack([r[0] for r in rows]))
-        np.testing.assert_array_equal(np.asarray(moves.reward[c]), [r[1] for r in rows])
-        np.testing.assert_array_equal(np.asarray(moves.next_x[c]), np.stack([r[2] for r in rows]))
+def _kernel_against_gymnax(problem, H):
+    keys = jax.random.split(jax.random.key(5), problem.num_agents)
+    rand = problem.randomness(jax.random.key(6), problem.num_agents, H)
+    samplers = jax.vmap(problem.init_sampler)(keys, problem.agent_params())
+    moves, after = jax.jit(jax.vmap(problem.observe))(problem.agent_params(), samplers, rand)
+    # to float rounding: XLA compiles the vmapped scan and gymnax's own jitted step apart, and may
+    # contract a multiply-add in one and not the other (a unit in the last place, MountainCar)
+    same = functools.partial(np.testing.assert_allclose, rtol=1e-10, atol=1e-12)
+    for c in range(problem.num_agents):
+        rows, last = _gymnax_loop(problem, c, keys[c], rand)
+        same(np.asarray(moves.x[c]), np.stack([r[0] for r in rows]))
+        same(np.asarray(moves.reward[c]), [r[1] for r in rows])
+        same(np.asarray(moves.next_x[c]), np.stack([r[2] for r in rows]))
         np.testing.assert_array_equal(np.asarray(moves.terminated[c]), [r[3] for r in rows])
-        np.testing.assert_array_equal(np.asarray(after[0][c]), last)
+        same(np.asarray(after[0][c]), last)
+    return moves
+
+
+@pytest.mark.parametrize(
+    "env, params",
+    [
+        ("mountaincar", {"force": [0.0008, 0.0012]}),
+        ("acrobot", {"link_mass_2": [0.5, 2.0]}),
+        ("pendulum", {"l": [0.5, 2.0]}),
+    ],  # fmt: skip
+)
+def test_every_environment_steps_as_gymnax_does(env, params):
+    problem = fj.problems.classic_control_td(env, 2, params, chains=2, steps=2, burn_in=0)
+    moves = _kernel_against_gymnax(problem, 40)
+    assert np.abs(np.asarray(moves.x[0]) - np.asarray(moves.x[1])).max() > 1e-6  # their own physics
+
+
+def test_the_kernels_steps_are_gymnax_steps_with_each_agents_parameters(cartpole):
+    moves = _kernel_against_gymnax(cartpole, 300)
     terminated = np.asarray(moves.terminated)
     assert terminated[0].sum() >= 1  # the short pole falls: the reset path is exercised (power)
     assert terminated[0].sum() > terminated[1].sum()  # and sooner than the long one

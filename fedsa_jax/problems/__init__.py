@@ -3,14 +3,10 @@
 gymnax's classic control, the noise-free version of any problem) and the pieces for writing a new
 one, linear features of a continuous observation included."""
 
-from fedsa_jax.problems import features
+from fedsa_jax.problems import environments, features
 from fedsa_jax.problems._base import alias_draw, alias_tables, fixed_points
-from fedsa_jax.problems.classic_control import (
-    ClassicControlTD,
-    LinearPolicy,
-    agent_env_params,
-    classic_control_td,
-)
+from fedsa_jax.problems.classic_control import ClassicControlTD, classic_control_td
+from fedsa_jax.problems.environments import LinearPolicy, agent_env_params
 from fedsa_jax.problems.features import fourier_basis, radial_basis, state_action, tile_coding
 from fedsa_jax.problems.federated_q_learning import (
     QLearning,
@@ -60,6 +56,7 @@ __all__ = [
     "check_linear",
     "classic_control_td",
     "direction_second_moment",
+    "environments",
     "expected",
     "features",
     "federated_td",

@@ -1,0 +1,214 @@
+"""Federated TD(0) on gymnax's CartPole with a pole length per agent: the science and the speed.
+
+* ``bias``: N = 4 agents with pole lengths 0.25, 0.5, 0.75, 1.0 (Fourier features of order 1,
+  gamma 0.9, the default policy), a constant step, the same number of local steps per agent for
+  every H: the long-run MSE against the Monte Carlo reference of FedLSA and SCAFFLSA for
+  H in (1, 10, 100), and FedLSA with a 4-bit QSGD uplink. FedLSA's heterogeneity bias grows with H;
+  SCAFFLSA's control variates remove it.
+* ``speedup``: homogeneous agents (every pole the default), FedLSA with H = 10: the long-run MSE
+  against N = 1, 2, 4, 8 (linear speed-up: N x MSE constant, until the Markov bias of the constant
+  step is reached).
+* ``speed``: agent-steps/s of FedLSA (H = 10, N = 10, 1000 seeds) with Fourier features and with
+  tile coding, beside stepping the environment with its policy alone in the same run (the floor: no
+  features, no update).
+
+Each reference's own error ``tr Cov(theta_hat)`` is reported beside the MSEs it is measured against.
+
+    python benchmarks/classic_control.py                  # all parts
+    python benchmarks/classic_control.py --parts speed
+
+Writes ``benchmarks/results/classic_control.json`` and ``benchmarks/figures/classic_control.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from _bench import add_cpu_devices_option, best_of, save_figure, use_cpu_devices, write_json
+
+HERE = Path(__file__).resolve().parent
+LENGTHS = [0.25, 0.5, 0.75, 1.0]
+STEPS = 20_000  # local steps per agent in every long run
+ETA = 0.05
+
+
+def _long_run(problem, alg, H: int, seeds: int) -> dict:
+    """The MSE against the reference, averaged over the last quarter of the run's records."""
+    import jax
+
+    import fedsa_jax as fj
+
+    rounds = STEPS // H
+    t0 = time.perf_counter()
+    res = fj.simulate(
+        jax.random.key(1), problem, alg, rounds, seeds, record_every=max(rounds // 40, 1), progress=False
+    )
+    return {
+        "H": H,
+        "mse": float(np.mean(res.mse_mean[-10:])),
+        "mse_se": float(np.mean(res.mse_sem[-10:])),  # the records are correlated: at most this
+        "curve": np.asarray(res.mse_mean).tolist(),
+        "steps": (np.asarray(res.rounds) * H).tolist(),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def bias_part(seeds: int, chains: int) -> dict:
+    import fedsa_jax as fj
+
+    t0 = time.perf_counter()
+    problem = fj.problems.classic_control_td(
+        "cartpole", 4, {"length": LENGTHS}, features="fourier:1", chains=chains, steps=4000, burn_in=1000
+    )
+    print(f"reference: {time.perf_counter() - t0:.1f} s, its error tr Cov = {problem.reference_mse:.3g}")
+    star, local = np.asarray(problem.theta_star), np.asarray(problem.local_theta_star)
+    out = {
+        "reference_mse": problem.reference_mse,
+        "local_distance": np.sum((local - star) ** 2, 1).tolist(),
+        "runs": {},
+    }
+    algorithms = {
+        "FedLSA": lambda H: fj.fedlsa(ETA, H),
+        "SCAFFLSA": lambda H: fj.scafflsa(ETA, H),
+        "FedLSA, 4-bit QSGD": lambda H: fj.fedlsa(ETA, H, quantizer=fj.channel.qsgd(4)),
+    }
+    for name, make in algorithms.items():
+        out["runs"][name] = []
+        for H in (1, 10, 100):
+            row = _long_run(problem, make(H), H, seeds)
+            out["runs"][name].append(row)
+            print(
+                f"{name:20s} H={H:3d}: long-run MSE {row['mse']:.4g} (s.e. {row['mse_se']:.2g}), "
+                f"{row['seconds']:.1f} s"
+            )
+    return out
+
+
+def speedup_part(seeds: int, chains: int) -> dict:
+    import fedsa_jax as fj
+
+    rows = []
+    for N in (1, 2, 4, 8):
+        problem = fj.problems.classic_control_td(
+            "cartpole", N, features="fourier:1", chains=chains, steps=4000
+        )
+        row = {
+            "N": N,
+            "reference_mse": problem.reference_mse,
+            **_long_run(problem, fj.fedlsa(ETA, 10), 10, seeds),
+        }
+        rows.append(row)
+        print(
+            f"N={N}: long-run MSE {row['mse']:.4g}, N x MSE {N * row['mse']:.4g} "
+            f"(reference {row['reference_mse']:.2g})"
+        )
+    return {"rows": rows}
+
+
+def speed_part(seeds: int, repeats: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    import fedsa_jax as fj
+
+    N, H, rounds = 10, 10, 20
+    out = {}
+    for features in ("fourier:1", "tiles:4:4"):
+        problem = fj.problems.classic_control_td(
+            "cartpole", N, features=features, chains=8, steps=100, dtype="float32"
+        )
+        alg = fj.fedlsa(0.05, H)
+        run = lambda: fj.simulate(0, problem, alg, rounds, seeds, record_every=rounds, progress=False)  # noqa: E731
+        run()
+        t = best_of(run, repeats)
+        out[features] = {"dim": problem.dim, "agent_steps_per_s": N * H * rounds * seeds / t}
+
+    @jax.jit
+    def floor(key):  # the environment and its policy alone: N x seeds trajectories, H x rounds steps
+        keys = jax.random.split(key, seeds * N)
+        params = jax.tree.map(lambda x: jnp.tile(x, seeds), problem.agent_params())
+        samplers = jax.vmap(problem.init_sampler)(keys, params)
+        rand = problem.randomness(key, seeds * N, H * rounds)
+        moves, _ = jax.vmap(problem.observe)(params, samplers, rand)
+        return jnp.sum(moves.x) + jnp.sum(moves.reward)
+
+    key = jax.random.key(0)
+    floor(key).block_until_ready()
+    t = best_of(lambda: floor(key).block_until_ready(), repeats)
+    out["environment alone"] = {"agent_steps_per_s": N * H * rounds * seeds / t}
+    for name, row in out.items():
+        ratio = row["agent_steps_per_s"] / out["environment alone"]["agent_steps_per_s"]
+        row["of_the_floor"] = ratio
+        print(
+            f"{name:18s} {row['agent_steps_per_s']:.3g} agent-steps/s ({ratio:.2f} of the environment alone)"
+        )
+    return out
+
+
+def figure(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [k for k in ("bias", "speedup") if k in report]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), dpi=110, squeeze=False)
+    axes = axes[0]
+    if "bias" in report:
+        ax = axes[panels.index("bias")]
+        for name, rows in report["bias"]["runs"].items():
+            H = [r["H"] for r in rows]
+            ax.errorbar(
+                H, [r["mse"] for r in rows], yerr=[2 * r["mse_se"] for r in rows], marker="o", label=name
+            )
+        ax.axhline(report["bias"]["reference_mse"], color="k", ls=":", label="reference's own error")
+        ax.set(xscale="log", yscale="log", xlabel="local steps H", ylabel="long-run MSE")
+        ax.set_title(f"CartPole, pole lengths {LENGTHS}", fontsize=9)
+        ax.legend(fontsize=8)
+    if "speedup" in report:
+        ax = axes[panels.index("speedup")]
+        rows = report["speedup"]["rows"]
+        N = np.array([r["N"] for r in rows])
+        mse = np.array([r["mse"] for r in rows])
+        ax.plot(N, mse, "o-", label="FedLSA H=10, homogeneous")
+        ax.plot(N, mse[0] / N, "k--", label="1/N from N=1")
+        ax.set(xscale="log", yscale="log", xlabel="agents N", ylabel="long-run MSE")
+        ax.legend(fontsize=8)
+    save_figure(fig, path.parent, path.name, None, report)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="bias,speedup,speed")
+    ap.add_argument("--seeds", type=int, default=256)
+    ap.add_argument("--chains", type=int, default=1024, help="reference chains per agent")
+    ap.add_argument("--speed-seeds", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=3)
+    add_cpu_devices_option(ap)
+    args = ap.parse_args(argv)
+    print(use_cpu_devices(args.cpu_devices))
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    path = HERE / "results" / "classic_control.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    parts = args.parts.split(",")
+    if "bias" in parts:
+        report["bias"] = bias_part(args.seeds, args.chains)
+    if "speedup" in parts:
+        report["speedup"] = speedup_part(args.seeds, args.chains)
+    if "speed" in parts:
+        report["speed"] = speed_part(args.speed_seeds, args.repeats)
+    report["date"] = time.strftime("%Y-%m-%d")
+    write_json(path, report)
+    figure(report, HERE / "figures" / "classic_control.png")
+
+
+if __name__ == "__main__":
+    main()
