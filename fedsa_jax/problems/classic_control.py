@@ -175,6 +175,8 @@ class ClassicControlTD:
         j, w = self.features.sparse(obs.next_x)
         target = obs.reward + jnp.where(obs.terminated, 0.0, self.gamma) * jnp.dot(w, theta[j])
         delta = jnp.dot(v, theta[i]) - target
+        if i.shape[0] == theta.shape[0]:  # a dense map gives every entry in order: no scatter
+            return delta * v
         return jnp.zeros_like(theta).at[i].add(delta * v)
 
     def describe(self) -> dict[str, Any]:
