@@ -357,7 +357,7 @@ BRANCHING = Option(
 TEMPERATURE = Option(
     ("--temperature",),
     "temperature",
-    "sarsa-garnet: temperature tau > 0 of the softmax policy, pi(a|s) proportional to exp(Q(s, a) / tau) "
+    "SARSA problems: temperature tau > 0 of the softmax policy, pi(a|s) proportional to exp(Q(s, a) / tau) "
     "(small: nearly greedy)",
     positive_real,
     2.0,

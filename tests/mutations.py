@@ -1640,6 +1640,39 @@ MUTATIONS = [
         ("tests/test_sarsa.py::test_tabular_fast_path_equals_the_generic_scan[fedlsa]",),
         "the tabular step's carried e_p misses its own update when the next pair is the current one",
     ),
+    Mutation(
+        "classic-sarsa-next-action-at-reset-state",
+        "fedsa_jax/problems/classic_sarsa.py",
+        "next_action = self.policy(self.q_values(reached, behaviour), rand.u[0])",
+        "next_action = self.policy(self.q_values(x_new, behaviour), rand.u[0])",
+        (
+            "tests/test_classic_sarsa.py::"
+            "test_a_local_step_is_gymnaxs_step_and_a_softmax_draw_of_the_current_iterate",
+        ),
+        "the target's next action is drawn at the reset observation after a time limit, not where the step went",
+    ),
+    Mutation(
+        "classic-sarsa-reference-replicas-sem-of-one",
+        "fedsa_jax/problems/classic_sarsa.py",
+        "return runs.mean(0), runs.std(0, ddof=1) / np.sqrt(REPLICAS)",
+        "return runs.mean(0), runs.std(0, ddof=1)",
+        (
+            "tests/test_classic_sarsa.py::"
+            "test_the_reference_is_reproducible_and_its_error_is_the_spread_of_independent_ones",
+        ),
+        "the reference's standard error is one replica's, not their mean's",
+    ),
+    Mutation(
+        "classic-sarsa-expected-target-ignores-policy",
+        "fedsa_jax/problems/classic_sarsa.py",
+        "pi = self.policy.probabilities(self.q_values(move.next_x, behaviour))",
+        "pi = jnp.full(self.features.num_actions, 1.0 / self.features.num_actions)",
+        (
+            "tests/test_classic_sarsa.py::"
+            "test_fedsarsa_with_one_local_step_keeps_its_mean_on_the_deterministic_limit",
+        ),
+        "the reference's target averages the next action uniformly, not over the policy",
+    ),
     # --- speed settings that must change no value: seed slices, merged vmaps ---
     Mutation(
         "seed-slices-merged-in-slice-order",

@@ -32,13 +32,16 @@ __all__ = [
 ]
 
 
-def no_closed_form_note(reason: str) -> str:
+def no_closed_form_note(reason: str, noise_free: bool = True) -> str:
     """Why a run on such a problem prints no predicted squared bias (``reason``:
-    :func:`fedsa_jax.problems.protocol.nonlinear_reason`)."""
-    return (
-        f"no closed form: {reason}, and the closed form is for linear stochastic approximation; "
+    :func:`fedsa_jax.problems.protocol.nonlinear_reason`); ``noise_free``: whether the problem has a
+    noise-free version (``mean_field``) for ``--exact``."""
+    then = (
         "--exact computes the noise-free limit (fj.theory.mean_path_limit)"
+        if noise_free
+        else "its mean field has no closed form either (theta* is a Monte Carlo estimate)"
     )
+    return f"no closed form: {reason}, and the closed form is for linear stochastic approximation; {then}"
 
 
 # a limit within this many units of the problem's rounding of theta*, or within SOLVER_TOL of it
@@ -48,9 +51,9 @@ ROUNDING_UNITS = 10.0
 SOLVER_TOL = 1e-9
 
 
-def no_closed_form(title: str, key: str, summary: dict, reason: str) -> None:
+def no_closed_form(title: str, key: str, summary: dict, reason: str, noise_free: bool = True) -> None:
     """Say, in the summary and on standard error, that ``title``'s bias has no closed form here."""
-    note = no_closed_form_note(reason)
+    note = no_closed_form_note(reason, noise_free)
     summary[f"{key}_predicted_squared_bias_note"] = note
     print(f"{title} predicted squared bias: {note}", file=sys.stderr)
 
@@ -108,7 +111,7 @@ def bias_lines(args, problem, summary: dict) -> dict:
             continue
         reason = nonlinear_reason(problem)  # SARSA, Q-learning: the closed form is for linear SA
         if reason is not None:
-            no_closed_form(entry.title, name, summary, reason)
+            no_closed_form(entry.title, name, summary, reason, callable(getattr(problem, "mean_field", None)))
             continue
         bias = getattr(fj.theory, entry.bias)(problem, args.step_size, local_steps(args))  # H or a law
         level = float(np.sum(bias**2))

@@ -6,6 +6,7 @@ one, linear features of a continuous observation included."""
 from fedsa_jax.problems import environments, features
 from fedsa_jax.problems._base import alias_draw, alias_tables, fixed_points
 from fedsa_jax.problems.classic_control import ClassicControlTD, classic_control_td
+from fedsa_jax.problems.classic_sarsa import ClassicControlSARSA, classic_control_sarsa
 from fedsa_jax.problems.environments import LinearPolicy, agent_env_params
 from fedsa_jax.problems.features import fourier_basis, radial_basis, state_action, tile_coding
 from fedsa_jax.problems.federated_q_learning import (
@@ -38,6 +39,7 @@ from fedsa_jax.problems.regression import LeastSquares, least_squares
 from fedsa_jax.problems.td import FederatedTD, federated_td
 
 __all__ = [
+    "ClassicControlSARSA",
     "ClassicControlTD",
     "ExpectedProblem",
     "FederatedSARSA",
@@ -54,6 +56,7 @@ __all__ = [
     "alias_draw",
     "alias_tables",
     "check_linear",
+    "classic_control_sarsa",
     "classic_control_td",
     "direction_second_moment",
     "environments",

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm  # plain text bar, as the runs'
 
 from fedsa_jax import _prng, _validate, registry
 from fedsa_jax.problems import features as _features
@@ -100,6 +101,7 @@ class ClassicControlTD:
     reference: tuple = dataclasses.field(default=(), metadata=dict(static=True))  # ((key, value), ...)
 
     sampling = "markov"  # one trajectory per agent and seed, carried across rounds
+    family = "classic_control_td"
 
     @property
     def num_agents(self) -> int:
@@ -141,40 +143,59 @@ class ClassicControlTD:
             jax.random.bits(k_env, (*shape, 2), jnp.uint32), _prng.uniform(k_policy, (*shape, 2), self.dtype)
         )
 
-    def step(self, params: Any, sampler: Any, keys: jax.Array, u: jax.Array) -> tuple[Transition, Any]:
-        """One environment step of one agent: the policy's action at ``x``, then gymnax's ``step``
-        (its auto-reset included) with the key of ``keys``."""
-        x, state = sampler
-        action = self.policy(x, u)
+    def env_step(self, params: Any, state: Any, action: jax.Array, keys: jax.Array):
+        """gymnax's ``step`` (its auto-reset included) with the key of ``keys``: ``(x_new, state_new,
+        reward, terminated, done, x_reached)``, ``x_reached`` the observation before any reset."""
         key = jax.random.wrap_key_data(keys, impl="threefry2x32")
-        x_new, state_new, reward, terminated, _, info = self._env().step(
+        x_new, state_new, reward, terminated, truncated, info = self._env().step(
             key, state, self._action(action), params
         )
-        move = Transition(
-            x.astype(self.dtype),
+        return (
+            x_new.astype(self.dtype),
+            state_new,
             jnp.asarray(reward, self.dtype),
-            info["final_observation"].astype(self.dtype),
             jnp.asarray(terminated, bool),
+            jnp.logical_or(terminated, truncated),
+            info["final_observation"].astype(self.dtype),
         )
-        return move, (x_new.astype(x.dtype), state_new)
+
+    def step(self, params: Any, sampler: Any, rand: EnvRandomness, behaviour: Any = None):
+        """One environment step of one agent: the policy's action at ``x``, then :meth:`env_step`.
+        ``behaviour`` is for problems whose policy follows a parameter; this one's is fixed."""
+        del behaviour
+        x, state = sampler
+        x_new, state_new, reward, terminated, _, reached = self.env_step(
+            params, state, self.policy(x, rand.u), rand.keys
+        )
+        return Transition(x.astype(self.dtype), reward, reached, terminated), (
+            x_new.astype(x.dtype),
+            state_new,
+        )
 
     def observe(self, params: Any, sampler: Any, rand: EnvRandomness, skip: int = 1):
         """Agent's ``H`` transitions (every ``skip``-th of ``H skip`` environment steps)."""
 
         def one(carry, r):
-            move, carry = self.step(params, carry, *r)
+            move, carry = self.step(params, carry, r)
             return carry, move
 
         sampler, moves = jax.lax.scan(one, sampler, rand)
         return jax.tree.map(lambda m: m[skip - 1 :: skip], moves), sampler
 
-    def direction(self, params: Any, obs: Transition, theta: jax.Array) -> jax.Array:
-        """``(phi(x)^T theta - r - gamma (1 - terminated) phi(x')^T theta) phi(x)``."""
+    def pairs(self, move: Transition, behaviour: Any = None):
+        """The sparse features of a transition: ``(i, v)`` of ``phi(x)`` and ``(j, w)`` of the
+        target's ``gamma (1 - terminated) phi(x')``, so that the TD direction is
+        ``(v . theta[i] - r - w . theta[j])`` times ``v`` scattered into ``i``."""
+        del behaviour
+        i, v = self.features.sparse(move.x)
+        j, w = self.features.sparse(move.next_x)
+        return i, v, j, w * jnp.where(move.terminated, 0.0, self.gamma)
+
+    def direction(self, params: Any, obs: Any, theta: jax.Array) -> jax.Array:
+        """``(phi(x)^T theta - r - gamma (1 - terminated) phi(x')^T theta) phi(x)`` (:meth:`pairs`)."""
         del params
-        i, v = self.features.sparse(obs.x)
-        j, w = self.features.sparse(obs.next_x)
-        target = obs.reward + jnp.where(obs.terminated, 0.0, self.gamma) * jnp.dot(w, theta[j])
-        delta = jnp.dot(v, theta[i]) - target
+        i, v, j, w = self.pairs(obs)
+        delta = jnp.dot(v, theta[i]) - obs.reward - jnp.dot(w, theta[j])
         if i.shape[0] == theta.shape[0]:  # a dense map gives every entry in order: no scatter
             return delta * v
         return jnp.zeros_like(theta).at[i].add(delta * v)
@@ -186,7 +207,7 @@ class ClassicControlTD:
             if np.ptp(np.asarray(getattr(self.env_params, k))) > 0
         }
         return {
-            "family": "classic_control_td",
+            "family": self.family,
             "env": self.env,
             "num_agents": self.num_agents,
             "dim": self.dim,
@@ -209,32 +230,42 @@ class Reference(NamedTuple):
     visited: np.ndarray  # (d,) bool
 
 
-def _chain_sums(problem: ClassicControlTD, key, params, chains: int, burn_in: int, steps: int, theta):
-    """Agent's ``chains`` trajectories, ``burn_in`` steps dropped, then over ``steps`` steps:
-    ``sum phi (phi - gamma' phi')^T`` and ``sum r phi`` over every chain and step, ``sum phi^2``
-    (which coordinates are visited), and per chain ``sum_t (b_t - A_t theta_k)`` at each row of
-    ``theta (K, d)``. One step of every chain at a time (memory flat in ``steps``)."""
-    d, features = problem.dim, problem.features
-    k_init, k_burn, k_run = jax.random.split(key, 3)
-    samplers = jax.vmap(problem.init_sampler, in_axes=(0, None))(jax.random.split(k_init, chains), params)
-    nonzeros = features.sparse(jnp.zeros(features.num_inputs, problem.dtype))[0].shape[0]
+def _new_chains(problem, key, params, chains: int, behaviour=None):
+    """``chains`` fresh trajectories' first states (the policy at ``behaviour`` where it follows a
+    parameter)."""
+    starts = jax.random.split(key, chains)
+    if behaviour is None:
+        return jax.vmap(problem.init_sampler, in_axes=(0, None))(starts, params)
+    return jax.vmap(problem.init_sampler, in_axes=(0, None, None))(starts, params, behaviour)
+
+
+def _chain_sums(problem, key, params, samplers, burn_in, steps: int, theta, behaviour=None):
+    """Agent's trajectories from ``samplers`` (leading axis: the chains), ``burn_in`` steps dropped
+    (a traced count: no new compile per burn-in), then over ``steps`` steps: ``sum phi (phi -
+    gamma' phi')^T`` and ``sum r phi`` over every chain and step, ``sum phi^2`` (which coordinates
+    are visited), per chain ``sum_t (b_t - A_t theta_k)`` at each row of ``theta (K, d)`` (None:
+    not computed), and the chains' last states. The policy is the problem's, at ``behaviour`` where
+    it follows a parameter (:meth:`ClassicControlTD.step`, :meth:`ClassicControlTD.pairs`). One step
+    of every chain at a time (memory flat in ``steps``)."""
+    d = problem.dim
+    chains = jax.tree.leaves(samplers)[0].shape[0]
+    k_burn, k_run = jax.random.split(key)
     rows = jnp.arange(chains)[:, None]
 
     def advance(samplers, key):
-        rand = problem.randomness(key, chains, 1)
-        moves, samplers = jax.vmap(lambda s, r: problem.observe(params, s, r))(samplers, rand)
-        return samplers, jax.tree.map(lambda m: m[:, 0], moves)
+        rand = jax.tree.map(lambda r: r[:, 0], problem.randomness(key, chains, 1))
+        step = lambda s, r: problem.step(params, s, r, behaviour)  # noqa: E731
+        samplers, move = jax.vmap(lambda s, r: step(s, r)[::-1])(samplers, rand)
+        return samplers, move
 
-    def burn(samplers, t):
-        return advance(samplers, jax.random.fold_in(k_burn, t))[0], None
+    def burn(t, samplers):
+        return advance(samplers, jax.random.fold_in(k_burn, t))[0]
 
     def accumulate(carry, t):
         samplers, A, b, energy, G = carry
         samplers, move = advance(samplers, jax.random.fold_in(k_run, t))
-        i, v = jax.vmap(features.sparse)(move.x)  # (chains, n)
-        j, w = jax.vmap(features.sparse)(move.next_x)
-        w = w * jnp.where(move.terminated, 0.0, problem.gamma)[:, None]
-        if 4 * nonzeros > d:  # dense features: one matrix product
+        i, v, j, w = jax.vmap(problem.pairs, in_axes=(0, None))(move, behaviour)  # (chains, n)
+        if 4 * i.shape[1] > d:  # dense features: one matrix product
             Phi = jnp.zeros((chains, d), problem.dtype).at[rows, i].add(v)
             A = A + Phi.T @ (Phi - jnp.zeros_like(Phi).at[rows, j].add(w))
         else:  # sparse (tile coding): n^2 entries per chain
@@ -242,16 +273,87 @@ def _chain_sums(problem: ClassicControlTD, key, params, chains: int, burn_in: in
             A = A.at[i[:, :, None], j[:, None, :]].add(-v[:, :, None] * w[:, None, :])
         b = b.at[i].add(move.reward[:, None] * v)
         energy = energy.at[i].add(v**2)
-        # (K, chains): the TD error at each theta_k, then its direction into each chain's row
-        delta = move.reward + jnp.sum(w * theta[:, j], -1) - jnp.sum(v * theta[:, i], -1)
-        G = G.at[:, rows, i].add(delta[:, :, None] * v)
+        if theta is not None:  # (K, chains): the TD error at each theta_k, into each chain's row
+            delta = move.reward + jnp.sum(w * theta[:, j], -1) - jnp.sum(v * theta[:, i], -1)
+            G = G.at[:, rows, i].add(delta[:, :, None] * v)
         return (samplers, A, b, energy, G), None
 
-    samplers, _ = jax.lax.scan(burn, samplers, jnp.arange(burn_in))
+    samplers = jax.lax.fori_loop(0, burn_in, burn, samplers)
     zeros = jnp.zeros((d, d), problem.dtype), jnp.zeros(d, problem.dtype), jnp.zeros(d, problem.dtype)
-    G = jnp.zeros((theta.shape[0], chains, d), problem.dtype)
-    (_, A, b, energy, G), _ = jax.lax.scan(accumulate, (samplers, *zeros, G), jnp.arange(steps))
-    return A, b, energy, G
+    G = None if theta is None else jnp.zeros((theta.shape[0], chains, d), problem.dtype)
+    (samplers, A, b, energy, G), _ = jax.lax.scan(accumulate, (samplers, *zeros, G), jnp.arange(steps))
+    return A, b, energy, G, samplers
+
+
+# Compiled once per problem structure and sizes: a fixed-point iteration calls them with new behaviours.
+_sums = jax.jit(_chain_sums, static_argnums=5)
+_starts = jax.jit(_new_chains, static_argnums=3)
+
+
+class Sizes(NamedTuple):
+    chains: int
+    steps: int
+    burn_in: int
+
+
+def _agent(problem, c: int):
+    return jax.tree.map(operator.itemgetter(c), problem.env_params)
+
+
+def _chains(problem, key, c: int, sizes: Sizes, behaviour=None, samplers=None, n: int = 0):
+    """``(params, samplers, burn_in, steps)`` of agent c's sums: new chains (from ``fold_in(key,
+    -1)``... a key of their own) or the ``n``-th of ``samplers``."""
+    params = _agent(problem, c)
+    if samplers is None:
+        start = _starts(problem, jax.random.fold_in(key, 2**31 - 1), params, sizes.chains, behaviour)
+    else:
+        start = samplers[n]
+    return params, start, sizes.burn_in, sizes.steps
+
+
+def progress(total: int, what: str):
+    """A text progress bar over the reference's ``total`` Monte Carlo passes (one agent's sums
+    each); shown only in a terminal, as the runs' own bars."""
+    return tqdm(total=total, desc=what, unit="pass", dynamic_ncols=True, disable=None, leave=False)
+
+
+def mean_systems(problem, key, sizes: Sizes, behaviour=None, agents=None, samplers=None, bar=None):
+    """``(A (K, d, d), b (K, d), energy (K, d))``: the Monte Carlo means over ``sizes`` of agents
+    ``agents`` (default all; agent c draws from ``split(key, N)[c]``), float64 numpy, and the
+    chains' last states (a list over ``agents``: ``samplers`` continues them instead of new
+    chains)."""
+    keys = jax.random.split(key, problem.num_agents)
+    agents = range(problem.num_agents) if agents is None else agents
+    out, last = [], []
+    for n, c in enumerate(agents):
+        chains = _chains(problem, keys[c], c, sizes, behaviour, samplers, n)
+        A, b, e, _, end = _sums(problem, keys[c], *chains, None, behaviour)
+        if bar is not None:
+            bar.update(1)
+        out.append([np.asarray(x, np.float64) / (sizes.chains * sizes.steps) for x in (A, b, e)])
+        last.append(end)
+    return (*(np.stack(x) for x in zip(*out, strict=True)), last)
+
+
+def solution_errors(problem, key, sizes: Sizes, thetas, inverses, bar=None):
+    """First-order standard errors of ``theta_k = A_k^+ b_k`` (``thetas`` ``(N + 1, d)``: the
+    averaged system's solution, then each agent's; ``inverses`` their pseudo-inverses), from the
+    chains' TD directions at them (independent chains, each chain's mean one sample):
+    ``theta_hat - theta = A^+ mean_c (g_c - E g_c)``. Returns ``(sem (d,), local_sem (N, d))``."""
+    N, d, chains = problem.num_agents, problem.dim, sizes.chains
+    keys = jax.random.split(key, N)
+    cov_star, local_sem = np.zeros((d, d)), np.zeros((N, d))
+    for c in range(N):
+        at = jnp.asarray(np.stack([thetas[0], thetas[1 + c]]), problem.dtype)
+        G = _sums(problem, keys[c], *_chains(problem, keys[c], c, sizes), at)[3]
+        if bar is not None:
+            bar.update(1)
+        g = np.asarray(G, np.float64) / sizes.steps
+        g_star = (g[0] - g[0].mean(0)) @ inverses[0].T  # (chains, d): A_bar^+ (g - mean g)
+        cov_star += g_star.T @ g_star / (chains * (chains - 1)) / N**2
+        g_local = (g[1] - g[1].mean(0)) @ inverses[1 + c].T
+        local_sem[c] = np.sqrt(np.sum(g_local**2, 0) / (chains * (chains - 1)))
+    return np.sqrt(np.diag(cov_star)), local_sem
 
 
 def reference_systems(
@@ -259,31 +361,14 @@ def reference_systems(
 ) -> Reference:
     """The Monte Carlo reference of ``problem`` (module docstring): ``chains`` trajectories per agent
     of ``burn_in + steps`` environment steps, in float64. Deterministic in ``key``."""
-    N, d = problem.num_agents, problem.dim
-    keys = jax.random.split(key, N)
-    sums = jax.jit(_chain_sums, static_argnums=(3, 4, 5))
-    A, b, energy = np.zeros((N, d, d)), np.zeros((N, d)), np.zeros((N, d))
-    zero = jnp.zeros((1, d), problem.dtype)
-    for c in range(N):
-        params = jax.tree.map(operator.itemgetter(c), problem.env_params)
-        A_c, b_c, e_c, _ = sums(problem, keys[c], params, chains, burn_in, steps, zero)
-        A[c], b[c], energy[c] = (np.asarray(x, np.float64) / (chains * steps) for x in (A_c, b_c, e_c))
-    inverse = _pinv(A.mean(0))
-    star = inverse @ b.mean(0)
-    local_inverse = [_pinv(A[c]) for c in range(N)]
-    local = np.stack([local_inverse[c] @ b[c] for c in range(N)])
-    # first-order errors from the chains' TD directions at theta_star and at each agent's own solution
-    cov_star, local_sem = np.zeros((d, d)), np.zeros((N, d))
-    for c in range(N):
-        params = jax.tree.map(operator.itemgetter(c), problem.env_params)
-        thetas = jnp.asarray(np.stack([star, local[c]]), problem.dtype)
-        g = np.asarray(sums(problem, keys[c], params, chains, burn_in, steps, thetas)[3], np.float64) / steps
-        g_star = (g[0] - g[0].mean(0)) @ inverse.T  # (chains, d): A_bar^+ (g - mean g)
-        cov_star += g_star.T @ g_star / (chains * (chains - 1)) / N**2
-        g_local = (g[1] - g[1].mean(0)) @ local_inverse[c].T
-        local_sem[c] = np.sqrt(np.sum(g_local**2, 0) / (chains * (chains - 1)))
-    visited = energy.sum(0) > 0
-    return Reference(A, b, star, local, np.sqrt(np.diag(cov_star)), local_sem, visited)
+    sizes = Sizes(chains, steps, burn_in)
+    with progress(2 * problem.num_agents, "reference theta*") as bar:
+        A, b, energy, _ = mean_systems(problem, key, sizes, bar=bar)
+        inverses = [_pinv(A.mean(0)), *(_pinv(A_c) for A_c in A)]
+        star = inverses[0] @ b.mean(0)
+        local = np.stack([inv @ b_c for inv, b_c in zip(inverses[1:], b, strict=True)])
+        sem, local_sem = solution_errors(problem, key, sizes, [star, *local], inverses, bar)
+    return Reference(A, b, star, local, sem, local_sem, energy.sum(0) > 0)
 
 
 # Singular values below this fraction of the largest are the features' exact linear dependences (tile
@@ -344,15 +429,7 @@ def classic_control_td(
     burn_in = _validate.integer("burn_in", burn_in, 0)
     dtype = _validate.float_dtype("dtype", dtype)
     params = agent_env_params(env, N, **(env_params or {}))
-    low, high = ENVIRONMENTS[env].box
-    if features is None or isinstance(features, str):
-        features = _features.parse(
-            ENVIRONMENTS[env].features if features is None else features, low, high, dtype
-        )
-    if getattr(features, "num_inputs", len(low)) != len(low):
-        _validate.fail(
-            "features", features.describe(), f"expected a map of {len(low)} inputs (the observation of {env})"
-        )
+    features = state_features(env, features, dtype)
     if policy is None:
         policy = default_policy(env, dtype=dtype)
     elif not dataclasses.is_dataclass(policy):
@@ -368,6 +445,29 @@ def classic_control_td(
     )  # fmt: skip
     with float64():  # the reference's sums over millions of steps, in float64 whatever the run's dtype
         ref = reference_systems(_with_dtype(draft, np.float64), key, chains, steps, burn_in)
+    sizes = (("chains", chains), ("steps", steps), ("burn_in", burn_in))
+    return with_reference(draft, ref, dtype, ("method", "monte carlo"), *sizes)
+
+
+def state_features(env: str, features, dtype):
+    """A state feature map of ``env``'s observation: ``features`` itself, its text
+    (:func:`~fedsa_jax.problems.features.parse` over the environment's box), or (None) the
+    environment's default; checked to take the observation's size."""
+    low, high = ENVIRONMENTS[env].box
+    if features is None or isinstance(features, str):
+        features = _features.parse(
+            ENVIRONMENTS[env].features if features is None else features, low, high, dtype
+        )
+    if getattr(features, "num_inputs", len(low)) != len(low):
+        _validate.fail(
+            "features", features.describe(), f"expected a map of {len(low)} inputs (the observation of {env})"
+        )
+    return features
+
+
+def with_reference(draft, ref: Reference, dtype, *entries: tuple[str, Any]):
+    """``draft`` with the reference's arrays (in ``dtype``) and its description: ``entries`` and the
+    number of visited coordinates."""
     as_dtype = functools.partial(jnp.asarray, dtype=dtype)
     return dataclasses.replace(
         draft,
@@ -377,13 +477,7 @@ def classic_control_td(
         local_theta_star=as_dtype(ref.local_theta_star),
         theta_star_sem=as_dtype(ref.theta_star_sem),
         local_theta_star_sem=as_dtype(ref.local_theta_star_sem),
-        reference=(
-            ("method", "monte carlo"),
-            ("chains", chains),
-            ("steps", steps),
-            ("burn_in", burn_in),
-            ("visited", int(ref.visited.sum())),
-        ),  # fmt: skip
+        reference=(*entries, ("visited", int(ref.visited.sum()))),
     )
 
 
@@ -424,7 +518,8 @@ FEATURES = registry.Option(
 REFERENCE = registry.Option(
     ("--reference",),
     "reference",
-    "the Monte Carlo reference theta*: CHAINS:STEPS:BURN_IN per agent (default 256:2000:1000)",
+    "the Monte Carlo reference theta*: CHAINS:STEPS:BURN_IN per agent (default 256:2000:1000; SARSA: "
+    "per fixed-point iteration, default 128:1000:1000)",
     _reference_sizes,
     None,
     group="problem",
@@ -441,25 +536,31 @@ EPSILON = registry.Option(
 )
 
 
+def shared_options(args, reference: tuple[int, int, int]) -> dict[str, Any]:
+    """The classic-control problems' keyword arguments from the command line's options, the
+    reference's sizes ``CHAINS:STEPS:BURN_IN`` defaulting to ``reference``; ``--problem-seed``
+    seeds the reference."""
+    chains, steps, burn_in = args.reference or reference
+    return dict(
+        num_agents=args.agents,
+        env_params=parse_env_params(args.env_params, args.agents),
+        features=args.features,
+        gamma=0.9 if args.gamma is None else args.gamma,
+        key=args.problem_seed,
+        chains=chains,
+        steps=steps,
+        burn_in=burn_in,
+        dtype=args.dtype,
+    )
+
+
 def _from_options(name: str):
     def build(key, args):
         """``--problem NAME``: :func:`classic_control_td` from the options; ``--problem-seed`` seeds
         the reference."""
         del key
-        chains, steps, burn_in = args.reference or (256, 2000, 1000)
-        return classic_control_td(
-            name,
-            num_agents=args.agents,
-            env_params=parse_env_params(args.env_params, args.agents),
-            features=args.features,
-            policy=default_policy(name, args.policy_epsilon, args.dtype),
-            gamma=0.9 if args.gamma is None else args.gamma,
-            key=args.problem_seed,
-            chains=chains,
-            steps=steps,
-            burn_in=burn_in,
-            dtype=args.dtype,
-        )
+        policy = default_policy(name, args.policy_epsilon, args.dtype)
+        return classic_control_td(name, policy=policy, **shared_options(args, (256, 2000, 1000)))
 
     return build
 

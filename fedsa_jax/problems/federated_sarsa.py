@@ -99,6 +99,24 @@ def draw_action(probs, u):
     return jnp.sum(cdf <= u).astype(jnp.int32)
 
 
+def softmax_draw(q, temperature, u):
+    """``a ~ softmax(q / tau)`` from the uniform ``u`` by inversion, on unnormalised weights: the draw
+    compares ``u sum(w)`` to the cumulative sums of ``w = exp((q - max q) / tau)`` (no division)."""
+    w = jnp.exp((q - jnp.max(q)) / temperature)
+    return jnp.sum(jnp.cumsum(w[:-1]) <= u * jnp.sum(w)).astype(jnp.int32)
+
+
+def refuse_observe(name: str):
+    """The error of a SARSA problem's ``observe``: its observations follow the iterate."""
+    _validate.fail(
+        "problem",
+        name,
+        "this algorithm draws a round's observations before its local steps, and SARSA's follow "
+        "the iterate (its policy is a softmax of the current Q-estimate); algorithms that observe "
+        "step by step run it: fedlsa, scafflsa, qfedtd (and their averaging, bootstrap)",
+    )
+
+
 def _stationary(P_pi):
     """Stationary law of a row-stochastic ``(S, S)`` kernel by one linear solve (differentiable):
     ``(I - P)^T mu = 0`` with its last equation replaced by ``sum(mu) = 1``."""
@@ -241,9 +259,8 @@ class FederatedSARSA(_AgentTables):
     def _action(self, state, u, theta):
         """``a ~ pi_theta(. | state)`` from the uniform ``u``."""
         q = self.features[state] @ theta  # (A,)
-        if self.policy == "softmax":  # unnormalised weights: the draw compares u sum(w) to their cumsum
-            w = jnp.exp((q - jnp.max(q)) / self.temperature)
-            return jnp.sum(jnp.cumsum(w[:-1]) <= u * jnp.sum(w)).astype(jnp.int32)
+        if self.policy == "softmax":
+            return softmax_draw(q, self.temperature, u)
         return draw_action(policy_probabilities(q, self.temperature, self.epsilon, self.policy), u)
 
     def init_sampler(self, key: jax.Array, c: jax.Array, theta0: jax.Array) -> jax.Array:
@@ -265,13 +282,7 @@ class FederatedSARSA(_AgentTables):
     def observe(self, params, sampler, rand, skip: int = 1):
         """Refused: the observations follow the iterate (``observe_step``)."""
         del params, sampler, rand, skip
-        _validate.fail(
-            "problem",
-            "sarsa",
-            "this algorithm draws a round's observations before its local steps, and SARSA's follow "
-            "the iterate (its policy is a softmax of the current Q-estimate); algorithms that observe "
-            "step by step run it: fedlsa, scafflsa, qfedtd (and their averaging, bootstrap)",
-        )
+        refuse_observe("sarsa")
 
     def observe_step(self, c: jax.Array, pair: jax.Array, u: jax.Array, theta: jax.Array):
         """One transition from ``(s, a)``: ``s' ~ P_c(. | s, a)`` (alias table, ``u[0]``) and
@@ -347,9 +358,7 @@ def _one_hot_steps(self: FederatedSARSA, c, pair, u, error, step_sizes, control)
         s_next = alias_draw(self.P_prob, self.P_alias, (c * (S * A) + p) * S, u_h[0], S)
         e_row = jax.lax.dynamic_slice(e, (s_next * A,), (A,))
         v_row = jax.lax.dynamic_slice(v, (s_next * A,), (A,))
-        q = e_row + v_row
-        w = jnp.exp((q - jnp.max(q)) / tau)
-        a = jnp.sum(jnp.cumsum(w[:-1]) <= u_h[1] * jnp.sum(w)).astype(jnp.int32)
+        a = softmax_draw(e_row + v_row, tau, u_h[1])
         n = s_next * A + a
         e_n = jnp.sum(jnp.where(actions == a, e_row, 0.0))
         v_n = jnp.sum(jnp.where(actions == a, v_row, 0.0))
