@@ -5,6 +5,9 @@
   every H: the long-run MSE against the Monte Carlo reference of FedLSA and SCAFFLSA for
   H in (1, 10, 100), and FedLSA with a 4-bit QSGD uplink. FedLSA's heterogeneity bias grows with H;
   SCAFFLSA's control variates remove it.
+* ``sarsa``: federated SARSA on the same agents (softmax policy, temperature 2): FedSARSA and its
+  drift-corrected version for H in (1, 10, 100) against the Monte Carlo deterministic limit, which
+  is itself checked against an independent one of twice the chains and iterations.
 * ``speedup``: homogeneous agents (every pole the default), FedLSA with H = 10: the long-run MSE
   against N = 1, 2, 4, 8 (linear speed-up: N x MSE constant, until the Markov bias of the constant
   step is reached).
@@ -34,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 LENGTHS = [0.25, 0.5, 0.75, 1.0]
 STEPS = 20_000  # local steps per agent in every long run
 ETA = 0.05
+SARSA_ETA = 0.02
 
 
 def _long_run(problem, alg, H: int, seeds: int) -> dict:
@@ -89,6 +93,45 @@ def bias_part(seeds: int, chains: int) -> dict:
                 f"{name:20s} H={H:3d}: long-run MSE {row['mse']:.4g} (s.e. {row['mse_se']:.2g}), "
                 f"{row['seconds']:.1f} s"
             )
+    return out
+
+
+def sarsa_part(seeds: int) -> dict:
+    """Federated SARSA on the same four pole lengths (softmax policy, temperature 2): the long-run
+    MSE against the Monte Carlo deterministic limit of FedSARSA (``fedlsa``) and its drift-corrected
+    version (``scafflsa``) for H in (1, 10, 100) at a constant step; the reference (default sizes)
+    against an independent one of twice the chains and iterations."""
+    import fedsa_jax as fj
+
+    build = lambda key, **sizes: fj.problems.classic_control_sarsa(  # noqa: E731
+        "cartpole", 4, {"length": LENGTHS}, temperature=2.0, key=key, **sizes
+    )
+    t0 = time.perf_counter()
+    problem = build(0)
+    seconds = time.perf_counter() - t0
+    bigger = build(1, chains=256, iterations=16)
+    star, check = np.asarray(problem.theta_star, np.float64), np.asarray(bigger.theta_star, np.float64)
+    out = {
+        "reference_mse": problem.reference_mse,
+        "reference_seconds": seconds,
+        "check": {
+            "distance2": float(np.sum((star - check) ** 2)),
+            "expected": problem.reference_mse + bigger.reference_mse,
+        },
+        "local_distance": np.sum((np.asarray(problem.local_theta_star) - star) ** 2, 1).tolist(),
+        "runs": {},
+    }
+    print(
+        f"SARSA reference: {seconds:.1f} s, tr Cov = {problem.reference_mse:.3g}; against one of 2x the "
+        f"chains and iterations: |difference|^2 {out['check']['distance2']:.3g} "
+        f"(expected {out['check']['expected']:.3g})"
+    )
+    for name, make in {"FedSARSA": fj.fedlsa, "FedSARSA, drift-corrected": fj.scafflsa}.items():
+        out["runs"][name] = []
+        for H in (1, 10, 100):
+            row = _long_run(problem, make(SARSA_ETA, H), H, seeds)
+            out["runs"][name].append(row)
+            print(f"{name:26s} H={H:3d}: long-run MSE {row['mse']:.4g} (s.e. {row['mse_se']:.2g})")
     return out
 
 
@@ -172,21 +215,23 @@ def figure(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("bias", "speedup") if k in report]
+    panels = [k for k in ("bias", "sarsa", "speedup") if k in report]
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), dpi=110, squeeze=False)
     axes = axes[0]
-    if "bias" in report:
-        ax = axes[panels.index("bias")]
-        for name, rows in report["bias"]["runs"].items():
+    for part, title in (("bias", "TD(0)"), ("sarsa", "SARSA, softmax tau = 2")):
+        if part not in report:
+            continue
+        ax = axes[panels.index(part)]
+        for name, rows in report[part]["runs"].items():
             H = [r["H"] for r in rows]
             ax.errorbar(
                 H, [r["mse"] for r in rows], yerr=[2 * r["mse_se"] for r in rows], marker="o", label=name
             )
-        ax.axhline(report["bias"]["reference_mse"], color="k", ls=":", label="reference's own error")
+        ax.axhline(report[part]["reference_mse"], color="k", ls=":", label="reference's own error")
         ax.set(xscale="log", yscale="log", xlabel="local steps H", ylabel="long-run MSE")
-        ax.set_title(f"CartPole, pole lengths {LENGTHS}", fontsize=9)
+        ax.set_title(f"CartPole {title}, pole lengths {LENGTHS}", fontsize=9)
         ax.legend(fontsize=8)
     if "speedup" in report:
         ax = axes[panels.index("speedup")]
@@ -202,7 +247,7 @@ def figure(report: dict, path: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="bias,speedup,speed")
+    ap.add_argument("--parts", default="bias,sarsa,speedup,speed")
     ap.add_argument("--seeds", type=int, default=256)
     ap.add_argument("--chains", type=int, default=512, help="reference chains per agent")
     ap.add_argument("--speed-seeds", type=int, default=1000)
@@ -218,6 +263,8 @@ def main(argv=None) -> None:
     parts = args.parts.split(",")
     if "bias" in parts:
         report["bias"] = bias_part(args.seeds, args.chains)
+    if "sarsa" in parts:
+        report["sarsa"] = sarsa_part(args.seeds)
     if "speedup" in parts:
         report["speedup"] = speedup_part(args.seeds, args.chains)
     if "speed" in parts:

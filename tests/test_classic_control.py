@@ -236,3 +236,19 @@ def test_command_line(tmp_path, capsys):
         assert code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert flag in err[-1] and value in err[-1], err
+
+
+def test_env_params_texts():
+    """Every form of ``--env-params``; ``NAME~H`` spreads around gymnax's own default (CartPole's
+    pole length 0.5: 0.25 to 0.75 at H = 0.5) and H = 0 is every agent the default."""
+    parse = fj.problems.environments.parse_env_params
+    assert parse("length=0.3", 3) == {"length": [0.3]}
+    assert parse("length=0.3,0.5,0.7;masscart=2", 3) == {"length": [0.3, 0.5, 0.7], "masscart": [2.0]}
+    np.testing.assert_allclose(parse("length=0.25:1.0", 4)["length"], [0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_allclose(parse("length~0.5", 3, "cartpole")["length"], [0.25, 0.5, 0.75])
+    assert parse("length~0", 2, "cartpole") == {"length": [0.5, 0.5]}
+    for text in ("length~1.0", "length~x", "length"):
+        with pytest.raises(ValueError, match=r"^env_params=.* is invalid: expected NAME=V"):
+            parse(text, 2, "cartpole")
+    with pytest.raises(ValueError, match=r"^lenght=0\.5 is invalid: not a parameter of CartPole-v1"):
+        parse("lenght~0.5", 2, "cartpole")

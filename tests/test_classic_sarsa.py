@@ -22,7 +22,8 @@ LENGTHS = [0.25, 1.0]
 # the test's reference: a burn-in of two CartPole time limits (a shorter one biases it: module doc),
 # 16 chains per replica (fewer leave a bias of the order of one replica's variance)
 SIZES = dict(chains=128, steps=1000, burn_in=1000, iterations=8)
-SMALL = dict(chains=32, steps=300, burn_in=500, iterations=6)  # for the spread of independent ones
+# for the spread of independent ones: as many chains (one compiled program), fewer steps
+SMALL = dict(chains=128, steps=150, burn_in=300, iterations=6)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +160,7 @@ def test_command_line(tmp_path, capsys):
     out = tmp_path / "run"
     argv = [
         "run", "--problem", "sarsa-cartpole", "--agents", "2", "--env-params", "length=0.25:1.0",
-        "--temperature", "2", "--reference", "16:50:50", "--rounds", "3", "--seeds", "4", "-H", "5",
+        "--temperature", "2", "--reference", "16:50:50:2", "--rounds", "3", "--seeds", "4", "-H", "5",
         "--step-size", "0.05", "--out", str(out),
     ]  # fmt: skip
     assert main(argv) == 0

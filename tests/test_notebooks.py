@@ -21,6 +21,7 @@ SMALL = {
     "04_confidence_sets.ipynb": "SEEDS = 200\nROUNDS = 20\nB = 20",
     "05_federated_sarsa.ipynb": "SEEDS = 16\nSTEPS = 200\nLONG = 2000\nETA = 0.01",
     "06_federated_q_learning.ipynb": "SEEDS = 8\nSTEPS = 400\nETA = 0.1",
+    "07_classic_control.ipynb": "SEEDS = 16\nSTEPS = 400\nCHAINS = 16",
 }
 
 # (marker, source): the source runs in a cell inserted after the first code cell containing marker.
@@ -230,6 +231,29 @@ for _line, (_name, _res) in zip(ax2.lines, curves.items()):
     assert np.all(_res.metrics["greedy_suboptimality"].mean >= -1e-12)
 _eq, _im = curves["equal averaging"], curves["importance averaging"]
 assert np.abs(_eq.theta_mean[-1] - _im.theta_mean[-1]).max() > 1e-6  # not the same round as FedLSA
+""",
+        ),
+    ],
+    "07_classic_control.ipynb": [
+        (
+            "LENGTHS = [0.25",
+            """
+# the reference's error is its standard errors' sum of squares, and the agents' solutions differ
+assert abs(problem.reference_mse - np.sum(np.asarray(problem.theta_star_sem) ** 2)) < 1e-12
+assert np.all(np.asarray(problem.theta_star_sem) > 0)
+assert np.ptp(np.asarray(problem.env_params.length)) == 0.75  # each agent its own pole
+""",
+        ),
+        (
+            "results[name, H] = r = pair.results[name]",
+            """
+_lines = [line for line in ax.lines if len(line.get_xdata()) > 2]
+assert len(_lines) == len(results)
+for _line, ((_name, _H), _r) in zip(_lines, results.items()):
+    np.testing.assert_array_equal(_line.get_ydata(), _r.mse_mean)
+    np.testing.assert_array_equal(_line.get_xdata(), _r.rounds * _H)
+    assert _r.mse_mean[0] == 0.0  # every run starts at the reference
+assert ax.lines[-1].get_ydata()[0] == problem.reference_mse
 """,
         ),
     ],

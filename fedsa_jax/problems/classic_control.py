@@ -239,9 +239,9 @@ def _new_chains(problem, key, params, chains: int, behaviour=None):
     return jax.vmap(problem.init_sampler, in_axes=(0, None, None))(starts, params, behaviour)
 
 
-def _chain_sums(problem, key, params, samplers, burn_in, steps: int, theta, behaviour=None):
-    """Agent's trajectories from ``samplers`` (leading axis: the chains), ``burn_in`` steps dropped
-    (a traced count: no new compile per burn-in), then over ``steps`` steps: ``sum phi (phi -
+def _chain_sums(problem, key, params, samplers, burn_in, steps, theta, behaviour=None):
+    """Agent's trajectories from ``samplers`` (leading axis: the chains), ``burn_in`` steps dropped,
+    then over ``steps`` steps (both traced counts: no new compile for new sizes): ``sum phi (phi -
     gamma' phi')^T`` and ``sum r phi`` over every chain and step, ``sum phi^2`` (which coordinates
     are visited), per chain ``sum_t (b_t - A_t theta_k)`` at each row of ``theta (K, d)`` (None:
     not computed), and the chains' last states. The policy is the problem's, at ``behaviour`` where
@@ -261,7 +261,7 @@ def _chain_sums(problem, key, params, samplers, burn_in, steps: int, theta, beha
     def burn(t, samplers):
         return advance(samplers, jax.random.fold_in(k_burn, t))[0]
 
-    def accumulate(carry, t):
+    def accumulate(t, carry):
         samplers, A, b, energy, G = carry
         samplers, move = advance(samplers, jax.random.fold_in(k_run, t))
         i, v, j, w = jax.vmap(problem.pairs, in_axes=(0, None))(move, behaviour)  # (chains, n)
@@ -276,17 +276,17 @@ def _chain_sums(problem, key, params, samplers, burn_in, steps: int, theta, beha
         if theta is not None:  # (K, chains): the TD error at each theta_k, into each chain's row
             delta = move.reward + jnp.sum(w * theta[:, j], -1) - jnp.sum(v * theta[:, i], -1)
             G = G.at[:, rows, i].add(delta[:, :, None] * v)
-        return (samplers, A, b, energy, G), None
+        return samplers, A, b, energy, G
 
     samplers = jax.lax.fori_loop(0, burn_in, burn, samplers)
     zeros = jnp.zeros((d, d), problem.dtype), jnp.zeros(d, problem.dtype), jnp.zeros(d, problem.dtype)
     G = None if theta is None else jnp.zeros((theta.shape[0], chains, d), problem.dtype)
-    (samplers, A, b, energy, G), _ = jax.lax.scan(accumulate, (samplers, *zeros, G), jnp.arange(steps))
+    samplers, A, b, energy, G = jax.lax.fori_loop(0, steps, accumulate, (samplers, *zeros, G))
     return A, b, energy, G, samplers
 
 
 # Compiled once per problem structure and sizes: a fixed-point iteration calls them with new behaviours.
-_sums = jax.jit(_chain_sums, static_argnums=5)
+_sums = jax.jit(_chain_sums)
 _starts = jax.jit(_new_chains, static_argnums=3)
 
 
@@ -481,24 +481,30 @@ def with_reference(draft, ref: Reference, dtype, *entries: tuple[str, Any]):
     )
 
 
-def _reference_sizes(text: str) -> tuple[int, int, int]:
-    """``--reference CHAINS:STEPS:BURN_IN`` (an argparse type: a bad text names the option)."""
+def _reference_sizes(text: str) -> tuple[int, ...]:
+    """``--reference CHAINS:STEPS:BURN_IN[:ITERATIONS]`` (an argparse type: a bad text names the
+    option); ITERATIONS is for the SARSA problems' fixed point."""
     try:
-        chains, steps, burn_in = (int(v) for v in str(text).split(":"))
+        sizes = tuple(int(v) for v in str(text).split(":"))
+        if len(sizes) not in (3, 4):
+            raise ValueError
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected CHAINS:STEPS:BURN_IN, three integers, got {text!r}"
+            f"expected CHAINS:STEPS:BURN_IN or CHAINS:STEPS:BURN_IN:ITERATIONS, integers, got {text!r}"
         ) from None
-    if chains < 2 or steps < 1 or burn_in < 0:
-        raise argparse.ArgumentTypeError(f"expected CHAINS >= 2, STEPS >= 1, BURN_IN >= 0, got {text!r}")
-    return chains, steps, burn_in
+    if sizes[0] < 2 or sizes[1] < 1 or sizes[2] < 0 or sizes[3:4] and sizes[3] < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected CHAINS >= 2, STEPS >= 1, BURN_IN >= 0, ITERATIONS >= 2, got {text!r}"
+        )
+    return sizes
 
 
 ENV_PARAMS = registry.Option(
     ("--env-params",),
     "env_params",
-    "each agent's environment parameters (gymnax EnvParams): NAME=V, NAME=V1,...,VN or NAME=LOW:HIGH "
-    "(N values spread evenly), joined by ';' (e.g. CartPole's pole lengths: length=0.25:1.0; "
+    "each agent's environment parameters (gymnax EnvParams): NAME=V, NAME=V1,...,VN, NAME=LOW:HIGH "
+    "(N values spread evenly) or NAME~H (spread around the default by a relative heterogeneity H in "
+    "[0, 1)), joined by ';' (e.g. CartPole's pole lengths: length=0.25:1.0 or length~0.5; "
     "default: every agent the environment's defaults)",
     str,
     "",
@@ -518,8 +524,8 @@ FEATURES = registry.Option(
 REFERENCE = registry.Option(
     ("--reference",),
     "reference",
-    "the Monte Carlo reference theta*: CHAINS:STEPS:BURN_IN per agent (default 256:2000:1000; SARSA: "
-    "per fixed-point iteration, default 128:1000:1000)",
+    "the Monte Carlo reference theta*: CHAINS:STEPS:BURN_IN per agent (default 256:2000:1000); SARSA: "
+    "CHAINS:STEPS:BURN_IN[:ITERATIONS] per fixed-point iteration (default 128:1000:1000:8)",
     _reference_sizes,
     None,
     group="problem",
@@ -536,14 +542,14 @@ EPSILON = registry.Option(
 )
 
 
-def shared_options(args, reference: tuple[int, int, int]) -> dict[str, Any]:
+def shared_options(args, env: str, reference: tuple[int, int, int]) -> dict[str, Any]:
     """The classic-control problems' keyword arguments from the command line's options, the
     reference's sizes ``CHAINS:STEPS:BURN_IN`` defaulting to ``reference``; ``--problem-seed``
     seeds the reference."""
-    chains, steps, burn_in = args.reference or reference
+    chains, steps, burn_in = (args.reference or reference)[:3]
     return dict(
         num_agents=args.agents,
-        env_params=parse_env_params(args.env_params, args.agents),
+        env_params=parse_env_params(args.env_params, args.agents, env),
         features=args.features,
         gamma=0.9 if args.gamma is None else args.gamma,
         key=args.problem_seed,
@@ -560,7 +566,7 @@ def _from_options(name: str):
         the reference."""
         del key
         policy = default_policy(name, args.policy_epsilon, args.dtype)
-        return classic_control_td(name, policy=policy, **shared_options(args, (256, 2000, 1000)))
+        return classic_control_td(name, policy=policy, **shared_options(args, name, (256, 2000, 1000)))
 
     return build
 

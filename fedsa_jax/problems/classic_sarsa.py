@@ -296,8 +296,9 @@ def _from_options(name: str):
         """``--problem sarsa-NAME``: :func:`classic_control_sarsa` from the options;
         ``--problem-seed`` seeds the reference."""
         del key
-        options = _td.shared_options(args, (CHAINS, STEPS, BURN_IN))
-        return classic_control_sarsa(name, temperature=args.temperature, **options)
+        options = _td.shared_options(args, name, (CHAINS, STEPS, BURN_IN))
+        iterations = (args.reference or ())[3:] or (ITERATIONS,)
+        return classic_control_sarsa(name, temperature=args.temperature, iterations=iterations[0], **options)
 
     return build
 

@@ -30,6 +30,7 @@ __all__ = [
     "environment",
     "num_actions",
     "parse_env_params",
+    "spread",
 ]
 
 
@@ -181,26 +182,50 @@ def agent_env_params(name: str, num_agents: int, **values) -> Any:
     return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *agents)
 
 
-def parse_env_params(text: str, num_agents: int) -> dict[str, list[float]]:
-    """``--env-params``: ``"length=0.3,0.5,0.7,0.9"`` (one value per agent, or one for all) or
-    ``"length=0.25:1.0"`` (N values evenly spread from the first to the second), several joined by
-    ``;``."""
+def spread(env: str, name: str, level: float, num_agents: int) -> list[float]:
+    """N values of parameter ``name`` spread evenly around ``env``'s default by the relative
+    heterogeneity ``level`` in [0, 1): ``default (1 + level (2 c / (N - 1) - 1))`` for agent c (0:
+    every agent the default; 0.5 with CartPole's length 0.5: 0.25 to 0.75)."""
+    level = _validate.real("level", level, 0.0, 1.0, high_open=True)
+    default = environment(env)[1]
+    if name not in {f.name for f in dataclasses.fields(default)}:
+        _validate.fail(name, level, f"not a parameter of {ENVIRONMENTS[env].gymnax_id}")
+    return (float(getattr(default, name)) * (1.0 + level * np.linspace(-1.0, 1.0, num_agents))).tolist()
+
+
+def parse_env_params(text: str, num_agents: int, env: str | None = None) -> dict[str, list[float]]:
+    """``--env-params``: ``"length=0.3,0.5,0.7,0.9"`` (one value per agent, or one for all),
+    ``"length=0.25:1.0"`` (N values evenly spread from the first to the second) or, with ``env``,
+    ``"length~0.5"`` (:func:`spread` around the default by a relative heterogeneity), several joined
+    by ``;``."""
+
+    def bad():
+        _validate.fail(
+            "env_params",
+            text,
+            "expected NAME=V (every agent), NAME=V1,...,VN (one per agent), NAME=LOW:HIGH "
+            "(spread over the agents) or NAME~H (spread around the default by a relative "
+            "heterogeneity H in [0, 1)), several joined by ';'",
+        )
+
     values: dict[str, list[float]] = {}
     for part in filter(None, (p.strip() for p in str(text).split(";"))):
         name, sep, spec = part.partition("=")
         try:
-            if not sep or not name.strip():
+            if not sep and "~" in part and env is not None:
+                name, _, level = part.partition("~")
+                level = float(level)
+                if not 0.0 <= level < 1.0:
+                    raise ValueError
+            elif not sep or not name.strip():
                 raise ValueError
-            if ":" in spec:
+            elif ":" in spec:
                 low, high = (float(v) for v in spec.split(":"))
                 values[name.strip()] = np.linspace(low, high, num_agents).tolist()
             else:
                 values[name.strip()] = [float(v) for v in spec.split(",")]
         except ValueError:
-            _validate.fail(
-                "env_params",
-                text,
-                "expected NAME=V (every agent), NAME=V1,...,VN (one per agent) or NAME=LOW:HIGH "
-                "(spread over the agents), several joined by ';'",
-            )
+            bad()
+        if not sep:
+            values[name.strip()] = spread(env, name.strip(), level, num_agents)  # pyright: ignore
     return values
