@@ -12,8 +12,9 @@
   against N = 1, 2, 4, 8 (linear speed-up: N x MSE constant, until the Markov bias of the constant
   step is reached).
 * ``speed``: agent-steps/s of FedLSA (H = 10, N = 10, 1000 seeds) with Fourier features and with
-  tile coding, beside stepping the environment with its policy alone in the same run (the floor: no
-  features, no update).
+  tile coding, and of FedSARSA (Fourier state-action features, each step's action drawn from the
+  current iterate), beside stepping the environment with its default policy alone in the same run
+  (the floor: no features, no update).
 
 Each reference's own error ``tr Cov(theta_hat)`` is reported beside the MSEs it is measured against.
 
@@ -177,15 +178,20 @@ def speed_part(seeds: int, repeats: int) -> dict:
 
     N, H, rounds = 10, 10, 20
     out = {}
-    for features in ("fourier:1", "tiles:4:4"):
-        problem = fj.problems.classic_control_td(
-            "cartpole", N, features=features, chains=8, steps=100, dtype="float32"
-        )
+    tiny = dict(chains=16, steps=100, burn_in=100, dtype="float32")  # the reference is not timed
+    problems = {
+        "fourier:1": lambda: fj.problems.classic_control_td("cartpole", N, features="fourier:1", **tiny),
+        "tiles:4:4": lambda: fj.problems.classic_control_td("cartpole", N, features="tiles:4:4", **tiny),
+        "SARSA, fourier:1": lambda: fj.problems.classic_control_sarsa("cartpole", N, iterations=2, **tiny),
+    }
+    for name, make in problems.items():
+        some = make()
         alg = fj.fedlsa(0.05, H)
-        run = lambda: fj.simulate(0, problem, alg, rounds, seeds, record_every=rounds, progress=False)  # noqa: E731
+        run = lambda p=some: fj.simulate(0, p, alg, rounds, seeds, record_every=rounds, progress=False)  # noqa: E731
         run()
         t = best_of(run, repeats)
-        out[features] = {"dim": problem.dim, "agent_steps_per_s": N * H * rounds * seeds / t}
+        out[name] = {"dim": some.dim, "agent_steps_per_s": N * H * rounds * seeds / t}
+    problem = fj.problems.classic_control_td("cartpole", N, features="fourier:1", **tiny)
 
     @jax.jit
     def floor(key):  # the environment and its policy alone: N x seeds trajectories, H x rounds steps
