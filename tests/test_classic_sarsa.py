@@ -103,6 +103,24 @@ def test_the_next_actions_law_follows_the_iterate():
         assert abs(np.mean(actions) - p) < Z_TOL * np.sqrt(p * (1 - p) / n), (c, np.mean(actions), p)
 
 
+def test_the_references_target_is_the_policys_average_of_the_sampled_ones():
+    """``pairs(move, theta)`` (the reference's target features) equals the average over
+    ``pi_theta(. | x')`` of ``pairs`` with each next action drawn."""
+    problem = _tiny(temperature=0.7)
+    theta = jnp.asarray(np.random.default_rng(1).normal(size=problem.dim))
+    x, y = jnp.array([0.1, -0.2, 0.05, 0.3]), jnp.array([0.2, 0.1, -0.1, -0.4])
+    dense = lambda i, v: np.asarray(jnp.zeros(problem.dim).at[i].add(v))  # noqa: E731
+    move = lambda a: cs.SARSATransition(x, jnp.int32(1), 1.0, y, jnp.int32(a), jnp.bool_(False))  # noqa: E731
+    q = np.asarray(problem.q_values(y, theta))
+    pi = np.exp((q - q.max()) / 0.7) / np.exp((q - q.max()) / 0.7).sum()
+    i, v, j, w = problem.pairs(move(0), theta)
+    average = sum(p * dense(*problem.pairs(move(a))[2:]) for a, p in enumerate(pi))
+    np.testing.assert_allclose(dense(j, w), average, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(dense(i, v), dense(*problem.pairs(move(0))[:2]))
+    with pytest.raises(ValueError, match=r"^skip=2 is invalid"):
+        problem.randomness(jax.random.key(0), 2, 3, skip=2)
+
+
 def test_the_reference_is_reproducible_and_its_error_is_the_spread_of_independent_ones(cartpole):
     build = lambda k: fj.problems.classic_control_sarsa(  # noqa: E731
         "cartpole", 2, {"length": LENGTHS}, temperature=2.0, key=k, **SMALL

@@ -25,11 +25,12 @@ mean field is exactly a fixed point of T), with ``A_c``, ``b_c`` estimated by th
 target's next features averaged over ``pi_theta(. | x')``: same mean, less variance). Fresh draws
 at every iteration: one action that flips sends a CartPole trajectory elsewhere, so common random
 numbers would not make the estimated T smooth. The chains go on from one iteration to the next
-(the burn-in in full at the first, a quarter of it for each new policy). The first half of the
-iterations applies T with every chain; then :data:`REPLICAS` independent replicas go on from there,
-each with its share of the chains, solving the pooled systems of all its iterations so far. Their
-mean is the estimate and their spread its standard error, which counts the noise fed back through
-the policy.
+(the burn-in in full at the first, a quarter of it for each new policy). :data:`REPLICAS`
+independent replicas, each on its share of the chains and draws of its own, apply T for the first
+half of the iterations, then solve the pooled systems of all their later iterations. Their mean is
+the estimate and their spread its standard error, which counts the noise fed back through the
+policy. (Replicas that shared a first half run on every chain reported 1.5 times too small a
+variance: the shared start's error is in every replica.)
 
 *What is known.* The estimate's error bar is the replicas' spread, checked against the spread of
 independent references (``tests/test_classic_sarsa.py``), and FedSARSA with one local step and
@@ -37,9 +38,9 @@ small decreasing steps keeps its mean on it. *What is not.* T is a contraction o
 enough temperature (Perkins & Precup 2003; Melo, Meyn, Ribeiro 2008): for a smaller one the limit
 may not exist or not be unique, and nothing here proves that it does. Errors the replicas share are
 not in the error bar: the bias of a ratio of noisy sums, and of the policy's curvature, both of the
-order of one replica's variance (measured on CartPole: a replica of 16 chains of 500 steps at each
-of 6 iterations leaves one about the size of the reported variance; 16 chains of 1000 steps none
-visible), and a ``burn_in`` too short for the chains to forget their start.
+order of one replica's variance (measured on CartPole at the default sizes, 16 chains of 1000 steps
+per replica and 8 iterations: an independent reference of 4x the work lay at twice the squared
+distance the error bars expect), and a ``burn_in`` too short for the chains to forget their start.
 
 ``local_theta_star[c]`` is agent c's own limit (the same iteration on its system alone, from
 ``theta_star``); ``A_bar``, ``b_bar`` are the frozen systems at ``theta_star``'s policy, so
@@ -140,6 +141,14 @@ class ClassicControlSARSA(_td.ClassicControlTD):
         move = SARSATransition(x.astype(self.dtype), a, reward, reached, next_action, terminated)
         return move, (x_new.astype(x.dtype), state_new, jnp.where(done, restart, next_action))
 
+    def randomness(self, key: jax.Array, num_agents: int, num_obs: int, skip: int = 1):
+        """As TD's, one environment step per local step: SARSA updates on every transition."""
+        if skip != 1:
+            _validate.fail(
+                "skip", skip, "SARSA updates on every transition of its trajectory: skip must be 1"
+            )
+        return super().randomness(key, num_agents, num_obs)
+
     def observe(self, params: Any, sampler: Any, rand: Any, skip: int = 1):
         """Refused: the observations follow the iterate (``observe_step``)."""
         del params, sampler, rand, skip
@@ -182,30 +191,18 @@ def _iterate(problem, key, sizes: _td.Sizes, theta, iterations: int, agents, cha
 
 
 def _fixed_point(problem, key, sizes: _td.Sizes, start, iterations: int, agents, bar):
-    """The fixed point of T over the systems of ``agents`` (module docstring) from ``start``: half
-    the ``iterations`` apply T with every chain; then each of :data:`REPLICAS` independent replicas
-    goes on with its share of the chains, pooling the systems of its iterations. Returns the
+    """The fixed point of T over the systems of ``agents`` (module docstring) from ``start``, by
+    :data:`REPLICAS` independent replicas, each on its share of the chains and draws of its own:
+    half the ``iterations`` apply T, the rest pool the systems of those iterations. Returns the
     replicas' mean and its standard error (their spread)."""
-    k_picard, k_replicas = jax.random.split(key)
     picard = max(1, iterations // 2)
-    theta, chains = _iterate(problem, k_picard, sizes, start, picard, agents, None, False, bar)
-    share = sizes.chains // REPLICAS
+    share = sizes._replace(chains=sizes.chains // REPLICAS)
     runs = []
     for r in range(REPLICAS):
-        own = [jax.tree.map(lambda x, r=r: x[r * share : (r + 1) * share], c) for c in chains]
-        key_r = jax.random.fold_in(k_replicas, r)
+        k_picard, k_pooled = jax.random.split(jax.random.fold_in(key, r))
+        theta, chains = _iterate(problem, k_picard, share, start, picard, agents, None, False, bar)
         runs.append(
-            _iterate(
-                problem,
-                key_r,
-                sizes._replace(chains=share),
-                theta,
-                iterations - picard,
-                agents,
-                own,
-                True,
-                bar,
-            )[0]
+            _iterate(problem, k_pooled, share, theta, iterations - picard, agents, chains, True, bar)[0]
         )
     runs = np.stack(runs)
     return runs.mean(0), runs.std(0, ddof=1) / np.sqrt(REPLICAS)
@@ -242,7 +239,7 @@ def classic_control_sarsa(
     num_agents: int = 4,
     env_params: dict | None = None,
     features=None,
-    temperature: float = 1.0,
+    temperature: float = 2.0,
     gamma: float = 0.9,
     key=0,
     chains: int = CHAINS,
