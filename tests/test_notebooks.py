@@ -4,6 +4,7 @@ Monte Carlo curves within Z_TOL standard errors of the exact ones at every recor
 the figures' theory curves and reference levels, the saved table, the bias growing with the
 heterogeneity level."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -264,7 +265,14 @@ def test_every_notebook_is_covered():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(SMALL) == sorted(CHECKS)
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+# Run by hand (-m slow) to keep CI under 20 minutes: the classic-control notebook estimates its
+# reference and compiles gymnax's CartPole into three programs (about 45 s at its small sizes).
+SLOW = {"07_classic_control.ipynb"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(SMALL)]
+)
 def test_notebook_runs(name, tmp_path):
     book = nbformat.read(NOTEBOOKS / name, as_version=4)
     params = [c for c in book.cells if "parameters" in c.metadata.get("tags", [])]
@@ -310,8 +318,13 @@ def test_key_numbers_compare_to_the_last_printed_digit():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_fresh_execution_reproduces_the_stored_key_numbers(name):
-    """Full sizes (minutes each): a fresh execution prints the stored key numbers."""
+def test_fresh_execution_reproduces_the_stored_key_numbers(name, monkeypatch):
+    """Full sizes (minutes each): a fresh execution prints the stored key numbers. The kernel
+    compiles at XLA's default level, as the stored run did, not at the suite's fast one: CartPole's
+    trajectories turn a rounding difference into other actions."""
+    from conftest import _FAST_COMPILE
+
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "").replace(_FAST_COMPILE, "").strip())
     script = _regenerator()
     stored = script.key_numbers(nbformat.read(NOTEBOOKS / name, as_version=4))
     assert script.differences(stored, script.key_numbers(script.execute(NOTEBOOKS / name))) == []
