@@ -301,8 +301,8 @@ def _agent(problem, c: int):
 
 
 def _chains(problem, key, c: int, sizes: Sizes, behaviour=None, samplers=None, n: int = 0):
-    """``(params, samplers, burn_in, steps)`` of agent c's sums: new chains (from ``fold_in(key,
-    -1)``... a key of their own) or the ``n``-th of ``samplers``."""
+    """``(params, samplers, burn_in, steps)`` of agent c's sums: new chains, started from a key of
+    their own (``fold_in(key, 2**31 - 1)``), or the ``n``-th of ``samplers``."""
     params = _agent(problem, c)
     if samplers is None:
         start = _starts(problem, jax.random.fold_in(key, 2**31 - 1), params, sizes.chains, behaviour)
