@@ -11,6 +11,11 @@ section, so a run cut short keeps what it measured) and prints one line per figu
   devices      JAX and jaxlib versions, the backend, each device and its memory
   td_fedlsa    federated TD(0) FedLSA (Garnet, N=10, S=20, d=10, H=10, float32) at 1e4, 1e5 and
                1e6 seeds: agent-steps/s of warm calls, the first call's time (compile), peak memory
+  fused        the fused local-step kernel (fj.Execution(fused_local_steps=True), Pallas on Triton)
+               beside the compiled scan, in the same run: TD FedLSA at 1e4, 1e5 and 1e6 seeds, TD
+               SCAFFLSA and Gaussian FedLSA at 1e5; agent-steps/s, compile time, the traffic and
+               flops a step needs at least (the model below) at that rate, and the fraction of
+               --peak-tflops; a kernel that fails to compile is recorded with its error
   local_step   kernels per local step of the TD and Gaussian kernels in the backend's optimised HLO
                (``benchmarks/_hlo.py``), the loop's carried shapes, host transfers (must be none)
   unroll       the local-step scan unrolled 1, 2, 5 and 10 times, TD and Gaussian FedLSA at 1e5 seeds
@@ -21,8 +26,9 @@ section, so a run cut short keeps what it measured) and prints one line per figu
   bootstrap    fj.bootstrap(FedLSA, B=100) against (1 + B) times the seeds of plain FedLSA
 
 Sections not begun after ``--budget-s`` seconds (default 360) are skipped, and say so in the file.
-``--small`` shrinks every size (seeds, rounds, agents) for a smoke run on a CPU, with one seed count
-and two unroll factors (the test suite runs it, so the script cannot rot).
+``--small`` shrinks every size (seeds, rounds, agents) for a smoke run on a CPU, with one figure per
+loop of a section (one seed count, one unroll factor, one path...): the test suite runs it, so the
+script cannot rot.
 """
 
 from __future__ import annotations
@@ -55,6 +61,9 @@ def parse(argv):
     ap.add_argument("--repeats", type=int, default=3, help="warm calls per figure (the best is kept)")
     ap.add_argument(
         "--budget-s", type=float, default=360.0, help="sections not begun by then are skipped (recorded)"
+    )
+    ap.add_argument(
+        "--peak-tflops", type=float, default=67.0, help="the device's float32 peak (H100/H200 SXM: 67)"
     )
     return ap.parse_args(argv)
 
@@ -112,7 +121,7 @@ def devices_section(backend):
     return info
 
 
-def throughput(problem, alg, rounds, seeds, per_round, repeats, unroll=None):
+def throughput(problem, alg, rounds, seeds, per_round, repeats, unroll=None, fused=None):
     """One figure: agent-steps/s of warm calls, the first call, the peak memory so far."""
     execution = fj.Execution(
         seed_batch_size=seeds,
@@ -120,6 +129,7 @@ def throughput(problem, alg, rounds, seeds, per_round, repeats, unroll=None):
         chunk_rounds=rounds,
         progress=False,
         local_unroll=unroll,
+        fused_local_steps=fused,
     )
     first, best = measure(problem, alg, rounds, seeds, repeats=repeats, execution=execution)
     steps = seeds * rounds * per_round
@@ -163,6 +173,51 @@ def sections(args):
             line(f"TD FedLSA, {n} seeds", rows[-1])
         return rows
 
+    def fused_steps():
+        """The scan and the fused kernel side by side. The least a local step needs (float32, per
+        agent-step): TD reads its observation's pair index once (4 bytes; the scan's carry of the
+        next round's random words writes and reads 8 more) and 3d flops pairs (the dot, the update);
+        Gaussian reads d normals (4d bytes) and d^2 + 4d multiply-adds; each row's start, control and
+        end (3d words) are spread over its H steps."""
+        d = 10
+        model = {
+            "TD": (4 + 3 * d * 4 / H, 2 * 3 * d),
+            "Gaussian": (4 * d + 3 * d * 4 / H, 2 * (d * d + 4 * d)),
+        }
+        plan = [("TD FedLSA", td, fj.fedlsa(0.1, H), n) for n in sizes]
+        plan += (
+            []
+            if small
+            else [  # the smoke run: one pair
+                ("TD SCAFFLSA", td, fj.scafflsa(0.1, H), wide),
+                ("Gaussian FedLSA", g, fj.fedlsa(0.05, H), wide),
+            ]
+        )
+        out = []
+        for name, p, a, n in plan:
+            bytes_per_step, flops_per_step = model[name.split()[0]]
+            for path, flag in (("scan", False), ("fused", True)):
+                try:
+                    row = throughput(p, a, rounds, n, N * H, R, fused=flag)
+                except Exception as e:  # a kernel the GPU's compiler refuses: recorded, the run goes on
+                    out.append(
+                        {"name": name, "path": path, "seeds": n, "error": f"{type(e).__name__}: {e}"[:2000]}
+                    )
+                    print(f"{name}, {path}, {n} seeds: {out[-1]['error'][:300]}")
+                    continue
+                rate = row["agent_steps_per_s"]
+                row.update(
+                    name=name,
+                    path=path,
+                    model_bytes_per_step=bytes_per_step,
+                    model_bandwidth_GBps=rate * bytes_per_step / 1e9,
+                    model_tflops=rate * flops_per_step / 1e12,
+                    fraction_of_peak=rate * flops_per_step / 1e12 / args.peak_tflops,
+                )
+                out.append(row)
+                line(f"{name}, {path}", row)
+        return out
+
     def local_step():
         steps = {}
         for name, p, a in pair:
@@ -176,16 +231,17 @@ def sections(args):
 
     def unroll():
         out = {}
-        for name, p, a in pair:
+        for name, p, a in pair[:1] if small else pair:
             out[name] = {}
-            for u in (1, 5) if small else (1, 2, 5, 10):
+            for u in (5,) if small else (1, 2, 5, 10):
                 out[name][u] = throughput(p, a, rounds, wide, N * H, R, unroll=u)
                 line(f"{name}, unroll {u}", out[name][u])
         return out
 
     def paths():
         out = {}
-        for name, (p, a, r, per_round) in cases(0.05 if small else 1.0).items():
+        chosen = list(cases(0.05 if small else 1.0).items())
+        for name, (p, a, r, per_round) in chosen[-1:] if small else chosen:
             out[name] = throughput(p, a, r, wide, per_round, R)
             line(name, out[name])
         return out
@@ -194,11 +250,12 @@ def sections(args):
         n = 100 if small else 10_000
         q = fj.problems.qfedtd_mdp(jax.random.key(0), num_agents=agents)
         out = {}
-        for name, p, a, per_round in (
-            ("FedLSA, Figure-1 Garnet", fig1, fj.fedlsa(0.1, 10), agents * 10),
+        runs = (
             ("SCAFFLSA, Figure-1 Garnet", fig1, fj.scafflsa(0.1, 10), agents * 10),
+            ("FedLSA, Figure-1 Garnet", fig1, fj.fedlsa(0.1, 10), agents * 10),
             ("QFedTD 4-bit p=0.6", q, fj.qfedtd(0.6, fj.channel.stochastic_uniform(4), 0.6), agents),
-        ):
+        )
+        for name, p, a, per_round in runs[:1] if small else runs:
             out[name] = dict(throughput(p, a, rounds, n, per_round, R), agents=agents)
             line(f"{name}, N={agents}", out[name])
         return out
@@ -224,6 +281,7 @@ def sections(args):
 
     return [
         ("td_fedlsa", td_fedlsa),
+        ("fused", fused_steps),
         ("local_step", local_step),
         ("unroll", unroll),
         ("paths", paths),

@@ -3,11 +3,17 @@
     PYTHONPATH=/path/to/old/checkout python benchmarks/kernel_paths.py
     PYTHONPATH=. python benchmarks/kernel_paths.py [--cpu-devices N] [--seeds 1000]
     python benchmarks/kernel_paths.py --cache-bytes 0,262144,default   # the seed slices, side by side
+    python benchmarks/kernel_paths.py --fused --block-rows 512,2048,8192    # scan against the fused kernel
 
 ``--cache-bytes``: one column per value of ``fj.Execution(cache_bytes=...)`` (``default``: the
 backend's); with it, three more paths at H = 100 whose rounds' states outgrow the cache: TD FedLSA
 under Markov sampling (d = 8) and federated SARSA on the SARSA paper's Garnet (one-hot, d = 30, and
 dense, d = 8), N = 10.
+
+``--fused``: two columns, the compiled local-step scan and the fused local-step kernel
+(``fj.Execution(fused_local_steps=...)``, :mod:`fedsa_jax.problems.fused`; on a CPU in Pallas's
+interpret mode), for the paths that have one (TD and Gaussian); ``--block-rows`` adds a fused column
+per block size (rows per program).
 
 1000 seeds; best of 3 warm calls each (compile excluded). JAX runs on one CPU device per core
 (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device), for both versions alike.
@@ -74,27 +80,57 @@ def main():
         "--scale", type=float, default=1.0, help="multiplies the number of rounds (a smoke run: 0.01)"
     )
     ap.add_argument("--cache-bytes", default=None, help="comma-separated values, 'default' for the backend's")
+    ap.add_argument("--fused", action="store_true", help="the scan against the fused local-step kernel")
+    ap.add_argument("--block-rows", default=None, help="with --fused: comma-separated rows per program")
     add_cpu_devices_option(ap)
     args = ap.parse_args()
     print(f"{use_cpu_devices(args.cpu_devices)}, {args.seeds} seeds, fedsa_jax from {fj.__file__}")
     paths = cases(args.scale)
-    columns = [None]
+    columns: list[tuple[str, fj.Execution | None, int | None]] = [("default", None, None)]
     if args.cache_bytes is not None:
         paths.update(long_round_cases(args.scale))
-        columns = [None if v == "default" else int(v) for v in args.cache_bytes.split(",")]
-        print(
-            f"{'':20s} "
-            + " ".join(
-                f"{'cache_bytes=' + str(c or 0) if c is not None else 'default':>18s}" for c in columns
+        columns = [
+            (
+                ("cache_bytes=" + v) if v != "default" else v,
+                None if v == "default" else fj.Execution(cache_bytes=int(v)),
+                None,
             )
-        )
+            for v in args.cache_bytes.split(",")
+        ]
+    if args.fused:
+        paths = {k: v for k, v in paths.items() if not k.startswith("QFedTD")}  # one step a round: no kernel
+        blocks = [None] if args.block_rows is None else [int(b) for b in args.block_rows.split(",")]
+        columns = [("scan", fj.Execution(fused_local_steps=False), None)]
+        columns += [
+            ("fused" + ("" if b is None else f" {b} rows"), fj.Execution(fused_local_steps=True), b)
+            for b in blocks
+        ]
+    print(f"{'':20s} " + " ".join(f"{label:>18s}" for label, _, _ in columns))
     for name, (p, a, rounds, per_round) in paths.items():
         rates = []
-        for c in columns:
-            execution = None if c is None else fj.Execution(cache_bytes=c)
-            _, best = measure(p, a, rounds, args.seeds, execution=execution)
+        for _, execution, block in columns:
+            with block_rows(block):
+                _, best = measure(p, a, rounds, args.seeds, execution=execution)
             rates.append(args.seeds * rounds * per_round / best)
         print(f"{name:20s} " + " ".join(f"{r:18.3g}" for r in rates) + " agent-steps/s", flush=True)
+
+
+class block_rows:
+    """Within the block, the fused kernel's rows per program on this backend are ``rows`` (None: as set)."""
+
+    def __init__(self, rows):
+        from fedsa_jax.problems import fused
+
+        self.table, self.rows, self.backend = fused.BLOCK_ROWS, rows, jax.default_backend()
+
+    def __enter__(self):
+        self.saved = dict(self.table)
+        if self.rows is not None:
+            self.table[self.backend if self.backend in self.table else "cpu"] = self.rows
+
+    def __exit__(self, *exc):
+        self.table.clear()
+        self.table.update(self.saved)
 
 
 if __name__ == "__main__":

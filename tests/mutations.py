@@ -53,6 +53,7 @@ ALG = "tests/test_algorithms.py"
 BR = "tests/test_batches_and_resume.py"
 NEW = "tests/test_newer_features.py"
 UNTESTED = "tests/test_untested_behaviours.py"
+FU = "tests/test_fused.py::test_fused_local_steps_equal_the_scan"
 
 MUTATIONS = [
     # --- newer features: seed batches, checkpoints, sweeps, CPU devices ----------------------------
@@ -1730,6 +1731,47 @@ MUTATIONS = [
         "    normalise = delivery.delivered",
         ("tests/test_q_learning.py::test_kernel_equals_numpy_loop",),
         "divide_by_n's importance weights are normalised over what arrived, not over the agents asked",
+    ),
+    # --- fused local steps (Pallas kernels, interpret mode on the CPU) ---
+    Mutation(
+        "fused-td-drops-control",
+        "fedsa_jax/problems/fused.py",
+        "return tuple(e[j] - eta * (g * phi[j] - ctrl[j]) for j in range(d))",
+        "return tuple(e[j] - eta * (g * phi[j]) for j in range(d))",
+        (FU,),
+        "the TD kernel leaves out SCAFFLSA's control variate",
+    ),
+    Mutation(
+        "fused-first-step-size",
+        "fedsa_jax/problems/fused.py",
+        "return eta_ref[h, :] if per_row else eta_ref[h]",
+        "return eta_ref[0, :] if per_row else eta_ref[0]",
+        (FU,),
+        "every local step uses the round's first step size (a schedule's later steps ignored)",
+    ),
+    Mutation(
+        "fused-td-const-of-agent-zero",
+        "fedsa_jax/problems/fused.py",
+        "g = g + const_ref[offset + pair]",
+        "g = g + const_ref[pair]",
+        (FU,),
+        "every agent reads agent 0's constants (heterogeneous rewards ignored)",
+    ),
+    Mutation(
+        "fused-gaussian-noise-scale-at-error",
+        "fedsa_jax/problems/fused.py",
+        "theta = [star[i] + e[i] for i in range(d)]",
+        "theta = list(e)",
+        (FU,),
+        "the multiplicative noise's scale is taken at the error, not at theta = theta_star + error",
+    ),
+    Mutation(
+        "fused-rows-out-of-order",
+        "fedsa_jax/problems/fused.py",
+        "return out[:, :num_rows].T",
+        "return jnp.roll(out[:, :num_rows].T, 1, axis=0)",
+        (FU,),
+        "the kernel's rows come back shifted by one (another agent's or seed's iterate)",
     ),
 ]
 

@@ -22,17 +22,19 @@ class _Captured(Exception):
     pass
 
 
-def kernel_arguments(monkeypatch, problem, alg):
-    """The arguments of the first ``_start`` call of ``fj.simulate`` (stopped there)."""
+def kernel_arguments(monkeypatch, problem, alg, **options):
+    """The arguments of the first ``_start`` call of ``fj.simulate`` (stopped there); ``options``:
+    more keywords of ``fj.simulate``."""
     seen = {}
 
     def spy(*args, **kwargs):
         seen.update(args=args, kwargs=kwargs)
         raise _Captured
 
-    monkeypatch.setattr(sim, "_start", spy)
-    with pytest.raises(_Captured):
-        fj.simulate(0, problem, alg, 3, 2, record_every=1)
+    with monkeypatch.context() as m:
+        m.setattr(sim, "_start", spy)
+        with pytest.raises(_Captured):
+            fj.simulate(0, problem, alg, 3, 2, record_every=1, **options)
     return seen["args"], seen["kwargs"]
 
 

@@ -104,11 +104,23 @@ def test_gpu_script_runs_end_to_end_on_cpu(tmp_path):
     proc = _script(tmp_path, "--platform", "cpu", "--small", "--repeats", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "gpu.json").read_text())
-    expected = {"devices", "td_fedlsa", "local_step", "unroll", "paths", "scafflsa", "theory", "bootstrap"}
+    expected = {
+        "devices",
+        "td_fedlsa",
+        "fused",
+        "local_step",
+        "unroll",
+        "paths",
+        "scafflsa",
+        "theory",
+        "bootstrap",
+    }
     assert expected <= set(report), sorted(report)
     assert report["devices"]["backend"] == "cpu"
     for row in report["td_fedlsa"] + list(report["paths"].values()):
         assert row["agent_steps_per_s"] > 0 and row["first_call_s"] >= row["warm_s"] > 0
     assert all(s["host_transfers"] == [] for s in report["local_step"].values())
     assert report["theory"]["final_mse"] > 0
+    assert [(r["path"], "error" in r) for r in report["fused"]] == [("scan", False), ("fused", False)]
+    assert all(r["agent_steps_per_s"] > 0 and r["model_bandwidth_GBps"] > 0 for r in report["fused"])
     assert report["bootstrap"]["bootstrap_over_plain"] > 0

@@ -54,30 +54,37 @@ ALGORITHMS = {
 
 
 @pytest.mark.parametrize("family", PROBLEMS)
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_seed_slices_change_no_value(monkeypatch, family, algorithm):
-    """60 seeds in 1 slice and in 5 or more (every agent count allowed): every seed's squared error
-    and final iterate, and the statistics over seeds, are those of one pass to float rounding (XLA
-    may vectorise a slice's arithmetic differently: a few units in the last place, a few dozen where
-    SARSA's softmax carries them across rounds)."""
+def test_seed_slices_change_no_value(monkeypatch, family):
+    """60 seeds in 1 slice and in 5 or more (every agent count allowed), every algorithm of
+    ALGORITHMS in one program (``fj.compare``): every seed's squared error and final iterate, and
+    the statistics over seeds, are those of one pass to float rounding (XLA may vectorise a slice's
+    arithmetic differently: a few units in the last place, a few dozen where SARSA's softmax carries
+    them across rounds)."""
     monkeypatch.setattr(plan, "MIN_SLICE_AGENTS", 1)
-    problem, alg = PROBLEMS[family](), ALGORITHMS[algorithm]()
+    problem = PROBLEMS[family]()
 
     def run(cache_bytes):
         ex = fj.Execution(cache_bytes=cache_bytes, progress=False)
-        return fj.simulate(
-            jax.random.key(0), problem, alg, 12, 60, record_every=3, keep_seeds=60, execution=ex
-        )
+        algorithms = {name: make() for name, make in ALGORITHMS.items()}
+        return fj.compare(
+            jax.random.key(0), problem, algorithms, 12, 60, record_every=3, keep_seeds=60, execution=ex
+        ).results
 
     whole, sliced = run(0), run(256)
-    assert whole.config["execution"]["seed_slices"] == 1
-    assert sliced.config["execution"]["seed_slices"] >= 5
-    assert sliced.config["execution"]["padded_batch"] == whole.config["execution"]["padded_batch"]
     rtol = 64 * np.finfo(problem.dtype).eps
-    for name in ("seed_mse", "final_theta", "mse_mean", "mse_sem", "mse_quantiles"):
-        want = np.asarray(getattr(whole, name))
-        got = getattr(sliced, name)
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
+    for algorithm in ALGORITHMS:
+        assert whole[algorithm].config["execution"]["seed_slices"] == 1
+        assert sliced[algorithm].config["execution"]["seed_slices"] >= 5
+        assert (
+            sliced[algorithm].config["execution"]["padded_batch"]
+            == whole[algorithm].config["execution"]["padded_batch"]
+        )
+        for name in ("seed_mse", "final_theta", "mse_mean", "mse_sem", "mse_quantiles"):
+            want = np.asarray(getattr(whole[algorithm], name))
+            got = getattr(sliced[algorithm], name)
+            np.testing.assert_allclose(
+                got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"{algorithm} {name}"
+            )
 
 
 def test_cache_bytes_is_checked():

@@ -51,6 +51,7 @@ from fedsa_jax._runtime.session import CheckpointSession, Tally
 from fedsa_jax._version import __version__
 from fedsa_jax.algorithms._base import Algorithm
 from fedsa_jax.channel import accounting
+from fedsa_jax.problems.protocol import fused_local_steps
 from fedsa_jax.result import MetricStats, SimulationResult, count_arrays, recorded_rounds
 from fedsa_jax.stats import Moments, finalize, merge
 
@@ -217,7 +218,12 @@ def _setup(run: Run, problem, algorithms: list[Algorithm], pairs: tuple | None =
             f"expected at most the seed batch size ({plan.batch_size}); pass a larger seed_batch_size",
         )
     reduction = Reduction(
-        run.metrics, run.quantiles, run.keep_seeds, run.execution.local_unroll, plan.seed_slices
+        run.metrics,
+        run.quantiles,
+        run.keep_seeds,
+        run.execution.local_unroll,
+        plan.seed_slices,
+        run.execution.fused_local_steps,
     )
     codes = [run_code(problem, a, run.metrics) for a in algorithms]
     return _Setup(
@@ -571,6 +577,8 @@ def run_config(
             "chunk_rounds": plan.chunk_rounds,
             "padded_batch": plan.padded_batch,
             "seed_slices": plan.seed_slices,
+            # the fused local-step kernels, for a problem that has them (fedsa_jax.problems.fused)
+            "fused_local_steps": fused_local_steps(run.execution.fused_local_steps),
         },
         "prng": {
             "impl": str(jax.random.key_impl(run.key)),

@@ -73,6 +73,7 @@ class Reduction(NamedTuple):
     keep: int = 0  # per-seed values of the first `keep` seeds
     unroll: int | None = None  # local steps per scan iteration (None: the backend's LOCAL_UNROLL)
     seed_slices: int = 1  # a round runs its seeds in this many interleaved slices, one after the other
+    fused: bool | None = None  # fused local-step kernels (None: the backend's FUSED_LOCAL_STEPS)
 
 
 def per_seed_keys(key: jax.Array, seed_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -223,7 +224,7 @@ def _traced(kernel):
     def trace(*args, rec: Reduction, **kwargs):
         global _num_traces
         _num_traces += 1
-        with unrolled(rec.unroll):
+        with unrolled(rec.unroll, rec.fused):
             return kernel(*args, rec=rec, **kwargs)
 
     return trace

@@ -101,6 +101,14 @@ class Execution:
         batch is the same. A speed setting: values change at float rounding only (XLA may vectorise
         a slice's arithmetic differently: a few units in the last place); a checkpoint records the
         slices, so a resume runs the same program.
+      fused_local_steps: run the local steps of a problem that has a fused kernel (federated TD with
+        pair tables, Gaussian LSA) as one Pallas kernel per round, each agent's iterate kept on chip
+        through its H steps (:mod:`fedsa_jax.problems.fused`; Triton on a GPU, interpret mode
+        elsewhere), instead of the compiled scan. Default: the backend's
+        (``fedsa_jax.problems.protocol.FUSED_LOCAL_STEPS``: on only where measured faster; off on
+        CPU, where interpret mode is slower, and on GPU until measured there). A speed setting: the
+        same random numbers, results equal to float rounding; a checkpoint records a value given
+        here, so a resume runs the same program.
     """
 
     seed_batch_size: int | None = None
@@ -110,6 +118,7 @@ class Execution:
     memory_budget: int = MEMORY_BUDGET
     local_unroll: int | None = None
     cache_bytes: int | None = None
+    fused_local_steps: bool | None = None
 
 
 class Record(NamedTuple):

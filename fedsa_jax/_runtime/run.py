@@ -180,6 +180,12 @@ def _check_execution(execution: Execution) -> None:
         _validate.integer("local_unroll", execution.local_unroll)
     if execution.cache_bytes is not None:
         _validate.integer("cache_bytes", execution.cache_bytes, minimum=0, maximum=2**63 - 1)
+    if execution.fused_local_steps not in (None, True, False):
+        _validate.fail(
+            "fused_local_steps",
+            execution.fused_local_steps,
+            "expected True, False or None (the backend's default)",
+        )
 
 
 def _check_quantiles(quantiles, records: int) -> bool:

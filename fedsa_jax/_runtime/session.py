@@ -132,6 +132,8 @@ def configuration_fingerprint(setup) -> str:
         **({"pairs": [list(p) for p in setup.pairs]} if setup.joint else {}),  # joint runs only
         # unrolling can change a step's rounding (Scaffnew): a resume keeps the program it started with
         **({"local_unroll": setup.reduction.unroll} if setup.reduction.unroll is not None else {}),
+        # the fused kernels sum in another order than the scan: a resume keeps the one it started with
+        **({"fused_local_steps": setup.reduction.fused} if setup.reduction.fused is not None else {}),
         # a resume runs the seeds in the slices it started with (rounding can depend on them)
         **({"seed_slices": plan.seed_slices} if plan.seed_slices > 1 else {}),
     )

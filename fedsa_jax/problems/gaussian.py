@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax import _prng, _validate, registry
+from fedsa_jax.problems import fused
 from fedsa_jax.problems._base import fixed_points
 from fedsa_jax.problems.protocol import local_unroll
 
@@ -54,6 +55,7 @@ class GaussianParams(NamedTuple):
     noise_A: jax.Array  # ()
     noise_b: jax.Array  # ()
     residual_star: jax.Array  # (d,) A_bar theta_star - b_bar (from float64)
+    agent: jax.Array  # () int32, the agent's index c (the fused kernel reads its tables with it)
 
 
 @jax.tree_util.register_dataclass
@@ -83,7 +85,14 @@ class GaussianLSA:
         return self.A_bar.dtype
 
     def agent_params(self) -> GaussianParams:
-        return GaussianParams(self.A_bar, self.b_bar, self.noise_A, self.noise_b, self.residual_star)
+        return GaussianParams(
+            self.A_bar,
+            self.b_bar,
+            self.noise_A,
+            self.noise_b,
+            self.residual_star,
+            jnp.arange(self.num_agents, dtype=jnp.int32),
+        )
 
     def init_sampler(self, key: jax.Array, params: GaussianParams) -> jax.Array:
         del key, params
@@ -132,6 +141,8 @@ class GaussianLSA:
         cls = type(self)
         if cls.error_direction is not GaussianLSA.error_direction or cls._noise is not GaussianLSA._noise:
             return None
+        if fused.usable(self.dim):  # the fused kernel (fj.Execution(fused_local_steps=True))
+            return fused.gaussian_local_steps(self, params.agent, z, error, step_sizes, control)
         args = (
             params.A_bar,
             params.residual_star,

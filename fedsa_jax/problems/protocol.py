@@ -104,7 +104,8 @@ class Problem(Protocol):
       when the problem can lay them out better than a vmapped scan of
       ``error_direction`` (FedLSA and SCAFFLSA call it; ``None`` declines). The
       Gaussian family does (a custom batching rule, seeds minor; see
-      ``problems/gaussian.py``); its results must equal the scan's to rounding.
+      ``problems/gaussian.py``), and it and federated TD run a fused kernel there when the run asks
+      for one (:mod:`fedsa_jax.problems.fused`); the results must equal the scan's to rounding.
     * ``finite_support() -> FiniteSupport``: for observations with finitely many
       values per agent; makes :func:`fedsa_jax.theory.exact_mse` exact for the
       problem (see :class:`FiniteSupport`).
@@ -222,7 +223,14 @@ LOCAL_UNROLL = {"cpu": 8, "gpu": 8}
 # 1.19x (one-hot, H = 100), 1.35x (dense features) and 1.20x on one core against 8
 # (benchmarks/README.md, Federated SARSA). Other backends take LOCAL_UNROLL's.
 FOLLOWS_ITERATE_UNROLL = {"cpu": 1}
+# Whether a problem's local steps run as one fused kernel (fedsa_jax.problems.fused: an agent's H steps
+# with its iterate on chip), per backend, where the problem has one: on only where measured faster than
+# the scan. CPU: the kernel runs in Pallas's interpret mode, 0.07x the scan for TD and 0.17x for
+# Gaussian LSA on the 2-core CPU (benchmarks/README.md, Fused local steps); GPU: not yet measured on a
+# GPU, so off.
+FUSED_LOCAL_STEPS: dict[str, bool] = {}
 _unroll: contextvars.ContextVar[int | None] = contextvars.ContextVar("local_unroll", default=None)
+_fused: contextvars.ContextVar[bool | None] = contextvars.ContextVar("fused_local_steps", default=None)
 
 
 def local_unroll(num_steps: int, defaults: dict[str, int] = LOCAL_UNROLL) -> int:
@@ -240,7 +248,15 @@ def local_unroll(num_steps: int, defaults: dict[str, int] = LOCAL_UNROLL) -> int
     return max(1, min(chosen, num_steps))
 
 
-def merged_vmaps(fn):
+def fused_local_steps(chosen: bool | None = None) -> bool:
+    """Whether a problem with a fused local-step kernel (:mod:`fedsa_jax.problems.fused`) uses it:
+    ``chosen``, else the run's ``Execution(fused_local_steps=...)`` (set while its kernels trace,
+    :func:`unrolled`), else the backend's entry in ``FUSED_LOCAL_STEPS`` (off where absent)."""
+    chosen = _fused.get() if chosen is None else chosen
+    return FUSED_LOCAL_STEPS.get(jax.default_backend(), False) if chosen is None else chosen
+
+
+def merged_vmaps(fn, rows=None):
     """``fn`` whose vmaps, however nested, run as one vmap over the product of their axes.
 
     An algorithm vmaps a problem's per-agent code over the agents and the kernel vmaps that over
@@ -252,22 +268,40 @@ def merged_vmaps(fn):
     reshapes the outputs back. The values are those of ``fn`` vmapped (to float rounding, where
     XLA vectorises the longer axis differently); not differentiable
     (``jax.custom_batching.custom_vmap``). Arguments are pytrees of arrays (pass the problem as
-    one: closures over traced values are not allowed)."""
+    one: closures over traced values are not allowed).
+
+    ``rows``: the merged axis is handed to this function instead of a ``vmap`` of ``fn``:
+    ``rows(batched, *args)`` with ``batched`` a pytree of bools like ``args`` (which arguments have
+    the leading axis of all the vmaps merged; ``None`` when ``fn`` is not vmapped), returning the
+    outputs with that axis (e.g. a kernel that runs blocks of rows, :mod:`fedsa_jax.problems.fused`)."""
 
     def flat_fn(tree, *leaves):
         return fn(*jax.tree.unflatten(tree, leaves))
 
+    def flat_rows(tree, mask, *leaves):
+        assert rows is not None
+        return rows(
+            None if mask is None else jax.tree.unflatten(tree, mask), *jax.tree.unflatten(tree, leaves)
+        )
+
     def call(*args):
         leaves, tree = jax.tree.flatten(args)
-        return _merged_level(functools.partial(flat_fn, tree), None, 1)(*leaves)
+        batched = None if rows is None else functools.partial(flat_rows, tree)
+        return _merged_level(functools.partial(flat_fn, tree), None, 1, batched)(*leaves)
 
     return call
 
 
-def _merged_level(fn, mask: tuple | None, size: int):
+def _merged_level(fn, mask: tuple | None, size: int, rows=None):
     """``fn`` over flat leaves, vmapped over one leading axis of ``size`` for the leaves in ``mask``
-    (``None``: not vmapped), as a ``custom_vmap`` whose own vmap merges the new axis into that one."""
-    inner = fn if mask is None else jax.vmap(fn, in_axes=tuple(0 if m else None for m in mask))
+    (``None``: not vmapped; ``rows(mask, *leaves)`` instead of the vmap where given), as a
+    ``custom_vmap`` whose own vmap merges the new axis into that one."""
+    if mask is None:
+        inner = fn
+    elif rows is None:
+        inner = jax.vmap(fn, in_axes=tuple(0 if m else None for m in mask))
+    else:
+        inner = functools.partial(rows, mask)
     merged_fn = jax.custom_batching.custom_vmap(inner)
 
     @merged_fn.def_vmap
@@ -283,7 +317,7 @@ def _merged_level(fn, mask: tuple | None, size: int):
                 x = x.reshape((axis_size * size,) + x.shape[2:])
             merged.append(x)
         new_mask = tuple(bool(a) or b for a, b in zip(in_batched, old))
-        out = _merged_level(fn, new_mask, axis_size * size)(*merged)
+        out = _merged_level(fn, new_mask, axis_size * size, rows)(*merged)
         if mask is not None:
             out = jax.tree.map(lambda o: o.reshape((axis_size, size) + o.shape[1:]), out)
         return out, jax.tree.map(lambda _: True, out)
@@ -292,13 +326,15 @@ def _merged_level(fn, mask: tuple | None, size: int):
 
 
 @contextlib.contextmanager
-def unrolled(unroll: int | None):
-    """Within the block, :func:`local_unroll` returns ``unroll`` (``None``: the backend's default)."""
-    token = _unroll.set(unroll)
+def unrolled(unroll: int | None, fused: bool | None = None):
+    """Within the block, :func:`local_unroll` returns ``unroll`` and :func:`fused_local_steps`
+    ``fused`` (``None``: the backend's defaults)."""
+    tokens = _unroll.set(unroll), _fused.set(fused)
     try:
         yield
     finally:
-        _unroll.reset(token)
+        _unroll.reset(tokens[0])
+        _fused.reset(tokens[1])
 
 
 _ABSENT = object()

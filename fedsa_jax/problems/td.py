@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedsa_jax import _prng, _validate
+from fedsa_jax.problems import fused
 from fedsa_jax.problems._base import (
     alias_draw,
     alias_tables,
@@ -192,6 +193,16 @@ class FederatedTD:
         row = self.features_star[obs.state]  # one gather gives phi(s) and v(s)
         full = row - self.gamma * self.features_star[obs.next_state]  # (psi, v(s) - gamma v(s'))
         return (jnp.dot(full[:d], error) + (full[d] - obs.reward)) * row[:d]
+
+    def error_local_steps(self, c, obs: TDObservation, error, step_sizes, control):
+        """One agent's H local steps in error coordinates as the fused kernel
+        (:func:`fedsa_jax.problems.fused.td_local_steps`) when the run uses it and the problem has
+        pair tables; ``None`` otherwise (the algorithms then scan :meth:`error_direction`)."""
+        if not (self.pair_tables and fused.usable(self.dim)) or type(self).error_direction is not (
+            FederatedTD.error_direction
+        ):
+            return None
+        return fused.td_local_steps(self, c, obs.pair, error, step_sizes, control)
 
     def noise_second_moment(self):
         """The protocol's ``noise_second_moment``: ``cov(m, X) -> (N, d, d)``, float64 numpy.

@@ -1,0 +1,262 @@
+"""Fused local steps: each agent's H local steps in one Pallas kernel, its iterate kept on chip.
+
+The algorithms' local steps are a ``lax.scan`` over H. Compiled by XLA, every step of that scan reads
+and writes every seed's and agent's iterate (and reads its observation) from memory: on a GPU, the
+iterate's traffic bounds the step. Here one kernel runs a block of *rows* (one row: one agent of one
+seed, for one round) through all H steps, with the row's iterate in registers: it reads the row's
+start, control and H observations once and writes its end once.
+
+Kernels (one per problem family, each the same update as the family's ``error_direction`` scanned by
+:func:`fedsa_jax.algorithms.local_updates`, in error coordinates ``e = theta - theta_star``):
+
+* :func:`td_local_steps`, federated TD(0) with pair tables (:mod:`fedsa_jax.problems.td`):
+  ``e <- e - eta_h ((psi(Z_h)^T e + k_c(Z_h)) phi(s_h) - control)`` with the row
+  ``[phi(s) | psi = phi(s) - gamma phi(s')]`` and the constant ``k_c = v(s) - gamma v(s') - r_c(s)``
+  read from the tables by the pair index ``s S + s'`` of each step;
+* :func:`gaussian_local_steps`, Gaussian LSA (:mod:`fedsa_jax.problems.gaussian`):
+  ``e <- e - eta_h (A_bar[c] e + residual_c + sqrt(noise_A^2 |theta_star + e|^2 + noise_b^2) z_h
+  - control)``, the agent's ``A_bar[c]`` read once per row.
+
+Same numbers: the kernels take the observations the problem's ``observe`` made from the round's
+block of random numbers (the pair indices, the normals), so they consume the same random numbers as
+the scan, and their iterates equal the scan's to float rounding (the sums run in another order:
+measured below 1e-12 relative in float64 over whole runs, ``tests/test_fused.py``).
+
+Layout: the vmaps over agents and seeds (and a sweep's configurations) are merged into one axis of
+rows (:func:`fedsa_jax.problems.protocol.merged_vmaps`); the kernel sees every per-row array
+transposed, ``(K, rows)``, so that a block's loads are contiguous, and keeps the iterate as ``d``
+vectors of the block's rows (no power-of-two padding of ``d``; ``d <= MAX_DIM``). The tables are read
+whole by every program (gathers from a cache-resident table).
+
+Backends: on a GPU the kernel is compiled by Pallas's Triton backend; elsewhere it runs in Pallas's
+interpret mode (the same kernel as XLA operations, a loop over the blocks), which the test suite runs
+on a CPU so that the kernel cannot rot without a GPU. Whether a run uses it is
+``fj.Execution(fused_local_steps=...)`` (default per backend,
+:data:`fedsa_jax.problems.protocol.FUSED_LOCAL_STEPS`).
+
+Reference: Pallas, JAX's kernel language, https://docs.jax.dev/en/latest/pallas/ (the Triton
+backend: ``jax.experimental.pallas.triton``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from fedsa_jax.problems.protocol import fused_local_steps, merged_vmaps
+
+__all__ = ["gaussian_local_steps", "td_local_steps", "usable"]
+
+# Rows per program, per backend: on a GPU one row per thread of 4 warps; in interpret mode 256 to 4096
+# rows measured alike (within 5 %, the 2-core CPU, benchmarks/kernel_paths.py --fused --block-rows).
+BLOCK_ROWS = {"gpu": 128, "cpu": 1024}
+# The iterate is kept as d vectors and each step's row as 2d gathers, written out per coordinate:
+# beyond this d the kernel would be long to compile, and the scan is used.
+MAX_DIM = 32
+
+
+def usable(dim: int) -> bool:
+    """Whether the fused kernels run now: chosen (:func:`~fedsa_jax.problems.protocol.fused_local_steps`)
+    and ``dim <= MAX_DIM``."""
+    return fused_local_steps() and dim <= MAX_DIM
+
+
+def _interpret() -> bool:
+    return jax.default_backend() != "gpu"
+
+
+def _compiler_params():
+    if _interpret():
+        return None
+    from jax.experimental.pallas import triton as plt  # the GPU's backend
+
+    return plt.CompilerParams(num_warps=4, num_stages=1)
+
+
+def _row_arrays(batched, args, per_row):
+    """The per-row arguments ``args[i]`` (``i`` in ``per_row``) with the merged axis of rows leading
+    (broadcast where an argument is shared by the rows), and the number of rows."""
+    flags = [jax.tree.leaves(b) for b in batched]
+    size = next(a.shape[0] for a, f in zip(args, flags) if f and f[0])
+    out = []
+    for i, (a, f) in enumerate(zip(args, flags)):
+        if i in per_row and not (f and f[0]):
+            a = jnp.broadcast_to(a, (size,) + a.shape)
+        out.append(a)
+    return out, size
+
+
+def _call_rows(kernel, columns, shared, dim: int, dtype, num_rows: int):
+    """Run ``kernel(*column_refs, *shared_refs, out_ref)`` over blocks of rows.
+
+    ``columns``: per-row arrays, each ``(num_rows, K)``, handed to the kernel transposed, a block
+    ``(K, rows)``; ``shared``: arrays every program reads whole. Returns ``(num_rows, dim)``."""
+    block = min(BLOCK_ROWS.get(jax.default_backend(), BLOCK_ROWS["cpu"]), pl.next_power_of_2(num_rows))
+    padded = pl.cdiv(num_rows, block) * block
+    cols = [jnp.pad(c.reshape(num_rows, -1).T, ((0, 0), (0, padded - num_rows))) for c in columns]
+    whole = lambda a: pl.BlockSpec(a.shape, lambda i: (0,) * a.ndim)  # noqa: E731
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((dim, padded), dtype),
+        grid=(padded // block,),
+        in_specs=[pl.BlockSpec((c.shape[0], block), lambda i: (0, i)) for c in cols]
+        + [whole(a) for a in shared],
+        out_specs=pl.BlockSpec((dim, block), lambda i: (0, i)),
+        interpret=_interpret(),
+        compiler_params=_compiler_params(),
+        name="fused_local_steps",
+    )(*cols, *shared)
+    return out[:, :num_rows].T
+
+
+def _loop(num_steps: int, step, carry):
+    return jax.lax.fori_loop(0, num_steps, step, carry)
+
+
+def _eta(eta_ref, h, per_row: bool):
+    return eta_ref[h, :] if per_row else eta_ref[h]
+
+
+# ------------------------------------------------------------------------------------------------
+# Federated TD(0) with pair tables
+
+
+def _td_kernel(d, H, S2, eta_per_row, c_ref, pair_ref, e_ref, ctrl_ref, *refs):
+    if eta_per_row:
+        eta_ref, rows_ref, const_ref, out_ref = refs
+    else:
+        rows_ref, const_ref, eta_ref, out_ref = refs
+    offset = c_ref[0, :] * S2
+    ctrl = [ctrl_ref[j, :] for j in range(d)]
+
+    def step(h, e):
+        pair = pair_ref[h, :]
+        base = pair * (2 * d)
+        phi = [rows_ref[base + j] for j in range(d)]
+        psi = [rows_ref[base + d + j] for j in range(d)]
+        g = functools.reduce(lambda acc, j: acc + psi[j] * e[j], range(1, d), psi[0] * e[0])
+        g = g + const_ref[offset + pair]
+        eta = _eta(eta_ref, h, eta_per_row)
+        return tuple(e[j] - eta * (g * phi[j] - ctrl[j]) for j in range(d))
+
+    e = _loop(H, step, tuple(e_ref[j, :] for j in range(d)))
+    for j in range(d):
+        out_ref[j, :] = e[j]
+
+
+def _td_rows(batched, c, pair, error, etas, control, rows, const):
+    (c, pair, error, etas, control), num_rows = _row_arrays(
+        batched[:5], (c, pair, error, etas, control), (0, 1, 2, 4)
+    )
+    d, H = error.shape[-1], pair.shape[-1]
+    S2 = rows.shape[0] // (2 * d)
+    eta_per_row = etas.ndim == 2
+    columns = [c, pair, error, control] + ([etas] if eta_per_row else [])
+    shared = [rows, const] + ([] if eta_per_row else [etas])
+    kernel = functools.partial(_td_kernel, d, H, S2, eta_per_row)
+    return _call_rows(kernel, columns, shared, d, error.dtype, num_rows)
+
+
+def _td_scan(c, pair, error, etas, control, rows, const):
+    """The same steps as a scan (the unbatched call; :func:`td_local_steps`' reference)."""
+    d = error.shape[-1]
+    S2 = rows.shape[0] // (2 * d)
+    table = rows.reshape(S2, 2 * d)
+
+    def step(e, xs):
+        p, eta = xs
+        row = table[p]
+        return e - eta * ((jnp.dot(row[d:], e) + const[c * S2 + p]) * row[:d] - control), None
+
+    return jax.lax.scan(step, error, (pair, etas))[0]
+
+
+_td_merged = merged_vmaps(_td_scan, rows=_td_rows)
+
+
+def td_local_steps(problem, c, pair, error, step_sizes, control):
+    """One agent's H local steps of federated TD(0) with pair tables (module docstring), as the fused
+    kernel once vmapped: ``pair (H,)`` the steps' pair indices, ``error``, ``control (d,)``,
+    ``step_sizes (H,)``. ``problem`` is a :class:`~fedsa_jax.problems.td.FederatedTD` with
+    ``pair_tables``."""
+    return _td_merged(c, pair, error, step_sizes, control, problem.pair_rows.reshape(-1), problem.pair_const)
+
+
+# ------------------------------------------------------------------------------------------------
+# Gaussian LSA
+
+
+def _gaussian_kernel(d, H, eta_per_row, c_ref, z_ref, e_ref, ctrl_ref, *refs):
+    if eta_per_row:
+        eta_ref, A_ref, res_ref, sA_ref, sb_ref, star_ref, out_ref = refs
+    else:
+        A_ref, res_ref, sA_ref, sb_ref, star_ref, eta_ref, out_ref = refs
+    c = c_ref[0, :]
+    A = [[A_ref[c * (d * d) + i * d + j] for j in range(d)] for i in range(d)]
+    res = [res_ref[c * d + i] for i in range(d)]
+    sA2, sb2 = sA_ref[c] ** 2, sb_ref[c] ** 2
+    star = [star_ref[i] for i in range(d)]
+    ctrl = [ctrl_ref[i, :] for i in range(d)]
+
+    def dot(u, v):
+        return functools.reduce(lambda acc, j: acc + u[j] * v[j], range(1, d), u[0] * v[0])
+
+    def step(h, e):
+        theta = [star[i] + e[i] for i in range(d)]
+        scale = jnp.sqrt(sA2 * dot(theta, theta) + sb2)
+        eta = _eta(eta_ref, h, eta_per_row)
+        g = [dot(A[i], e) + res[i] + scale * z_ref[h * d + i, :] for i in range(d)]
+        return tuple(e[i] - eta * (g[i] - ctrl[i]) for i in range(d))
+
+    e = _loop(H, step, tuple(e_ref[i, :] for i in range(d)))
+    for i in range(d):
+        out_ref[i, :] = e[i]
+
+
+def _gaussian_rows(batched, c, z, error, etas, control, A, res, sA, sb, star):
+    (c, z, error, etas, control), num_rows = _row_arrays(
+        batched[:5], (c, z, error, etas, control), (0, 1, 2, 4)
+    )
+    d, H = error.shape[-1], z.shape[-2]
+    eta_per_row = etas.ndim == 2
+    columns = [c, z.reshape(num_rows, H * d), error, control] + ([etas] if eta_per_row else [])
+    shared = [A, res, sA, sb, star] + ([] if eta_per_row else [etas])
+    kernel = functools.partial(_gaussian_kernel, d, H, eta_per_row)
+    return _call_rows(kernel, columns, shared, d, error.dtype, num_rows)
+
+
+def _gaussian_scan(c, z, error, etas, control, A, res, sA, sb, star):
+    """The same steps as a scan (the unbatched call)."""
+    d = error.shape[-1]
+    A_c, res_c = A.reshape(-1, d, d)[c], res.reshape(-1, d)[c]
+
+    def step(e, xs):
+        z_h, eta = xs
+        theta = star + e
+        scale = jnp.sqrt(sA[c] ** 2 * jnp.sum(theta * theta) + sb[c] ** 2)
+        return e - eta * (A_c @ e + res_c + scale * z_h - control), None
+
+    return jax.lax.scan(step, error, (z, etas))[0]
+
+
+_gaussian_merged = merged_vmaps(_gaussian_scan, rows=_gaussian_rows)
+
+
+def gaussian_local_steps(problem, c, z, error, step_sizes, control):
+    """One agent's H local steps of Gaussian LSA (module docstring), as the fused kernel once vmapped:
+    ``c`` the agent's index, ``z (H, d)`` its normals."""
+    return _gaussian_merged(
+        c,
+        z,
+        error,
+        step_sizes,
+        control,
+        problem.A_bar.reshape(-1),
+        problem.residual_star.reshape(-1),
+        problem.noise_A,
+        problem.noise_b,
+        problem.theta_star,
+    )

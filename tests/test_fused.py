@@ -1,0 +1,161 @@
+"""The fused local-step kernels (``fj.problems.fused``) against the compiled scan they replace.
+
+* Same numbers: one round of every agent's local steps (``run_agents``, as FedLSA and SCAFFLSA call
+  it) from random starts and random control variates, with step sizes that change with the step (and
+  per agent and seed: the bootstrap's multipliers), equals the scan's to float rounding (float64:
+  1e-12 of the largest entry; float32: 1e-5) on federated TD with pair tables (generative, and Markov:
+  the chains move alike) and Gaussian LSA; so does a SCAFFLSA run through ``fj.simulate``, every
+  seed's squared error at every round. The kernel runs in Pallas's interpret mode on this CPU, and
+  each case asserts that it ran (the comparison is not the scan against itself).
+* Power: ``tests/mutations.py``, section "fused local steps" (the control dropped, the first step
+  size at every step, agent 0's constants, the noise scale at the error, rows shifted by one).
+* The GPU path: the simulation kernel with the fused steps lowers for CUDA on this CPU, the local
+  steps as one Triton kernel (Pallas's Triton backend accepted the kernel: block shapes, gathers, the
+  loop). Compiling it needs a GPU.
+* ``fused_local_steps`` other than True, False or None is a one-line error naming it; a dimension
+  above ``MAX_DIM`` keeps the scan.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_export import kernel_arguments
+
+import fedsa_jax as fj
+from fedsa_jax._runtime import kernel as sim
+from fedsa_jax.algorithms._base import ErrorCoordinates, init_samplers, run_agents
+from fedsa_jax.problems import fused
+from fedsa_jax.problems.protocol import unrolled
+
+KEY = jax.random.key(5)
+
+
+@pytest.fixture(scope="module")
+def problems(tiny_td_sampled, het_gaussian):
+    garnet = fj.problems.garnet(jax.random.key(2), num_agents=3, num_states=6, dim=4)
+    return {
+        "td": tiny_td_sampled["generative"],
+        "td-markov": tiny_td_sampled["markov"],
+        "garnet": garnet,
+        "garnet-f32": fj.problems.garnet(
+            jax.random.key(2), num_agents=3, num_states=6, dim=4, dtype="float32"
+        ),
+        "gaussian": het_gaussian,
+    }
+
+
+def run(problem, algorithm, fused_steps):
+    execution = fj.Execution(fused_local_steps=fused_steps, progress=False, seed_batch_size=24)
+    return fj.simulate(KEY, problem, algorithm, 8, 24, record_every=1, keep_seeds=24, execution=execution)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """How many times the fused kernel was traced."""
+    calls = []
+    original = fused._call_rows
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "_call_rows", spy)
+    return calls
+
+
+ALGORITHMS = {"fedlsa": lambda: fj.fedlsa(0.2, 3), "scafflsa": lambda: fj.scafflsa(0.2, 3)}
+H, SEEDS = 5, 40
+
+
+def local_round(problem, fused_steps: bool, per_row_steps: bool):
+    """One round of every agent's local steps for SEEDS seeds (``run_agents``, as FedLSA and SCAFFLSA
+    call it), from random starts and random control variates; step sizes that change with the step,
+    per agent and seed when ``per_row_steps`` (the bootstrap's multipliers). Returns the agents'
+    final iterates ``(SEEDS, N, d)`` and samplers."""
+    N, d, dt = problem.num_agents, problem.dim, problem.dtype
+    view = ErrorCoordinates(problem)
+
+    def one_seed(key):
+        k = jax.random.split(key, 5)
+        rand = problem.randomness(k[0], N, H)
+        samplers = init_samplers(k[1], problem)
+        start = 0.5 * jax.random.normal(k[2], (d,), dt)
+        controls = 0.3 * jax.random.normal(k[3], (N, d), dt)
+        etas = 0.3 * jnp.linspace(1.0, 0.4, H, dtype=dt)
+        weights = jax.random.uniform(k[4], (N, H), dt, 0.5, 1.5) if per_row_steps else None
+        return run_agents(rand, view, samplers, start, etas, controls=controls, weights=weights)
+
+    with unrolled(None, fused_steps):
+        return jax.jit(jax.vmap(one_seed))(jax.random.split(KEY, SEEDS))
+
+
+KERNEL_CASES = [
+    ("td", False),
+    ("td-markov", True),
+    ("garnet", False),
+    ("garnet", True),
+    ("garnet-f32", True),
+    ("gaussian", False),
+    ("gaussian", True),
+]
+
+
+@pytest.mark.parametrize("problem_name,per_row_steps", KERNEL_CASES)
+def test_fused_local_steps_equal_the_scan(problems, kernel_calls, problem_name, per_row_steps):
+    problem = problems[problem_name]
+    scan, scan_samplers = local_round(problem, False, per_row_steps)
+    assert not kernel_calls
+    kernel, kernel_samplers = local_round(problem, True, per_row_steps)
+    assert kernel_calls, "the fused kernel did not run"
+    rtol = 1e-5 if problem.dtype == np.float32 else 1e-12
+    assert np.all(np.isfinite(scan)) and np.std(scan) > 0.1
+    np.testing.assert_allclose(kernel, scan, rtol=0, atol=rtol * np.max(np.abs(scan)))
+    np.testing.assert_array_equal(kernel_samplers, scan_samplers)  # the Markov chains moved alike
+
+
+@pytest.mark.parametrize("alg_name", ["scafflsa"])
+def test_a_fused_run_equals_the_scans(problems, kernel_calls, alg_name):
+    """Through ``fj.simulate`` (the option reaches the compiled kernel): every seed's squared error at
+    every round and the final iterates, SCAFFLSA's control variates carried across rounds."""
+    problem = problems["garnet"]
+    scan = run(problem, ALGORITHMS[alg_name](), False)
+    assert not kernel_calls
+    kernel = run(problem, ALGORITHMS[alg_name](), True)
+    assert kernel_calls, "the fused kernel did not run"
+    assert np.all(np.isfinite(scan.seed_mse)) and np.min(scan.seed_mse[:, 1:]) > 0
+    np.testing.assert_allclose(kernel.seed_mse, scan.seed_mse, rtol=1e-12, atol=0)
+    scale = np.max(np.abs(scan.final_theta))
+    np.testing.assert_allclose(kernel.final_theta, scan.final_theta, rtol=0, atol=1e-12 * scale)
+    assert kernel.config["execution"].get("fused_local_steps") is True
+
+
+@pytest.mark.parametrize("problem_name,alg_name", [("garnet-f32", "scafflsa"), ("gaussian", "fedlsa")])
+def test_fused_steps_lower_to_one_triton_kernel(problems, monkeypatch, problem_name, alg_name):
+    """The simulation kernel (``_advance``) with the fused steps, lowered for CUDA on this CPU: the
+    local steps are a Triton custom call (Pallas's Triton backend generated its IR)."""
+    pytest.importorskip("jax._src.pallas.triton.lowering")
+    execution = fj.Execution(fused_local_steps=True)
+    (inputs, seeds), kwargs = kernel_arguments(
+        monkeypatch, problems[problem_name], ALGORITHMS[alg_name](), execution=execution
+    )
+    assert kwargs["rec"].fused is True
+    monkeypatch.setattr(fused, "_interpret", lambda: False)  # what a GPU backend chooses
+    carry = jax.eval_shape(lambda i, s: sim._start(i, s, **kwargs), inputs, seeds)[0]
+    traced = sim._advance.trace(
+        inputs, seeds, carry, np.uint32(8), record_every=1, max_blocks=8, rec=kwargs["rec"]
+    )
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+def test_bad_value_and_large_dimension(problems):
+    with pytest.raises(ValueError, match=r"fused_local_steps.*'yes'.*True, False or None") as info:
+        fj.simulate(
+            KEY, problems["td"], fj.fedlsa(0.1, 2), 2, 2, execution=fj.Execution(fused_local_steps="yes")
+        )
+    assert "\n" not in str(info.value)
+    with unrolled(None, True):
+        assert fused.usable(fused.MAX_DIM) and not fused.usable(fused.MAX_DIM + 1)
+    with unrolled(None, False):
+        assert not fused.usable(2)
