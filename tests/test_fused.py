@@ -64,7 +64,11 @@ def kernel_calls(monkeypatch):
     return calls
 
 
-ALGORITHMS = {"fedlsa": lambda: fj.fedlsa(0.2, 3), "scafflsa": lambda: fj.scafflsa(0.2, 3)}
+ALGORITHMS = {
+    "fedlsa": lambda: fj.fedlsa(0.2, 3),
+    "scafflsa": lambda: fj.scafflsa(0.2, 3),
+    "bootstrap": lambda: fj.bootstrap(fj.fedlsa(0.2, 3), 2),  # step sizes per row
+}
 H, SEEDS = 5, 40
 
 
@@ -130,8 +134,12 @@ def test_a_fused_run_equals_the_scans(problems, kernel_calls, alg_name):
     assert kernel.config["execution"].get("fused_local_steps") is True
 
 
-@pytest.mark.parametrize("problem_name,alg_name", [("garnet-f32", "scafflsa"), ("gaussian", "fedlsa")])
-def test_fused_steps_lower_to_one_triton_kernel(problems, monkeypatch, problem_name, alg_name):
+@pytest.mark.parametrize(
+    "problem_name,alg_name,kernels",
+    # the bootstrap: the main trajectory's steps and its replicates' (step sizes per row), two kernels
+    [("garnet-f32", "scafflsa", 1), ("garnet-f32", "bootstrap", 2), ("gaussian", "fedlsa", 1)],
+)
+def test_fused_steps_lower_to_one_triton_kernel(problems, monkeypatch, problem_name, alg_name, kernels):
     """The simulation kernel (``_advance``) with the fused steps, lowered for CUDA on this CPU: the
     local steps are a Triton custom call (Pallas's Triton backend generated its IR)."""
     pytest.importorskip("jax._src.pallas.triton.lowering")
@@ -146,7 +154,7 @@ def test_fused_steps_lower_to_one_triton_kernel(problems, monkeypatch, problem_n
         inputs, seeds, carry, np.uint32(8), record_every=1, max_blocks=8, rec=kwargs["rec"]
     )
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 1
+    assert text.count("__gpu$xla.gpu.triton") == kernels
 
 
 def test_bad_value_and_large_dimension(problems):

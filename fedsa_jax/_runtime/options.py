@@ -104,7 +104,8 @@ class Execution:
       fused_local_steps: run the local steps of a problem that has a fused kernel (federated TD with
         pair tables, Gaussian LSA) as one Pallas kernel per round, each agent's iterate kept on chip
         through its H steps (:mod:`fedsa_jax.problems.fused`; Triton on a GPU, interpret mode
-        elsewhere), instead of the compiled scan. Default: the backend's
+        elsewhere; on a GPU with one device only: several keep the scan), instead of the compiled
+        scan. Default: the backend's
         (``fedsa_jax.problems.protocol.FUSED_LOCAL_STEPS``: on only where measured faster; off on
         CPU, where interpret mode is slower, and on GPU until measured there). A speed setting: the
         same random numbers, results equal to float rounding; a checkpoint records a value given

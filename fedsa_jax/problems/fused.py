@@ -59,9 +59,11 @@ MAX_DIM = 32
 
 
 def usable(dim: int) -> bool:
-    """Whether the fused kernels run now: chosen (:func:`~fedsa_jax.problems.protocol.fused_local_steps`)
-    and ``dim <= MAX_DIM``."""
-    return fused_local_steps() and dim <= MAX_DIM
+    """Whether the fused kernels run now: chosen (:func:`~fedsa_jax.problems.protocol.fused_local_steps`),
+    ``dim <= MAX_DIM``, and on a GPU one device (the seeds sharded over several GPUs would reach a
+    Triton kernel that XLA's partitioner cannot split: it would gather every row onto each device;
+    there the scan runs). In interpret mode the kernel is XLA operations, sharded like the scan."""
+    return fused_local_steps() and dim <= MAX_DIM and (_interpret() or jax.device_count() == 1)
 
 
 def _interpret() -> bool:
