@@ -23,6 +23,7 @@ import pytest
 from test_export import kernel_arguments
 
 import fedsa_jax as fj
+from fedsa_jax import cli
 from fedsa_jax._runtime import kernel as sim
 from fedsa_jax.algorithms._base import ErrorCoordinates, init_samplers, run_agents
 from fedsa_jax.problems import fused
@@ -155,6 +156,17 @@ def test_fused_steps_lower_to_one_triton_kernel(problems, monkeypatch, problem_n
     )
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == kernels
+
+
+def test_command_line_option(tmp_path):
+    """``--fused-local-steps`` reaches the run (recorded in the result file); the default is the
+    backend's (off on the CPU)."""
+    for flag, want in (("--fused-local-steps", True), ("--no-fused-local-steps", False), (None, False)):
+        out = tmp_path / str(flag)
+        argv = ["run", "--agents", "2", "--states", "5", "--dim", "3", "--rounds", "2", "--seeds", "4"]
+        argv += ["--algorithms", "scafflsa", "--no-plot", "--out", str(out)] + ([flag] if flag else [])
+        assert cli.main(argv) == 0
+        assert fj.load(out / "result_scafflsa.npz").config["execution"]["fused_local_steps"] is want
 
 
 def test_bad_value_and_large_dimension(problems):

@@ -188,6 +188,7 @@ def _common() -> list[Option]:
         *downlink.options(BUILT_IN_CHANNEL),
         *dp.options(BUILT_IN_CHANNEL),
         *_simulation(),
+        *_execution(),
         *_statistics(),
     ]
 
@@ -356,31 +357,6 @@ def _simulation() -> list[Option]:
         ),
         Option(("--out",), "out", "output folder (created if needed)", Path, Path("fedsa_run"), grid=False),
         Option(
-            ("--checkpoint-dir",),
-            "checkpoint_dir",
-            "write an atomic checkpoint here after each chunk; "
-            "rerunning the same command resumes (one subfolder per algorithm; other configurations may share "
-            "the folder)",
-            Path,
-            params=("checkpoint_dir",),
-            grid=False,
-        ),
-        Option(
-            ("--chunk-rounds",),
-            "chunk_rounds",
-            "rounds per kernel call (progress and checkpoint granularity; default: automatic)",
-            positive_int,
-            params=("chunk_rounds",),
-            grid=False,
-        ),
-        Option(
-            ("--progress",),
-            "progress",
-            "progress bar (default: on a terminal only)",
-            action=argparse.BooleanOptionalAction,
-            grid=False,
-        ),
-        Option(
             ("--x-axis",),
             "x_axis",
             "figure's x axis: communication rounds, uplink messages, observations "
@@ -414,6 +390,46 @@ def _simulation() -> list[Option]:
         ),
         Option(
             ("--no-plot",), "no_plot", "skip the PNG figure", default=False, action="store_true", grid=False
+        ),
+    ]
+
+
+def _execution() -> list[Option]:
+    """How a run executes (``fj.Execution``): checkpoints, chunks, progress, the fused kernels."""
+    return [
+        Option(
+            ("--checkpoint-dir",),
+            "checkpoint_dir",
+            "write an atomic checkpoint here after each chunk; "
+            "rerunning the same command resumes (one subfolder per algorithm; other configurations may share "
+            "the folder)",
+            Path,
+            params=("checkpoint_dir",),
+            grid=False,
+        ),
+        Option(
+            ("--chunk-rounds",),
+            "chunk_rounds",
+            "rounds per kernel call (progress and checkpoint granularity; default: automatic)",
+            positive_int,
+            params=("chunk_rounds",),
+            grid=False,
+        ),
+        Option(
+            ("--progress",),
+            "progress",
+            "progress bar (default: on a terminal only)",
+            action=argparse.BooleanOptionalAction,
+            grid=False,
+        ),
+        Option(
+            ("--fused-local-steps",),
+            "fused_local_steps",
+            "run the local steps of TD (with pair tables) and Gaussian problems as one fused kernel per "
+            "round (Pallas: Triton on one GPU, interpret mode elsewhere; same random numbers, results "
+            "equal to float rounding); default: the backend's (off on CPU, where it is slower)",
+            action=argparse.BooleanOptionalAction,
+            grid=False,
         ),
     ]
 

@@ -164,11 +164,16 @@ def _algorithms(args, problem) -> tuple[list, list[str]]:
 
 def _run_options(args, checkpoint_name: str) -> dict:
     """The keywords of ``fj.simulate`` / ``fj.compare`` that the options set."""
+    import fedsa_jax as fj
+
     return dict(
         record_every=args.record_every,  # above --rounds refused, as fj.simulate refuses it
-        chunk_rounds=args.chunk_rounds,
-        checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / checkpoint_name,
-        progress=progress_mode(args.progress),
+        execution=fj.Execution(
+            chunk_rounds=args.chunk_rounds,
+            checkpoint_dir=None if args.checkpoint_dir is None else args.checkpoint_dir / checkpoint_name,
+            progress=progress_mode(args.progress),
+            fused_local_steps=getattr(args, "fused_local_steps", None),
+        ),
         quantiles=True if args.band == "quantiles" else None,
         metrics={
             **({"last_iterate_mse": "last_iterate_mse"} if args.average is not None else {}),
