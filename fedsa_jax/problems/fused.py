@@ -28,8 +28,9 @@ transposed, ``(K, rows)``, so that a block's loads are contiguous, and keeps the
 vectors of the block's rows (no power-of-two padding of ``d``; ``d <= MAX_DIM``). The tables are read
 whole by every program (gathers from a cache-resident table).
 
-Backends: on a GPU the kernel is compiled by Pallas's Triton backend; elsewhere it runs in Pallas's
-interpret mode (the same kernel as XLA operations, a loop over the blocks), which the test suite runs
+Backends: on a GPU the kernel is compiled by Pallas's Triton backend (which JAX 0.11 deprecates in
+favour of Mosaic GPU: it warns as the kernel compiles; a Mosaic GPU port is left to do); elsewhere it
+runs in Pallas's interpret mode (the same kernel as XLA operations, a loop over the blocks), which the test suite runs
 on a CPU so that the kernel cannot rot without a GPU. Whether a run uses it is
 ``fj.Execution(fused_local_steps=...)`` (default per backend,
 :data:`fedsa_jax.problems.protocol.FUSED_LOCAL_STEPS`).
