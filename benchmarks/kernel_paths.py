@@ -3,7 +3,7 @@
     PYTHONPATH=/path/to/old/checkout python benchmarks/kernel_paths.py
     PYTHONPATH=. python benchmarks/kernel_paths.py [--cpu-devices N] [--seeds 1000]
     python benchmarks/kernel_paths.py --cache-bytes 0,262144,default   # the seed slices, side by side
-    python benchmarks/kernel_paths.py --fused --block-rows 512,2048,8192    # scan against the fused kernel
+    python benchmarks/kernel_paths.py --fused --block-rows 0,4096,256      # scan against the fused kernel
 
 ``--cache-bytes``: one column per value of ``fj.Execution(cache_bytes=...)`` (``default``: the
 backend's); with it, three more paths at H = 100 whose rounds' states outgrow the cache: TD FedLSA
@@ -13,7 +13,7 @@ dense, d = 8), N = 10.
 ``--fused``: two columns, the compiled local-step scan and the fused local-step kernel
 (``fj.Execution(fused_local_steps=...)``, :mod:`fedsa_jax.problems.fused`; on a CPU in Pallas's
 interpret mode), for the paths that have one (TD and Gaussian); ``--block-rows`` adds a fused column
-per block size (rows per program).
+per block size (rows per program; 0: one program of every row, the default off a GPU).
 
 1000 seeds; best of 3 warm calls each (compile excluded). JAX runs on one CPU device per core
 (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device), for both versions alike.
@@ -102,7 +102,11 @@ def main():
         blocks = [None] if args.block_rows is None else [int(b) for b in args.block_rows.split(",")]
         columns = [("scan", fj.Execution(fused_local_steps=False), None)]
         columns += [
-            ("fused" + ("" if b is None else f" {b} rows"), fj.Execution(fused_local_steps=True), b)
+            (
+                "fused" + ("" if b is None else " all rows" if b == 0 else f" {b} rows"),
+                fj.Execution(fused_local_steps=True),
+                b,
+            )
             for b in blocks
         ]
     print(f"{'':20s} " + " ".join(f"{label:>18s}" for label, _, _ in columns))
@@ -127,10 +131,13 @@ class block_rows:
         self.saved = dict(self.table)
         if self.rows is not None:
             self.table[self.backend if self.backend in self.table else "cpu"] = self.rows
+            jax.clear_caches()  # the size is read as the kernel traces: a compiled one would be reused
 
     def __exit__(self, *exc):
         self.table.clear()
         self.table.update(self.saved)
+        if self.rows is not None:
+            jax.clear_caches()
 
 
 if __name__ == "__main__":

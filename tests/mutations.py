@@ -54,6 +54,7 @@ BR = "tests/test_batches_and_resume.py"
 NEW = "tests/test_newer_features.py"
 UNTESTED = "tests/test_untested_behaviours.py"
 FU = "tests/test_fused.py::test_fused_local_steps_equal_the_scan"
+FU_BLOCKS = "tests/test_fused.py::test_fused_local_steps_equal_the_scan[garnet-True-16]"
 
 MUTATIONS = [
     # --- newer features: seed batches, checkpoints, sweeps, CPU devices ----------------------------
@@ -1772,6 +1773,14 @@ MUTATIONS = [
         "return jnp.roll(out[:, :num_rows].T, 1, axis=0)",
         (FU,),
         "the kernel's rows come back shifted by one (another agent's or seed's iterate)",
+    ),
+    Mutation(
+        "fused-blocks-read-the-first",
+        "fedsa_jax/problems/fused.py",
+        "in_specs=[pl.BlockSpec((c.shape[0], block), lambda i: (0, i)) for c in cols]",
+        "in_specs=[pl.BlockSpec((c.shape[0], block), lambda i: (0, 0)) for c in cols]",
+        (FU_BLOCKS,),
+        "every program reads the first block of rows (the grid's index map ignores the program)",
     ),
 ]
 

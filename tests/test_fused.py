@@ -1,6 +1,7 @@
 """The fused local-step kernels (``fj.problems.fused``) against the compiled scan they replace.
 
-* Same numbers: one round of every agent's local steps (``run_agents``, as FedLSA and SCAFFLSA call
+* Same numbers (in one program of every row, and in programs of 16 rows, the last one padded): one
+  round of every agent's local steps (``run_agents``, as FedLSA and SCAFFLSA call
   it) from random starts and random control variates, with step sizes that change with the step (and
   per agent and seed: the bootstrap's multipliers), equals the scan's to float rounding (float64:
   1e-12 of the largest entry; float32: 1e-5) on federated TD with pair tables (generative, and Markov:
@@ -13,9 +14,12 @@
   steps as one Triton kernel (Pallas's Triton backend accepted the kernel: block shapes, gathers, the
   loop). Compiling it needs a GPU.
 * ``fused_local_steps`` other than True, False or None is a one-line error naming it; a dimension
-  above ``MAX_DIM`` keeps the scan.
+  whose live values per row exceed ``MAX_LIVE_WORDS`` keeps the scan (TD up to d = 40 in float32, 20
+  in float64; Gaussian LSA up to 10 and 6), and so does a Gaussian subclass whose ``agent_params``
+  give other values (the kernel reads the problem's own tables).
 """
 
+import dataclasses
 import warnings
 
 import jax
@@ -29,6 +33,7 @@ from fedsa_jax import cli
 from fedsa_jax._runtime import kernel as sim
 from fedsa_jax.algorithms._base import ErrorCoordinates, init_samplers, run_agents
 from fedsa_jax.problems import fused
+from fedsa_jax.problems.gaussian import GaussianLSA
 from fedsa_jax.problems.protocol import unrolled
 
 KEY = jax.random.key(5)
@@ -97,20 +102,23 @@ def local_round(problem, fused_steps: bool, per_row_steps: bool):
         return jax.jit(jax.vmap(one_seed))(jax.random.split(KEY, SEEDS))
 
 
-KERNEL_CASES = [
-    ("td", False),
-    ("td-markov", True),
-    ("garnet", False),
-    ("garnet", True),
-    ("garnet-f32", True),
-    ("gaussian", False),
-    ("gaussian", True),
+KERNEL_CASES = [  # (problem, step sizes per row, rows per program: None for one program of every row)
+    ("td", False, None),
+    ("td-markov", True, None),
+    ("garnet", False, None),
+    ("garnet", True, 16),  # 120 rows: 8 programs, the last one padded (the GPU's grid, in miniature)
+    ("garnet-f32", True, None),
+    ("gaussian", False, 16),
+    ("gaussian", True, None),
 ]
 
 
-@pytest.mark.parametrize("problem_name,per_row_steps", KERNEL_CASES)
-def test_fused_local_steps_equal_the_scan(problems, kernel_calls, problem_name, per_row_steps):
+@pytest.mark.parametrize("problem_name,per_row_steps,block", KERNEL_CASES)
+def test_fused_local_steps_equal_the_scan(
+    problems, kernel_calls, monkeypatch, problem_name, per_row_steps, block
+):
     problem = problems[problem_name]
+    monkeypatch.setitem(fused.BLOCK_ROWS, jax.default_backend(), block)
     scan, scan_samplers = local_round(problem, False, per_row_steps)
     assert not kernel_calls
     kernel, kernel_samplers = local_round(problem, True, per_row_steps)
@@ -162,6 +170,27 @@ def test_fused_steps_lower_to_one_triton_kernel(problems, monkeypatch, problem_n
     assert text.count("__gpu$xla.gpu.triton") == kernels
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Louder(GaussianLSA):
+    """Twice the noise, through ``agent_params`` alone: the fused kernel, which reads the problem's own
+    tables, must decline it."""
+
+    def agent_params(self):
+        p = super().agent_params()
+        return p._replace(noise_A=2 * p.noise_A, noise_b=2 * p.noise_b)
+
+
+def test_a_subclass_with_its_own_agent_params_keeps_the_scan(het_gaussian, kernel_calls):
+    louder = _Louder(**{f.name: getattr(het_gaussian, f.name) for f in dataclasses.fields(het_gaussian)})
+    scan, _ = local_round(louder, False, False)
+    fused_steps, _ = local_round(louder, True, False)
+    assert not kernel_calls
+    np.testing.assert_array_equal(fused_steps, scan)
+    base, _ = local_round(het_gaussian, False, False)
+    assert np.max(np.abs(scan - base)) > 1e-3  # power: the subclass's noise is not the base class's
+
+
 def test_command_line_option(tmp_path):
     """``--fused-local-steps`` reaches the run (recorded in the result file); the default is the
     backend's (off on the CPU)."""
@@ -180,6 +209,14 @@ def test_bad_value_and_large_dimension(problems):
         )
     assert "\n" not in str(info.value)
     with unrolled(None, True):
-        assert fused.usable(fused.MAX_DIM) and not fused.usable(fused.MAX_DIM + 1)
+        for dim, dtype, live in ((40, "float32", 4 * 40), (20, "float64", 4 * 20), (10, "float32", 150)):
+            assert fused.usable(live, dtype), (dim, dtype)
+        for dtype, live in (
+            ("float32", 4 * 41),
+            ("float64", 4 * 21),
+            ("float32", 11 * 11 + 55),
+            ("float64", 84),
+        ):
+            assert not fused.usable(live, dtype), (dtype, live)
     with unrolled(None, False):
-        assert not fused.usable(2)
+        assert not fused.usable(2, "float32")

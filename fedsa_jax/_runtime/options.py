@@ -109,7 +109,9 @@ class Execution:
         (``fedsa_jax.problems.protocol.FUSED_LOCAL_STEPS``: on only where measured faster; off on
         CPU, where interpret mode is slower, and on GPU until measured there). A speed setting: the
         same random numbers, results equal to float rounding; a checkpoint records a value given
-        here, so a resume runs the same program.
+        here, so a resume runs the same program. ``result.config["execution"]["fused_local_steps"]``
+        is the setting; the kernel runs where the problem has one that fits (a TD problem with pair
+        tables up to d = 40, Gaussian LSA up to d = 10 in float32), on one GPU or in interpret mode.
     """
 
     seed_batch_size: int | None = None

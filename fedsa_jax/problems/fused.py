@@ -25,13 +25,17 @@ measured below 1e-12 relative in float64 over whole runs, ``tests/test_fused.py`
 Layout: the vmaps over agents and seeds (and a sweep's configurations) are merged into one axis of
 rows (:func:`fedsa_jax.problems.protocol.merged_vmaps`); the kernel sees every per-row array
 transposed, ``(K, rows)``, so that a block's loads are contiguous, and keeps the iterate as ``d``
-vectors of the block's rows (no power-of-two padding of ``d``; ``d <= MAX_DIM``). The tables are read
+vectors of the block's rows (no power-of-two padding of ``d``). A kernel runs while the values a row
+keeps live through its steps fit in a GPU thread's registers (:func:`usable`: TD keeps ``4d``, the
+iterate, the control and the step's two rows; Gaussian LSA ``d^2 + 5d``, with ``A_bar[c]``): TD up to
+``d = 40`` in float32 (20 in float64), Gaussian LSA up to ``d = 10`` (6); larger ones keep the scan
+on every backend. The tables are read
 whole by every program (gathers from a cache-resident table).
 
 Backends: on a GPU the kernel is compiled by Pallas's Triton backend (which JAX 0.11 deprecates in
 favour of Mosaic GPU: it warns as the kernel compiles; a Mosaic GPU port is left to do); elsewhere it
-runs in Pallas's interpret mode (the same kernel as XLA operations, a loop over the blocks), which the test suite runs
-on a CPU so that the kernel cannot rot without a GPU. Whether a run uses it is
+runs in Pallas's interpret mode (the same kernel as XLA operations, a loop over the blocks), which the
+test suite runs on a CPU so that the kernel cannot rot without a GPU. Whether a run uses it is
 ``fj.Execution(fused_local_steps=...)`` (default per backend,
 :data:`fedsa_jax.problems.protocol.FUSED_LOCAL_STEPS`).
 
@@ -51,20 +55,25 @@ from fedsa_jax.problems.protocol import fused_local_steps, merged_vmaps
 
 __all__ = ["gaussian_local_steps", "td_local_steps", "usable"]
 
-# Rows per program, per backend: on a GPU one row per thread of 4 warps; in interpret mode 256 to 4096
-# rows measured alike (within 5 %, the 2-core CPU, benchmarks/kernel_paths.py --fused --block-rows).
-BLOCK_ROWS = {"gpu": 128, "cpu": 1024}
-# The iterate is kept as d vectors and each step's row as 2d gathers, written out per coordinate:
-# beyond this d the kernel would be long to compile, and the scan is used.
-MAX_DIM = 32
+# Rows per program, per backend: on a GPU one row per thread of 4 warps. Elsewhere (interpret mode) one
+# program takes every row: a grid of blocks becomes a loop of slices that XLA can neither vectorise
+# across nor split over devices (on the 2-core CPU, TD at 10,000 rows: 4.6x slower in blocks of 8192,
+# 4x in 4096, 16x in 256; benchmarks/kernel_paths.py --fused --block-rows).
+BLOCK_ROWS = {"gpu": 128}
+# 32-bit registers a row (one GPU thread) may keep live through its steps: a GPU thread has at most 255,
+# and the kernel needs some for its indices and temporaries; beyond it the values would spill to memory.
+MAX_LIVE_WORDS = 160
 
 
-def usable(dim: int) -> bool:
-    """Whether the fused kernels run now: chosen (:func:`~fedsa_jax.problems.protocol.fused_local_steps`),
-    ``dim <= MAX_DIM``, and on a GPU one device (the seeds sharded over several GPUs would reach a
-    Triton kernel that XLA's partitioner cannot split: it would gather every row onto each device;
-    there the scan runs). In interpret mode the kernel is XLA operations, sharded like the scan."""
-    return fused_local_steps() and dim <= MAX_DIM and (_interpret() or jax.device_count() == 1)
+def usable(live_values: int, dtype) -> bool:
+    """Whether a fused kernel runs now: chosen (:func:`~fedsa_jax.problems.protocol.fused_local_steps`);
+    ``live_values`` floats of ``dtype`` per row (what the kernel keeps through its steps) within
+    ``MAX_LIVE_WORDS`` 32-bit words; and on a GPU one device in all, ``jax.device_count() == 1`` (the
+    seeds sharded over several GPUs would reach a Triton kernel that XLA's partitioner cannot split:
+    it would gather every row onto each device; there the scan runs). In interpret mode the kernel is
+    XLA operations, sharded like the scan."""
+    words = live_values * max(1, jnp.dtype(dtype).itemsize // 4)
+    return fused_local_steps() and words <= MAX_LIVE_WORDS and (_interpret() or jax.device_count() == 1)
 
 
 def _interpret() -> bool:
@@ -97,7 +106,10 @@ def _call_rows(kernel, columns, shared, dim: int, dtype, num_rows: int):
 
     ``columns``: per-row arrays, each ``(num_rows, K)``, handed to the kernel transposed, a block
     ``(K, rows)``; ``shared``: arrays every program reads whole. Returns ``(num_rows, dim)``."""
-    block = min(BLOCK_ROWS.get(jax.default_backend(), BLOCK_ROWS["cpu"]), pl.next_power_of_2(num_rows))
+    if _interpret():  # one program of every row unless set (any block shape will do: no padding)
+        block = min(BLOCK_ROWS.get(jax.default_backend()) or num_rows, num_rows)
+    else:  # Triton: a power of two
+        block = min(BLOCK_ROWS["gpu"], pl.next_power_of_2(num_rows))
     padded = pl.cdiv(num_rows, block) * block
     cols = [jnp.pad(c.reshape(num_rows, -1).T, ((0, 0), (0, padded - num_rows))) for c in columns]
     whole = lambda a: pl.BlockSpec(a.shape, lambda i: (0,) * a.ndim)  # noqa: E731

@@ -55,7 +55,7 @@ class GaussianParams(NamedTuple):
     noise_A: jax.Array  # ()
     noise_b: jax.Array  # ()
     residual_star: jax.Array  # (d,) A_bar theta_star - b_bar (from float64)
-    agent: jax.Array  # () int32, the agent's index c (the fused kernel reads its tables with it)
+    agent: jax.Array | None = None  # () int32, the agent's index c (the fused kernel reads its tables by it)
 
 
 @jax.tree_util.register_dataclass
@@ -141,7 +141,10 @@ class GaussianLSA:
         cls = type(self)
         if cls.error_direction is not GaussianLSA.error_direction or cls._noise is not GaussianLSA._noise:
             return None
-        if fused.usable(self.dim):  # the fused kernel (fj.Execution(fused_local_steps=True))
+        # the fused kernel (fj.Execution(fused_local_steps=True)) reads the problem's own tables by the
+        # agent's index: not for a subclass whose agent_params give other values
+        d, own = self.dim, cls.agent_params is GaussianLSA.agent_params and params.agent is not None
+        if own and fused.usable(d * d + 5 * d, self.dtype):  # kept: A_bar[c], residual, e, control, theta*
             return fused.gaussian_local_steps(self, params.agent, z, error, step_sizes, control)
         args = (
             params.A_bar,

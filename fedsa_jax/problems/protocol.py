@@ -225,9 +225,9 @@ LOCAL_UNROLL = {"cpu": 8, "gpu": 8}
 FOLLOWS_ITERATE_UNROLL = {"cpu": 1}
 # Whether a problem's local steps run as one fused kernel (fedsa_jax.problems.fused: an agent's H steps
 # with its iterate on chip), per backend, where the problem has one: on only where measured faster than
-# the scan. CPU: the kernel runs in Pallas's interpret mode, 0.07x the scan for TD and 0.17x for
-# Gaussian LSA on the 2-core CPU (benchmarks/README.md, Fused local steps); GPU: not yet measured on a
-# GPU, so off.
+# the scan. CPU: the kernel runs in Pallas's interpret mode, at par with the scan, not faster (2-core
+# CPU, 2 devices: TD 1.03x, SCAFFLSA 1.01x, Gaussian LSA 0.93x; 1 device: 0.97x, 0.62x, 0.95x;
+# benchmarks/README.md, Fused local steps); GPU: not yet measured on a GPU, so off.
 FUSED_LOCAL_STEPS: dict[str, bool] = {}
 _unroll: contextvars.ContextVar[int | None] = contextvars.ContextVar("local_unroll", default=None)
 _fused: contextvars.ContextVar[bool | None] = contextvars.ContextVar("fused_local_steps", default=None)

@@ -198,8 +198,10 @@ class FederatedTD:
         """One agent's H local steps in error coordinates as the fused kernel
         (:func:`fedsa_jax.problems.fused.td_local_steps`) when the run uses it and the problem has
         pair tables; ``None`` otherwise (the algorithms then scan :meth:`error_direction`)."""
-        if not (self.pair_tables and fused.usable(self.dim)) or type(self).error_direction is not (
-            FederatedTD.error_direction
+        # kept through the steps: the iterate, the control and the step's row [phi | psi]
+        if (
+            not (self.pair_tables and fused.usable(4 * self.dim, self.dtype))
+            or type(self).error_direction is not FederatedTD.error_direction
         ):
             return None
         return fused.td_local_steps(self, c, obs.pair, error, step_sizes, control)
