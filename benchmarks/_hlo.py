@@ -24,17 +24,18 @@ HOST_OPS = {"infeed", "outfeed", "send", "recv", "send-done", "recv-done"}
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{$")
 
 
-def round_program(problem, algorithm, num_seeds: int, unroll: int = 1) -> str:
+def round_program(problem, algorithm, num_seeds: int, unroll: int = 1, fused: bool | None = None) -> str:
     """The optimised HLO text of one round of ``algorithm`` for ``num_seeds`` seeds (vmapped over
     seeds, agents inside the round), compiled for the default backend with local-step scans
-    unrolled ``unroll`` times."""
+    unrolled ``unroll`` times, and the fused local-step kernels as ``fused``
+    (``fj.Execution(fused_local_steps=...)``)."""
     keys = jax.random.split(jax.random.key(0), num_seeds)
     theta0 = jnp.zeros(problem.dim, problem.dtype)
     states = jax.vmap(lambda k: algorithm.init(k, problem, theta0))(keys)
     rand = jax.vmap(lambda k: algorithm.randomness(k, problem))(keys)
 
     def one_round(rand, states, problem):
-        with unrolled(unroll):
+        with unrolled(unroll, fused):
             return jax.vmap(algorithm.step_from, in_axes=(0, 0, None))(rand, states, problem)
 
     return jax.jit(one_round).lower(rand, states, problem).compile().as_text()
@@ -101,3 +102,17 @@ def local_step(text: str, num_steps: int) -> dict:
         if op in HOST_OPS or (op == "custom-call" and re.search(r"callback|host", line, re.I))
     ]
     return {"kernels": kernels, "carry": carry, "host_transfers": host}
+
+
+def round_kernels(text: str) -> list[tuple[str, str]]:
+    """The kernels of a compiled round's top level (opcode and output shape of each instruction of
+    the entry computation that is not tuple plumbing): with the fused local steps, the Pallas kernel
+    (a custom call) and what XLA runs around it (the layout copies of its inputs and output)."""
+    comps = computations(text)
+    entry = next(
+        (name for name, _ in comps.items() if re.search(rf"^ENTRY %?{re.escape(name)} ", text, re.M)),
+        None,
+    )
+    if entry is None:
+        raise ValueError("no entry computation in the program")
+    return [(op, shape) for op, shape, _ in _instructions(comps[entry]) if op not in NO_KERNEL]

@@ -15,7 +15,8 @@ section, so a run cut short keeps what it measured) and prints one line per figu
                beside the compiled scan, in the same run: TD FedLSA at 1e4, 1e5 and 1e6 seeds, TD
                SCAFFLSA and Gaussian FedLSA at 1e5; agent-steps/s, compile time, the traffic and
                flops a step needs at least (the model below) at that rate, and the fraction of
-               --peak-tflops; a kernel that fails to compile is recorded with its error
+               --peak-tflops; a kernel that fails to compile is recorded with its error; and the
+               kernels of one fused round (the Pallas call and the layout copies XLA adds around it)
   local_step   kernels per local step of the TD and Gaussian kernels in the backend's optimised HLO
                (``benchmarks/_hlo.py``), the loop's carried shapes, host transfers (must be none)
   unroll       the local-step scan unrolled 1, 2, 5 and 10 times, TD and Gaussian FedLSA at 1e5 seeds
@@ -34,6 +35,7 @@ script cannot rot.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import platform
 import sys
@@ -216,6 +218,20 @@ def sections(args):
                 )
                 out.append(row)
                 line(f"{name}, {path}", row)
+        try:  # what a fused round runs: the kernel and the layout copies XLA adds around it
+            text = _hlo.round_program(td, fj.fedlsa(0.1, H), wide, unroll=8, fused=True)
+            kernels = _hlo.round_kernels(text)
+            ops = sorted(collections.Counter(op for op, _ in kernels).items())
+            print(f"TD FedLSA, fused round at {wide} seeds: {len(kernels)} kernels ({dict(ops)})")
+            out.append({"name": "TD FedLSA", "path": "fused", "seeds": wide, "round_kernels": kernels})
+        except Exception as e:  # recorded, the run goes on
+            out.append(
+                {
+                    "name": "TD FedLSA",
+                    "path": "fused",
+                    "round_kernels_error": f"{type(e).__name__}: {e}"[:2000],
+                }
+            )
         return out
 
     def local_step():
