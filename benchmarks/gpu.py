@@ -15,8 +15,9 @@ section, so a run cut short keeps what it measured) and prints one line per figu
                beside the compiled scan, in the same run: TD FedLSA at 1e4, 1e5 and 1e6 seeds, TD
                SCAFFLSA and Gaussian FedLSA at 1e5; agent-steps/s, compile time, the traffic and
                flops a step needs at least (the model below) at that rate, and the fraction of
-               --peak-tflops; a kernel that fails to compile is recorded with its error; and the
-               kernels of one fused round (the Pallas call and the layout copies XLA adds around it)
+               --peak-tflops; at 1e6 seeds also the kernel's other layout (rows, untransposed); a
+               kernel that fails to compile is recorded with its error; and the kernels of one fused
+               round (the Pallas call and the layout copies XLA adds around it)
   local_step   kernels per local step of the TD and Gaussian kernels in the backend's optimised HLO
                (``benchmarks/_hlo.py``), the loop's carried shapes, host transfers (must be none)
   unroll       the local-step scan unrolled 1, 2, 5 and 10 times, TD and Gaussian FedLSA at 1e5 seeds
@@ -46,7 +47,7 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _hlo  # noqa: E402
-from kernel_paths import cases, measure  # noqa: E402
+from kernel_paths import cases, fused_settings, measure  # noqa: E402
 
 import fedsa_jax as fj  # noqa: E402
 from fedsa_jax._io import atomic_write  # noqa: E402
@@ -196,11 +197,18 @@ def sections(args):
             ]
         )
         out = []
+        # the kernel's other layout of the per-row arrays (fused.LAYOUT: by row, no transposition), at
+        # the largest size
+        paths = {"scan": (False, None), "fused": (True, None), "fused, rows layout": (True, "rows")}
         for name, p, a, n in plan:
             bytes_per_step, flops_per_step = model[name.split()[0]]
-            for path, flag in (("scan", False), ("fused", True)):
+            chosen = (
+                paths if (name, n) == ("TD FedLSA", sizes[-1]) else {k: paths[k] for k in ("scan", "fused")}
+            )
+            for path, (flag, layout) in chosen.items():
                 try:
-                    row = throughput(p, a, rounds, n, N * H, R, fused=flag)
+                    with fused_settings(layout=layout):
+                        row = throughput(p, a, rounds, n, N * H, R, fused=flag)
                 except Exception as e:  # a kernel the GPU's compiler refuses: recorded, the run goes on
                     out.append(
                         {"name": name, "path": path, "seeds": n, "error": f"{type(e).__name__}: {e}"[:2000]}

@@ -4,6 +4,7 @@
     PYTHONPATH=. python benchmarks/kernel_paths.py [--cpu-devices N] [--seeds 1000]
     python benchmarks/kernel_paths.py --cache-bytes 0,262144,default   # the seed slices, side by side
     python benchmarks/kernel_paths.py --fused --block-rows 0,4096,256      # scan against the fused kernel
+    python benchmarks/kernel_paths.py --fused --layouts rows,columns        # its two layouts
 
 ``--cache-bytes``: one column per value of ``fj.Execution(cache_bytes=...)`` (``default``: the
 backend's); with it, three more paths at H = 100 whose rounds' states outgrow the cache: TD FedLSA
@@ -13,7 +14,8 @@ dense, d = 8), N = 10.
 ``--fused``: two columns, the compiled local-step scan and the fused local-step kernel
 (``fj.Execution(fused_local_steps=...)``, :mod:`fedsa_jax.problems.fused`; on a CPU in Pallas's
 interpret mode), for the paths that have one (TD and Gaussian); ``--block-rows`` adds a fused column
-per block size (rows per program; 0: one program of every row, the default off a GPU).
+per block size (rows per program; 0: one program of every row, the default off a GPU) and
+``--layouts`` per layout of the per-row arrays (``rows`` or ``columns``, ``fedsa_jax.problems.fused.LAYOUT``).
 
 1000 seeds; best of 3 warm calls each (compile excluded). JAX runs on one CPU device per core
 (``fj.use_cpu_cores``; ``--cpu-devices 1``: JAX's single device), for both versions alike.
@@ -82,11 +84,12 @@ def main():
     ap.add_argument("--cache-bytes", default=None, help="comma-separated values, 'default' for the backend's")
     ap.add_argument("--fused", action="store_true", help="the scan against the fused local-step kernel")
     ap.add_argument("--block-rows", default=None, help="with --fused: comma-separated rows per program")
+    ap.add_argument("--layouts", default=None, help="with --fused: comma-separated layouts (rows, columns)")
     add_cpu_devices_option(ap)
     args = ap.parse_args()
     print(f"{use_cpu_devices(args.cpu_devices)}, {args.seeds} seeds, fedsa_jax from {fj.__file__}")
     paths = cases(args.scale)
-    columns: list[tuple[str, fj.Execution | None, int | None]] = [("default", None, None)]
+    columns: list[tuple[str, fj.Execution | None, tuple | None]] = [("default", None, None)]
     if args.cache_bytes is not None:
         paths.update(long_round_cases(args.scale))
         columns = [
@@ -100,44 +103,52 @@ def main():
     if args.fused:
         paths = {k: v for k, v in paths.items() if not k.startswith("QFedTD")}  # one step a round: no kernel
         blocks = [None] if args.block_rows is None else [int(b) for b in args.block_rows.split(",")]
+        layouts = [None] if args.layouts is None else args.layouts.split(",")
         columns = [("scan", fj.Execution(fused_local_steps=False), None)]
         columns += [
             (
-                "fused" + ("" if b is None else " all rows" if b == 0 else f" {b} rows"),
+                "fused"
+                + ("" if b is None else " all rows" if b == 0 else f" {b} rows")
+                + ("" if lay is None else f" {lay}"),
                 fj.Execution(fused_local_steps=True),
-                b,
+                (b, lay),
             )
             for b in blocks
+            for lay in layouts
         ]
     print(f"{'':20s} " + " ".join(f"{label:>18s}" for label, _, _ in columns))
     for name, (p, a, rounds, per_round) in paths.items():
         rates = []
-        for _, execution, block in columns:
-            with block_rows(block):
+        for _, execution, setting in columns:
+            with fused_settings(*(setting or (None, None))):
                 _, best = measure(p, a, rounds, args.seeds, execution=execution)
             rates.append(args.seeds * rounds * per_round / best)
         print(f"{name:20s} " + " ".join(f"{r:18.3g}" for r in rates) + " agent-steps/s", flush=True)
 
 
-class block_rows:
-    """Within the block, the fused kernel's rows per program on this backend are ``rows`` (None: as set)."""
+class fused_settings:
+    """Within the block, the fused kernel's rows per program (``rows``) and layout (``layout``) on this
+    backend are those given (None: as set); JAX's caches are cleared on the way in and out, since the
+    kernel reads them as it traces and a compiled program would be reused."""
 
-    def __init__(self, rows):
+    def __init__(self, rows=None, layout=None):
         from fedsa_jax.problems import fused
 
-        self.table, self.rows, self.backend = fused.BLOCK_ROWS, rows, jax.default_backend()
+        self.tables = ((fused.BLOCK_ROWS, rows), (fused.LAYOUT, layout))
+        self.backend = jax.default_backend()
 
     def __enter__(self):
-        self.saved = dict(self.table)
-        if self.rows is not None:
-            self.table[self.backend if self.backend in self.table else "cpu"] = self.rows
-            jax.clear_caches()  # the size is read as the kernel traces: a compiled one would be reused
+        self.saved = [dict(table) for table, _ in self.tables]
+        for table, value in self.tables:
+            if value is not None:
+                table[self.backend if self.backend in table else "cpu"] = value
+        jax.clear_caches()
 
     def __exit__(self, *exc):
-        self.table.clear()
-        self.table.update(self.saved)
-        if self.rows is not None:
-            jax.clear_caches()
+        for (table, _), saved in zip(self.tables, self.saved):
+            table.clear()
+            table.update(saved)
+        jax.clear_caches()
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ BR = "tests/test_batches_and_resume.py"
 NEW = "tests/test_newer_features.py"
 UNTESTED = "tests/test_untested_behaviours.py"
 FU = "tests/test_fused.py::test_fused_local_steps_equal_the_scan"
-FU_BLOCKS = "tests/test_fused.py::test_fused_local_steps_equal_the_scan[garnet-True-16]"
+FU_BLOCKS = "tests/test_fused.py::test_fused_local_steps_equal_the_scan[garnet-True-16-columns]"
 
 MUTATIONS = [
     # --- newer features: seed batches, checkpoints, sweeps, CPU devices ----------------------------
@@ -1745,8 +1745,8 @@ MUTATIONS = [
     Mutation(
         "fused-first-step-size",
         "fedsa_jax/problems/fused.py",
-        "return eta_ref[h, :] if per_row else eta_ref[h]",
-        "return eta_ref[0, :] if per_row else eta_ref[0]",
+        "eta = eta_ref[h]  # the step's size: a scalar, or a vector of the rows' own",
+        "eta = eta_ref[0]",
         (FU,),
         "every local step uses the round's first step size (a schedule's later steps ignored)",
     ),
@@ -1769,16 +1769,16 @@ MUTATIONS = [
     Mutation(
         "fused-rows-out-of-order",
         "fedsa_jax/problems/fused.py",
-        "return out[:, :num_rows].T",
-        "return jnp.roll(out[:, :num_rows].T, 1, axis=0)",
+        "return out[:num_rows] if by_rows else out[:, :num_rows].T",
+        "return jnp.roll(out[:num_rows] if by_rows else out[:, :num_rows].T, 1, axis=0)",
         (FU,),
         "the kernel's rows come back shifted by one (another agent's or seed's iterate)",
     ),
     Mutation(
         "fused-blocks-read-the-first",
         "fedsa_jax/problems/fused.py",
-        "in_specs=[pl.BlockSpec((c.shape[0], block), lambda i: (0, i)) for c in cols]",
-        "in_specs=[pl.BlockSpec((c.shape[0], block), lambda i: (0, 0)) for c in cols]",
+        "spec = lambda k: pl.BlockSpec((k, block), lambda i: (0, i))  # noqa: E731",
+        "spec = lambda k: pl.BlockSpec((k, block), lambda i: (0, 0))  # noqa: E731",
         (FU_BLOCKS,),
         "every program reads the first block of rows (the grid's index map ignores the program)",
     ),

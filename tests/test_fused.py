@@ -1,6 +1,7 @@
 """The fused local-step kernels (``fj.problems.fused``) against the compiled scan they replace.
 
-* Same numbers (in one program of every row, and in programs of 16 rows, the last one padded): one
+* Same numbers (in one program of every row, and in programs of 16 rows, the last one padded; the
+  per-row arrays laid out by coordinate or by row): one
   round of every agent's local steps (``run_agents``, as FedLSA and SCAFFLSA call
   it) from random starts and random control variates, with step sizes that change with the step (and
   per agent and seed: the bootstrap's multipliers), equals the scan's to float rounding (float64:
@@ -102,23 +103,24 @@ def local_round(problem, fused_steps: bool, per_row_steps: bool):
         return jax.jit(jax.vmap(one_seed))(jax.random.split(KEY, SEEDS))
 
 
-KERNEL_CASES = [  # (problem, step sizes per row, rows per program: None for one program of every row)
-    ("td", False, None),
-    ("td-markov", True, None),
-    ("garnet", False, None),
-    ("garnet", True, 16),  # 120 rows: 8 programs, the last one padded (the GPU's grid, in miniature)
-    ("garnet-f32", True, None),
-    ("gaussian", False, 16),
-    ("gaussian", True, None),
+KERNEL_CASES = [  # (problem, step sizes per row, rows per program (None: one program of every row), layout)
+    ("td", False, None, "rows"),
+    ("td-markov", True, None, "columns"),
+    ("garnet", False, None, "rows"),
+    ("garnet", True, 16, "columns"),  # 120 rows: 8 programs, the last one padded (the GPU's grid)
+    ("garnet-f32", True, None, "rows"),
+    ("gaussian", False, 16, "rows"),
+    ("gaussian", True, None, "columns"),
 ]
 
 
-@pytest.mark.parametrize("problem_name,per_row_steps,block", KERNEL_CASES)
+@pytest.mark.parametrize("problem_name,per_row_steps,block,layout", KERNEL_CASES)
 def test_fused_local_steps_equal_the_scan(
-    problems, kernel_calls, monkeypatch, problem_name, per_row_steps, block
+    problems, kernel_calls, monkeypatch, problem_name, per_row_steps, block, layout
 ):
     problem = problems[problem_name]
     monkeypatch.setitem(fused.BLOCK_ROWS, jax.default_backend(), block)
+    monkeypatch.setitem(fused.LAYOUT, jax.default_backend(), layout)
     scan, scan_samplers = local_round(problem, False, per_row_steps)
     assert not kernel_calls
     kernel, kernel_samplers = local_round(problem, True, per_row_steps)
@@ -145,12 +147,15 @@ def test_a_fused_run_equals_the_scans(problems, kernel_calls, alg_name):
     assert kernel.config["execution"].get("fused_local_steps") is True
 
 
+@pytest.mark.parametrize("layout", ["columns", "rows"])
 @pytest.mark.parametrize(
     "problem_name,alg_name,kernels",
     # the bootstrap: the main trajectory's steps and its replicates' (step sizes per row), two kernels
     [("garnet-f32", "scafflsa", 1), ("garnet-f32", "bootstrap", 2), ("gaussian", "fedlsa", 1)],
 )
-def test_fused_steps_lower_to_one_triton_kernel(problems, monkeypatch, problem_name, alg_name, kernels):
+def test_fused_steps_lower_to_one_triton_kernel(
+    problems, monkeypatch, problem_name, alg_name, kernels, layout
+):
     """The simulation kernel (``_advance``) with the fused steps, lowered for CUDA on this CPU: the
     local steps are a Triton custom call (Pallas's Triton backend generated its IR)."""
     pytest.importorskip("jax._src.pallas.triton.lowering")
@@ -160,6 +165,7 @@ def test_fused_steps_lower_to_one_triton_kernel(problems, monkeypatch, problem_n
     )
     assert kwargs["rec"].fused is True
     monkeypatch.setattr(fused, "_interpret", lambda: False)  # what a GPU backend chooses
+    monkeypatch.setitem(fused.LAYOUT, jax.default_backend(), layout)
     carry = jax.eval_shape(lambda i, s: sim._start(i, s, **kwargs), inputs, seeds)[0]
     traced = sim._advance.trace(
         inputs, seeds, carry, np.uint32(8), record_every=1, max_blocks=8, rec=kwargs["rec"]

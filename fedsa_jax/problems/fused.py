@@ -23,9 +23,10 @@ the scan, and their iterates equal the scan's to float rounding (the sums run in
 measured below 1e-12 relative in float64 over whole runs, ``tests/test_fused.py``).
 
 Layout: the vmaps over agents and seeds (and a sweep's configurations) are merged into one axis of
-rows (:func:`fedsa_jax.problems.protocol.merged_vmaps`); the kernel sees every per-row array
-transposed, ``(K, rows)``, so that a block's loads are contiguous, and keeps the iterate as ``d``
-vectors of the block's rows (no power-of-two padding of ``d``). A kernel runs while the values a row
+rows (:func:`fedsa_jax.problems.protocol.merged_vmaps`); the kernel reads every per-row array by
+coordinate, laid out per backend (``LAYOUT``: transposed, ``(K, rows)``, for contiguous loads, or as
+the scan holds it, ``(rows, K)``), and keeps the iterate as ``d`` vectors of the block's rows (no
+power-of-two padding of ``d``). A kernel runs while the values a row
 keeps live through its steps fit in a GPU thread's registers (:func:`usable`: TD keeps ``4d``, the
 iterate, the control and the step's two rows; Gaussian LSA ``d^2 + 5d``, with ``A_bar[c]``): TD up to
 ``d = 40`` in float32 (20 in float64), Gaussian LSA up to ``d = 10`` (6); larger ones keep the scan
@@ -60,6 +61,13 @@ __all__ = ["gaussian_local_steps", "td_local_steps", "usable"]
 # across nor split over devices (on the 2-core CPU, TD at 10,000 rows: 4.6x slower in blocks of 8192,
 # 4x in 4096, 16x in 256; benchmarks/kernel_paths.py --fused --block-rows).
 BLOCK_ROWS = {"gpu": 128}
+# How the kernel reads the per-row arrays, per backend: "columns", transposed to (K, rows), so that a
+# block's load of one coordinate is contiguous (a GPU's coalesced loads; XLA transposes the inputs and
+# the output around the kernel, a pass over them each), or "rows", (rows, K) as the scan holds them (no
+# transposition; a load strides by K, from lines that stay cached through a row's H steps). CPU:
+# "columns", 1.39-1.59x "rows" for TD and 1.08-1.10x for Gaussian LSA on the 2-core CPU (two runs of
+# benchmarks/kernel_paths.py --fused --layouts); GPU: "columns" until benchmarks/gpu.py has measured both.
+LAYOUT = {"gpu": "columns", "cpu": "columns"}
 # 32-bit registers a row (one GPU thread) may keep live through its steps: a GPU thread has at most 255,
 # and the kernel needs some for its indices and temporaries; beyond it the values would spill to memory.
 MAX_LIVE_WORDS = 160
@@ -101,38 +109,67 @@ def _row_arrays(batched, args, per_row):
     return out, size
 
 
-def _call_rows(kernel, columns, shared, dim: int, dtype, num_rows: int):
-    """Run ``kernel(*column_refs, *shared_refs, out_ref)`` over blocks of rows.
+class _Coordinates:
+    """A block of per-row arrays seen by coordinate: ``view[k]`` is coordinate k of every row of the
+    block (a vector), whatever the layout (``"columns"``: the ref is ``(K, rows)``; ``"rows"``:
+    ``(rows, K)``); ``view[k] = x`` stores one."""
 
-    ``columns``: per-row arrays, each ``(num_rows, K)``, handed to the kernel transposed, a block
-    ``(K, rows)``; ``shared``: arrays every program reads whole. Returns ``(num_rows, dim)``."""
+    def __init__(self, ref, by_rows: bool):
+        self.ref, self.by_rows = ref, by_rows
+
+    def __getitem__(self, k):
+        return self.ref[:, k] if self.by_rows else self.ref[k, :]
+
+    def __setitem__(self, k, value):
+        if self.by_rows:
+            self.ref[:, k] = value
+        else:
+            self.ref[k, :] = value
+
+
+def _call_rows(kernel, columns, shared, dim: int, dtype, num_rows: int):
+    """Run ``kernel(*column_views, *shared_refs, out_view)`` over blocks of rows.
+
+    ``columns``: per-row arrays, each ``(num_rows, K)``, laid out as ``LAYOUT`` says and seen by the
+    kernel by coordinate (:class:`_Coordinates`); ``shared``: arrays every program reads whole.
+    Returns ``(num_rows, dim)``."""
     if _interpret():  # one program of every row unless set (any block shape will do: no padding)
         block = min(BLOCK_ROWS.get(jax.default_backend()) or num_rows, num_rows)
     else:  # Triton: a power of two
         block = min(BLOCK_ROWS["gpu"], pl.next_power_of_2(num_rows))
+    by_rows = LAYOUT.get(jax.default_backend(), LAYOUT["cpu"]) == "rows"
     padded = pl.cdiv(num_rows, block) * block
-    cols = [jnp.pad(c.reshape(num_rows, -1).T, ((0, 0), (0, padded - num_rows))) for c in columns]
+    flat = [c.reshape(num_rows, -1) for c in columns]
+    if by_rows:
+        cols = [jnp.pad(c, ((0, padded - num_rows), (0, 0))) for c in flat]
+        spec = lambda k: pl.BlockSpec((block, k), lambda i: (i, 0))  # noqa: E731
+        out_shape, sizes = (padded, dim), [c.shape[1] for c in cols]
+    else:
+        cols = [jnp.pad(c.T, ((0, 0), (0, padded - num_rows))) for c in flat]
+        spec = lambda k: pl.BlockSpec((k, block), lambda i: (0, i))  # noqa: E731
+        out_shape, sizes = (dim, padded), [c.shape[0] for c in cols]
     whole = lambda a: pl.BlockSpec(a.shape, lambda i: (0,) * a.ndim)  # noqa: E731
+
+    def viewed(*refs):
+        n = len(cols)
+        views = [_Coordinates(r, by_rows) for r in refs[:n]]
+        kernel(*views, *refs[n:-1], _Coordinates(refs[-1], by_rows))
+
     out = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((dim, padded), dtype),
+        viewed,
+        out_shape=jax.ShapeDtypeStruct(out_shape, dtype),
         grid=(padded // block,),
-        in_specs=[pl.BlockSpec((c.shape[0], block), lambda i: (0, i)) for c in cols]
-        + [whole(a) for a in shared],
-        out_specs=pl.BlockSpec((dim, block), lambda i: (0, i)),
+        in_specs=[spec(k) for k in sizes] + [whole(a) for a in shared],
+        out_specs=spec(dim),
         interpret=_interpret(),
         compiler_params=_compiler_params(),
         name="fused_local_steps",
     )(*cols, *shared)
-    return out[:, :num_rows].T
+    return out[:num_rows] if by_rows else out[:, :num_rows].T
 
 
 def _loop(num_steps: int, step, carry):
     return jax.lax.fori_loop(0, num_steps, step, carry)
-
-
-def _eta(eta_ref, h, per_row: bool):
-    return eta_ref[h, :] if per_row else eta_ref[h]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,22 +181,22 @@ def _td_kernel(d, H, S2, eta_per_row, c_ref, pair_ref, e_ref, ctrl_ref, *refs):
         eta_ref, rows_ref, const_ref, out_ref = refs
     else:
         rows_ref, const_ref, eta_ref, out_ref = refs
-    offset = c_ref[0, :] * S2
-    ctrl = [ctrl_ref[j, :] for j in range(d)]
+    offset = c_ref[0] * S2
+    ctrl = [ctrl_ref[j] for j in range(d)]
 
     def step(h, e):
-        pair = pair_ref[h, :]
+        pair = pair_ref[h]
         base = pair * (2 * d)
         phi = [rows_ref[base + j] for j in range(d)]
         psi = [rows_ref[base + d + j] for j in range(d)]
         g = functools.reduce(lambda acc, j: acc + psi[j] * e[j], range(1, d), psi[0] * e[0])
         g = g + const_ref[offset + pair]
-        eta = _eta(eta_ref, h, eta_per_row)
+        eta = eta_ref[h]  # the step's size: a scalar, or a vector of the rows' own
         return tuple(e[j] - eta * (g * phi[j] - ctrl[j]) for j in range(d))
 
-    e = _loop(H, step, tuple(e_ref[j, :] for j in range(d)))
+    e = _loop(H, step, tuple(e_ref[j] for j in range(d)))
     for j in range(d):
-        out_ref[j, :] = e[j]
+        out_ref[j] = e[j]
 
 
 def _td_rows(batched, c, pair, error, etas, control, rows, const):
@@ -209,12 +246,12 @@ def _gaussian_kernel(d, H, eta_per_row, c_ref, z_ref, e_ref, ctrl_ref, *refs):
         eta_ref, A_ref, res_ref, sA_ref, sb_ref, star_ref, out_ref = refs
     else:
         A_ref, res_ref, sA_ref, sb_ref, star_ref, eta_ref, out_ref = refs
-    c = c_ref[0, :]
+    c = c_ref[0]
     A = [[A_ref[c * (d * d) + i * d + j] for j in range(d)] for i in range(d)]
     res = [res_ref[c * d + i] for i in range(d)]
     sA2, sb2 = sA_ref[c] ** 2, sb_ref[c] ** 2
     star = [star_ref[i] for i in range(d)]
-    ctrl = [ctrl_ref[i, :] for i in range(d)]
+    ctrl = [ctrl_ref[i] for i in range(d)]
 
     def dot(u, v):
         return functools.reduce(lambda acc, j: acc + u[j] * v[j], range(1, d), u[0] * v[0])
@@ -222,13 +259,13 @@ def _gaussian_kernel(d, H, eta_per_row, c_ref, z_ref, e_ref, ctrl_ref, *refs):
     def step(h, e):
         theta = [star[i] + e[i] for i in range(d)]
         scale = jnp.sqrt(sA2 * dot(theta, theta) + sb2)
-        eta = _eta(eta_ref, h, eta_per_row)
-        g = [dot(A[i], e) + res[i] + scale * z_ref[h * d + i, :] for i in range(d)]
+        eta = eta_ref[h]
+        g = [dot(A[i], e) + res[i] + scale * z_ref[h * d + i] for i in range(d)]
         return tuple(e[i] - eta * (g[i] - ctrl[i]) for i in range(d))
 
-    e = _loop(H, step, tuple(e_ref[i, :] for i in range(d)))
+    e = _loop(H, step, tuple(e_ref[i] for i in range(d)))
     for i in range(d):
-        out_ref[i, :] = e[i]
+        out_ref[i] = e[i]
 
 
 def _gaussian_rows(batched, c, z, error, etas, control, A, res, sA, sb, star):
