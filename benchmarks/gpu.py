@@ -156,6 +156,71 @@ def line(name, row):
     )
 
 
+def fused_section(args, td, g, sizes, wide, N, H, rounds):
+    """The scan and the fused kernel side by side. The least a local step needs (float32, per
+    agent-step): TD reads its observation's pair index once (4 bytes; the scan's carry of the
+    next round's random words writes and reads 8 more) and 3d flops pairs (the dot, the update);
+    Gaussian reads d normals (4d bytes) and d^2 + 4d multiply-adds; each row's start, control and
+    end (3d words) are spread over its H steps."""
+    d = 10
+    model = {
+        "TD": (4 + 3 * d * 4 / H, 2 * 3 * d),
+        "Gaussian": (4 * d + 3 * d * 4 / H, 2 * (d * d + 4 * d)),
+    }
+    plan = [("TD FedLSA", td, fj.fedlsa(0.1, H), n) for n in sizes]
+    plan += (
+        []
+        if args.small
+        else [  # the smoke run: one pair
+            ("TD SCAFFLSA", td, fj.scafflsa(0.1, H), wide),
+            ("Gaussian FedLSA", g, fj.fedlsa(0.05, H), wide),
+        ]
+    )
+    out = []
+    # the kernel's other layout of the per-row arrays (fused.LAYOUT: by row, no transposition), at
+    # the largest size
+    paths = {"scan": (False, None), "fused": (True, None), "fused, rows layout": (True, "rows")}
+    for name, p, a, n in plan:
+        bytes_per_step, flops_per_step = model[name.split()[0]]
+        chosen = paths if (name, n) == ("TD FedLSA", sizes[-1]) else {k: paths[k] for k in ("scan", "fused")}
+        for path, (flag, layout) in chosen.items():
+            try:
+                with fused_settings(layout=layout):
+                    row = throughput(p, a, rounds, n, N * H, args.repeats, fused=flag)
+            except Exception as e:  # a kernel the GPU's compiler refuses: recorded, the run goes on
+                out.append(
+                    {"name": name, "path": path, "seeds": n, "error": f"{type(e).__name__}: {e}"[:2000]}
+                )
+                print(f"{name}, {path}, {n} seeds: {out[-1]['error'][:300]}")
+                continue
+            rate = row["agent_steps_per_s"]
+            row.update(
+                name=name,
+                path=path,
+                model_bytes_per_step=bytes_per_step,
+                model_bandwidth_GBps=rate * bytes_per_step / 1e9,
+                model_tflops=rate * flops_per_step / 1e12,
+                fraction_of_peak=rate * flops_per_step / 1e12 / args.peak_tflops,
+            )
+            out.append(row)
+            line(f"{name}, {path}", row)
+    try:  # what a fused round runs: the kernel and the layout copies XLA adds around it
+        text = _hlo.round_program(td, fj.fedlsa(0.1, H), wide, unroll=8, fused=True)
+        kernels = _hlo.round_kernels(text)
+        ops = sorted(collections.Counter(op for op, _ in kernels).items())
+        print(f"TD FedLSA, fused round at {wide} seeds: {len(kernels)} kernels ({dict(ops)})")
+        out.append({"name": "TD FedLSA", "path": "fused", "seeds": wide, "round_kernels": kernels})
+    except Exception as e:  # recorded, the run goes on
+        out.append(
+            {
+                "name": "TD FedLSA",
+                "path": "fused",
+                "round_kernels_error": f"{type(e).__name__}: {e}"[:2000],
+            }
+        )
+    return out
+
+
 def sections(args):
     """``(name, fn)`` of each section in the order run (the most wanted first); ``fn()`` returns
     the section's figures."""
@@ -175,72 +240,6 @@ def sections(args):
             rows.append(throughput(td, fj.fedlsa(0.1, H), rounds, n, N * H, R))
             line(f"TD FedLSA, {n} seeds", rows[-1])
         return rows
-
-    def fused_steps():
-        """The scan and the fused kernel side by side. The least a local step needs (float32, per
-        agent-step): TD reads its observation's pair index once (4 bytes; the scan's carry of the
-        next round's random words writes and reads 8 more) and 3d flops pairs (the dot, the update);
-        Gaussian reads d normals (4d bytes) and d^2 + 4d multiply-adds; each row's start, control and
-        end (3d words) are spread over its H steps."""
-        d = 10
-        model = {
-            "TD": (4 + 3 * d * 4 / H, 2 * 3 * d),
-            "Gaussian": (4 * d + 3 * d * 4 / H, 2 * (d * d + 4 * d)),
-        }
-        plan = [("TD FedLSA", td, fj.fedlsa(0.1, H), n) for n in sizes]
-        plan += (
-            []
-            if small
-            else [  # the smoke run: one pair
-                ("TD SCAFFLSA", td, fj.scafflsa(0.1, H), wide),
-                ("Gaussian FedLSA", g, fj.fedlsa(0.05, H), wide),
-            ]
-        )
-        out = []
-        # the kernel's other layout of the per-row arrays (fused.LAYOUT: by row, no transposition), at
-        # the largest size
-        paths = {"scan": (False, None), "fused": (True, None), "fused, rows layout": (True, "rows")}
-        for name, p, a, n in plan:
-            bytes_per_step, flops_per_step = model[name.split()[0]]
-            chosen = (
-                paths if (name, n) == ("TD FedLSA", sizes[-1]) else {k: paths[k] for k in ("scan", "fused")}
-            )
-            for path, (flag, layout) in chosen.items():
-                try:
-                    with fused_settings(layout=layout):
-                        row = throughput(p, a, rounds, n, N * H, R, fused=flag)
-                except Exception as e:  # a kernel the GPU's compiler refuses: recorded, the run goes on
-                    out.append(
-                        {"name": name, "path": path, "seeds": n, "error": f"{type(e).__name__}: {e}"[:2000]}
-                    )
-                    print(f"{name}, {path}, {n} seeds: {out[-1]['error'][:300]}")
-                    continue
-                rate = row["agent_steps_per_s"]
-                row.update(
-                    name=name,
-                    path=path,
-                    model_bytes_per_step=bytes_per_step,
-                    model_bandwidth_GBps=rate * bytes_per_step / 1e9,
-                    model_tflops=rate * flops_per_step / 1e12,
-                    fraction_of_peak=rate * flops_per_step / 1e12 / args.peak_tflops,
-                )
-                out.append(row)
-                line(f"{name}, {path}", row)
-        try:  # what a fused round runs: the kernel and the layout copies XLA adds around it
-            text = _hlo.round_program(td, fj.fedlsa(0.1, H), wide, unroll=8, fused=True)
-            kernels = _hlo.round_kernels(text)
-            ops = sorted(collections.Counter(op for op, _ in kernels).items())
-            print(f"TD FedLSA, fused round at {wide} seeds: {len(kernels)} kernels ({dict(ops)})")
-            out.append({"name": "TD FedLSA", "path": "fused", "seeds": wide, "round_kernels": kernels})
-        except Exception as e:  # recorded, the run goes on
-            out.append(
-                {
-                    "name": "TD FedLSA",
-                    "path": "fused",
-                    "round_kernels_error": f"{type(e).__name__}: {e}"[:2000],
-                }
-            )
-        return out
 
     def local_step():
         steps = {}
@@ -305,7 +304,7 @@ def sections(args):
 
     return [
         ("td_fedlsa", td_fedlsa),
-        ("fused", fused_steps),
+        ("fused", lambda: fused_section(args, td, g, sizes, wide, N, H, rounds)),
         ("local_step", local_step),
         ("unroll", unroll),
         ("paths", paths),

@@ -32,7 +32,7 @@ from test_export import kernel_arguments
 import fedsa_jax as fj
 from fedsa_jax import cli
 from fedsa_jax._runtime import kernel as sim
-from fedsa_jax.algorithms._base import ErrorCoordinates, init_samplers, run_agents
+from fedsa_jax.algorithms._base import ErrorCoordinates, init_samplers, local_updates, run_agents
 from fedsa_jax.problems import fused
 from fedsa_jax.problems.gaussian import GaussianLSA
 from fedsa_jax.problems.protocol import unrolled
@@ -129,6 +129,28 @@ def test_fused_local_steps_equal_the_scan(
     assert np.all(np.isfinite(scan)) and np.std(scan) > 0.1
     np.testing.assert_allclose(kernel, scan, rtol=0, atol=rtol * np.max(np.abs(scan)))
     np.testing.assert_array_equal(kernel_samplers, scan_samplers)  # the Markov chains moved alike
+
+
+@pytest.mark.parametrize("problem_name", ["garnet", "gaussian"])
+def test_one_agent_unbatched(problems, kernel_calls, problem_name):
+    """Called for one agent, not vmapped, the local steps are the kernel on one row: the scan's."""
+    problem = problems[problem_name]
+    view, d = ErrorCoordinates(problem), problem.dim
+    params = jax.tree.map(lambda x: x[1], problem.agent_params())  # agent 1
+    rand = jax.tree.map(lambda x: x[1], problem.randomness(KEY, problem.num_agents, H))
+    obs, _ = problem.observe(params, init_samplers(KEY, problem)[1], rand)
+    error = jnp.linspace(-1.0, 1.0, d, dtype=problem.dtype)
+    control = jnp.linspace(0.3, -0.2, d, dtype=problem.dtype)
+    etas = 0.3 * jnp.linspace(1.0, 0.4, H, dtype=problem.dtype)
+    runs = {}
+    for fused_steps in (False, True):
+        with unrolled(None, fused_steps):
+            runs[fused_steps] = jax.jit(lambda o, e: local_updates(view, params, o, e, etas, control))(
+                obs, error
+            )
+    assert kernel_calls, "the fused kernel did not run"
+    np.testing.assert_allclose(runs[True], runs[False], rtol=0, atol=1e-12 * np.max(np.abs(runs[False])))
+    assert np.max(np.abs(runs[False] - error)) > 0.1  # the steps moved the iterate
 
 
 @pytest.mark.parametrize("alg_name", ["scafflsa"])

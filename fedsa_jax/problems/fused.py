@@ -51,6 +51,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt  # the GPU's backend
 
 from fedsa_jax.problems.protocol import fused_local_steps, merged_vmaps
 
@@ -89,11 +90,7 @@ def _interpret() -> bool:
 
 
 def _compiler_params():
-    if _interpret():
-        return None
-    from jax.experimental.pallas import triton as plt  # the GPU's backend
-
-    return plt.CompilerParams(num_warps=4, num_stages=1)
+    return None if _interpret() else plt.CompilerParams(num_warps=4, num_stages=1)
 
 
 def _row_arrays(batched, args, per_row):
@@ -168,6 +165,22 @@ def _call_rows(kernel, columns, shared, dim: int, dtype, num_rows: int):
     return out[:num_rows] if by_rows else out[:, :num_rows].T
 
 
+# The kernels' per-row arguments (agent index, observations, error, control); the step sizes (argument 3)
+# are per row only where batched.
+_PER_ROW = (0, 1, 2, 4)
+
+
+def _one_row(rows_fn):
+    """``rows_fn`` for an unbatched call (one agent, not vmapped): the kernel on one row."""
+
+    def call(*args):
+        batched = tuple(i in _PER_ROW for i in range(len(args)))
+        lifted = [a[None] if i in _PER_ROW else a for i, a in enumerate(args)]
+        return rows_fn(batched, *lifted)[0]
+
+    return call
+
+
 def _loop(num_steps: int, step, carry):
     return jax.lax.fori_loop(0, num_steps, step, carry)
 
@@ -201,7 +214,7 @@ def _td_kernel(d, H, S2, eta_per_row, c_ref, pair_ref, e_ref, ctrl_ref, *refs):
 
 def _td_rows(batched, c, pair, error, etas, control, rows, const):
     (c, pair, error, etas, control), num_rows = _row_arrays(
-        batched[:5], (c, pair, error, etas, control), (0, 1, 2, 4)
+        batched[:5], (c, pair, error, etas, control), _PER_ROW
     )
     d, H = error.shape[-1], pair.shape[-1]
     S2 = rows.shape[0] // (2 * d)
@@ -212,21 +225,7 @@ def _td_rows(batched, c, pair, error, etas, control, rows, const):
     return _call_rows(kernel, columns, shared, d, error.dtype, num_rows)
 
 
-def _td_scan(c, pair, error, etas, control, rows, const):
-    """The same steps as a scan (the unbatched call; :func:`td_local_steps`' reference)."""
-    d = error.shape[-1]
-    S2 = rows.shape[0] // (2 * d)
-    table = rows.reshape(S2, 2 * d)
-
-    def step(e, xs):
-        p, eta = xs
-        row = table[p]
-        return e - eta * ((jnp.dot(row[d:], e) + const[c * S2 + p]) * row[:d] - control), None
-
-    return jax.lax.scan(step, error, (pair, etas))[0]
-
-
-_td_merged = merged_vmaps(_td_scan, rows=_td_rows)
+_td_merged = merged_vmaps(_one_row(_td_rows), rows=_td_rows)
 
 
 def td_local_steps(problem, c, pair, error, step_sizes, control):
@@ -269,9 +268,7 @@ def _gaussian_kernel(d, H, eta_per_row, c_ref, z_ref, e_ref, ctrl_ref, *refs):
 
 
 def _gaussian_rows(batched, c, z, error, etas, control, A, res, sA, sb, star):
-    (c, z, error, etas, control), num_rows = _row_arrays(
-        batched[:5], (c, z, error, etas, control), (0, 1, 2, 4)
-    )
+    (c, z, error, etas, control), num_rows = _row_arrays(batched[:5], (c, z, error, etas, control), _PER_ROW)
     d, H = error.shape[-1], z.shape[-2]
     eta_per_row = etas.ndim == 2
     columns = [c, z.reshape(num_rows, H * d), error, control] + ([etas] if eta_per_row else [])
@@ -280,21 +277,7 @@ def _gaussian_rows(batched, c, z, error, etas, control, A, res, sA, sb, star):
     return _call_rows(kernel, columns, shared, d, error.dtype, num_rows)
 
 
-def _gaussian_scan(c, z, error, etas, control, A, res, sA, sb, star):
-    """The same steps as a scan (the unbatched call)."""
-    d = error.shape[-1]
-    A_c, res_c = A.reshape(-1, d, d)[c], res.reshape(-1, d)[c]
-
-    def step(e, xs):
-        z_h, eta = xs
-        theta = star + e
-        scale = jnp.sqrt(sA[c] ** 2 * jnp.sum(theta * theta) + sb[c] ** 2)
-        return e - eta * (A_c @ e + res_c + scale * z_h - control), None
-
-    return jax.lax.scan(step, error, (z, etas))[0]
-
-
-_gaussian_merged = merged_vmaps(_gaussian_scan, rows=_gaussian_rows)
+_gaussian_merged = merged_vmaps(_one_row(_gaussian_rows), rows=_gaussian_rows)
 
 
 def gaussian_local_steps(problem, c, z, error, step_sizes, control):
